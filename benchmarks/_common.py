@@ -1,0 +1,106 @@
+"""Shared helpers for the benchmark scripts: timing, environment record, table printing, atomic JSON save.
+
+Used by benchmarks/rope.py and benchmarks/alibi.py. Scripts, not tests: run them as
+``python benchmarks/rope.py --quick``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+from typing import Callable, Sequence
+
+import torch
+import torch.utils.benchmark as benchmark
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _sync(device: str | torch.device | None) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 3, min_run_time: float = 0.5,
+            device: str | torch.device | None = None) -> float:
+    """Median seconds per call of ``fn()`` (no arguments), after ``warmup`` untimed calls.
+
+    torch.utils.benchmark.Timer.blocked_autorange picks the number of calls per measurement so each block is long
+    enough to time reliably and keeps sampling for ``min_run_time`` seconds; the median over blocks is returned.
+    Timer synchronises CUDA itself; ``device`` only matters for the warm-up.
+    """
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+def environment(device: str | torch.device = "cpu") -> dict:
+    """What the numbers were measured on: machine, library versions, thread count."""
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return env
+
+
+def device_tag(device: str | torch.device) -> str:
+    """Short name for result files: 'cpu' or 'cuda'."""
+    return torch.device(device).type
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str], floatfmt: str = "{:.3g}") -> str:
+    """Plain-text table of ``rows`` (dicts) restricted to ``columns``; None shows as '-'."""
+    def cell(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return floatfmt.format(v)
+        return str(v)
+
+    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(b[i]) for b in body]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[str], title: str | None = None,
+                file=sys.stdout) -> None:
+    if title:
+        print(f"\n{title}", file=file)
+    print(format_table(rows, columns), file=file, flush=True)
+
+
+def save_json(obj: object, path: str) -> str:
+    """Write ``obj`` as JSON atomically (temp file in the same folder + os.replace); return the path."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def gbps(n_bytes: int, seconds: float | None) -> float | None:
+    """Effective bandwidth in GB/s (1e9 bytes per second)."""
+    return None if not seconds else n_bytes / seconds / 1e9

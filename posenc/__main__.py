@@ -1,0 +1,5 @@
+import sys
+
+from posenc.cli import main
+
+sys.exit(main())

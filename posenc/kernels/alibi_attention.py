@@ -1,0 +1,272 @@
+"""ALiBi attention without the [heads, N, N] bias tensor.
+
+The materialised path (``posenc.alibi_bias`` + SDPA) stores H * Tq * Tk floats: 4.3 GB at H=16, N=8192 in fp32.
+Two paths here compute the same attention while keeping the bias small:
+
+- ``"chunked"``: loop over blocks of queries; each block gets its own bias [H, block, keys it can see] and one SDPA
+  call. Extra memory O(H * block * Tk), with the block size chosen to keep it near a fixed budget (~32 MiB).
+  Under a causal mask a block only reads the keys up to its last query, so it also skips the masked half.
+- ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled) with a score_mod that adds -m_h * |i - j| inside the
+  kernel, and a block mask that skips key blocks above the causal diagonal. First call per shape compiles (tens of
+  seconds on CPU), later calls reuse the kernel.
+
+``backend="auto"`` picks ``"flex"`` on CUDA (where it is fast) when it compiles, and ``"chunked"`` on CPU, where the
+measured times are equal (docs/performance-alibi.md) and the chunked path has no compile cost.
+
+Positions: query i sits at absolute position i + q_offset (default Tk - Tq: queries are the last Tq of the Tk keys,
+the KV-cache convention of flash-attn and ``posenc.alibi_bias``); key j at position j.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from posenc.errors import PosencError
+
+BACKENDS = ("auto", "chunked", "flex")
+
+# The chunked path aims for a per-block bias of about this many fp32 elements (32 MiB): large enough that each
+# SDPA call has work to amortise, small enough to stay far below the full bias for any N worth chunking.
+BIAS_BUDGET_ELEMENTS = 8 * 2**20
+MIN_BLOCK = 16
+
+
+def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None = None, *,
+                    causal: bool = True, q_offset: int | None = None, scale: float | None = None,
+                    block_size: int | None = None, backend: str = "auto") -> torch.Tensor:
+    """softmax(q k^T * scale - m_h * |pos_i - j| [+ causal mask]) v, without building the full bias.
+
+    q: [B, H, Tq, D]; k: [B, Hkv, Tk, D]; v: [B, Hkv, Tk, Dv] with H a multiple of Hkv (grouped-query attention:
+    query head h reads key head h // (H // Hkv)). slopes: [H] (default ``posenc.alibi_slopes(H)``).
+    causal: query i sees keys j <= pos_i; otherwise all keys, with the symmetric distance |pos_i - j|.
+    q_offset: absolute position of query 0 (default Tk - Tq). scale: default 1/sqrt(D).
+    block_size: queries per block of the chunked path (default: chosen from a memory budget).
+    backend: "auto", "chunked" or "flex". Returns [B, H, Tq, Dv] in q's dtype.
+    """
+    if backend not in BACKENDS:
+        raise PosencError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    offset = _check_inputs(q, k, v, q_offset)
+    H, Tq, Tk = q.shape[1], q.shape[2], k.shape[2]
+    slopes = _check_slopes(slopes, H, q.device)
+    if scale is not None:
+        scale = _check_scale(scale)
+    if block_size is not None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise PosencError(f"block_size must be a positive integer (queries per block), got {block_size!r}")
+    if backend == "flex" or (backend == "auto" and _auto_backend(q) == "flex"):
+        try:
+            return _flex(q, k, v, slopes, causal, offset, scale)
+        except Exception as err:  # noqa: BLE001 - auto falls back whatever broke inside the compiler
+            if backend == "flex":
+                raise
+            _warn_fallback(err)
+    block = block_size if block_size is not None else default_block_size(H, Tq, Tk)
+    return _chunked(q, k, v, slopes, causal, offset, scale, block)
+
+
+def default_block_size(n_heads: int, q_len: int, k_len: int) -> int:
+    """Queries per block so the block's bias [n_heads, block, k_len] holds about BIAS_BUDGET_ELEMENTS floats.
+
+    At H=16, N=8192 that is 64 queries: a 32 MiB block bias against the 4.3 GB full bias (0.8%).
+    """
+    block = BIAS_BUDGET_ELEMENTS // max(1, n_heads * k_len)
+    return max(1, min(q_len, max(MIN_BLOCK, block)))
+
+
+# ----------------------------------------------------------------------------------------------- argument checks
+
+def _check_inputs(q, k, v, q_offset) -> int:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise PosencError(f"{name} must be a 4-D tensor [batch, heads, seq, head_dim], got {shape}")
+    B, H, Tq, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D:
+        raise PosencError(f"k must have shape [B={B}, Hkv, Tk, D={D}] to match q {tuple(q.shape)}, "
+                          f"got {tuple(k.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise PosencError(f"v must have shape [B, Hkv, Tk, Dv] = {tuple(k.shape[:3])} + [Dv] like k, "
+                          f"got {tuple(v.shape)}")
+    if k.shape[1] == 0 or H % k.shape[1]:
+        raise PosencError(f"q's head count ({H}) must be a multiple of k's ({k.shape[1]}) for grouped-query "
+                          f"attention")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise PosencError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise PosencError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    Tk = k.shape[2]
+    if Tq == 0 or Tk == 0:
+        raise PosencError(f"q and k need at least one position, got Tq={Tq}, Tk={Tk}")
+    if q_offset is None:
+        if Tq > Tk:
+            raise PosencError(f"q has more positions ({Tq}) than k ({Tk}): pass q_offset to place the queries "
+                              f"(queries default to the last Tq of the Tk key positions)")
+        return Tk - Tq
+    if isinstance(q_offset, bool) or not isinstance(q_offset, int) or q_offset < 0:
+        raise PosencError(f"q_offset must be a non-negative integer (absolute position of query 0), "
+                          f"got {q_offset!r}")
+    return q_offset
+
+
+def _check_slopes(slopes, n_heads: int, device) -> torch.Tensor:
+    if slopes is None:
+        from posenc.alibi import alibi_slopes
+        return alibi_slopes(n_heads).to(device)
+    slopes = torch.as_tensor(slopes, dtype=torch.float32, device=device)
+    if slopes.shape != (n_heads,):
+        raise PosencError(f"slopes must have shape [H] = [{n_heads}] (one per query head), "
+                          f"got {tuple(slopes.shape)}")
+    if not torch.isfinite(slopes).all():
+        raise PosencError("slopes must be finite")
+    return slopes
+
+
+def _check_scale(scale) -> float:
+    try:
+        s = float(scale)
+    except (TypeError, ValueError):
+        raise PosencError(f"scale must be a positive number, got {scale!r}") from None
+    if not (s > 0 and math.isfinite(s)):
+        raise PosencError(f"scale must be a positive finite number, got {scale!r}")
+    return s
+
+
+# ----------------------------------------------------------------------------------------------- chunked (SDPA)
+
+def block_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_len: int, causal: bool, *,
+               key_only: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bias for a block of queries, fp32 [H, len(q_pos), k_len]: -m_h * |q_pos_i - j|, -inf where j > q_pos_i
+    if causal.
+
+    key_only=True (causal only) gives the shortcut m_h * (j - q_pos_0): it differs from the symmetric form by
+    m_h * (q_pos_i - q_pos_0), constant along each row, which softmax ignores. Measuring keys from the block's first
+    query keeps the values near the diagonal small, so fp32 keeps their precision at any N.
+    ``out``: optional fp32 buffer of at least H * len(q_pos) * k_len elements, reused across blocks (fresh
+    allocations of this size page-fault on every call on CPU).
+    """
+    if key_only and not causal:
+        raise PosencError("key_only=True needs causal=True: the shortcut is only equivalent under a causal mask")
+    H, n = slopes.shape[0], q_pos.shape[0]
+    k_pos = torch.arange(k_len, device=slopes.device, dtype=torch.float32)
+    q_pos = q_pos.to(torch.float32)
+    if key_only:
+        dist = (q_pos[:1] - k_pos).expand(n, k_len)                                  # [n, Tk]
+    else:
+        dist = (q_pos.unsqueeze(1) - k_pos).abs_()                                  # [n, Tk]
+    bias = out.view(-1)[: H * n * k_len].view(H, n, k_len) if out is not None else None
+    bias = torch.mul(slopes.view(H, 1, 1).neg(), dist, out=bias)
+    if causal:
+        # only the columns past the block's first query can be masked: an [n, <= n] corner, not the whole row
+        first = int(q_pos[0].item()) + 1
+        if first < k_len:
+            hidden = k_pos[first:].unsqueeze(0) > q_pos.unsqueeze(1)                # [n, Tk - first]
+            bias[:, :, first:].masked_fill_(hidden, float("-inf"))
+    return bias
+
+
+def _chunked(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
+    H, Tq, Tk = q.shape[1], q.shape[2], k.shape[2]
+    gqa = H != k.shape[1]
+    # SDPA on CPU accepts an fp32 mask with bf16/fp16 inputs and adds it in fp32; elsewhere match q's dtype
+    cpu = q.device.type == "cpu"
+    buf = torch.empty(H * min(block, Tq) * Tk, dtype=torch.float32, device=q.device)
+    outs = []
+    for s in range(0, Tq, block):
+        e = min(s + block, Tq)
+        q_pos = torch.arange(s + offset, e + offset, device=q.device)
+        # causal: the block's last query sees keys up to its position, so later keys are never read
+        kv = min(Tk, e + offset) if causal else Tk
+        bias = block_bias(slopes, q_pos, kv, causal, out=buf)
+        if not cpu:
+            bias = bias.to(q.dtype)
+        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :kv], v[:, :, :kv], attn_mask=bias,
+                                                   scale=scale, enable_gqa=gqa))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+# ----------------------------------------------------------------------------------------------- FlexAttention
+
+FLEX_BLOCK = 128
+_compiled_flex = None
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _flex_attention_fn():
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
+
+
+def _flex(q, k, v, slopes, causal, offset, scale) -> torch.Tensor:
+    if not flex_available():
+        raise PosencError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5); "
+                          "use backend='chunked'")
+    Tq, Tk = q.shape[2], k.shape[2]
+    # offset as a tensor so a new KV-cache length does not specialise (and recompile) the kernel
+    off = torch.tensor(offset, device=q.device, dtype=torch.int64)
+
+    def alibi_score(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx + off - kv_idx).abs()
+
+    block_mask = causal_block_mask(Tq, Tk, offset, str(q.device)) if causal else None
+    return _flex_attention_fn()(q, k, v, score_mod=alibi_score, block_mask=block_mask, scale=scale,
+                                enable_gqa=q.shape[1] != k.shape[1])
+
+
+@lru_cache(maxsize=16)
+def causal_block_mask(q_len: int, k_len: int, offset: int, device: str):
+    """FlexAttention BlockMask for j <= i + offset, built from block indices (O((N/128)^2), never [Tq, Tk]).
+
+    Key blocks entirely at or below the diagonal of a query block are "full" (no mask_mod call); blocks that cross
+    it, or the ragged last block, are "partial"; the rest are skipped.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    bs = FLEX_BLOCK
+    nq, nk = -(-q_len // bs), -(-k_len // bs)
+    q_first = torch.arange(nq, device=device) * bs + offset                               # lowest position
+    q_last = torch.clamp(torch.arange(1, nq + 1, device=device) * bs, max=q_len) - 1 + offset
+    k_first = torch.arange(nk, device=device) * bs
+    k_last = torch.clamp(torch.arange(1, nk + 1, device=device) * bs, max=k_len) - 1
+    seen = k_first[None, :] <= q_last[:, None]                                            # [nq, nk]
+    full = (k_last[None, :] <= q_first[:, None]) & (k_last[None, :] - k_first[None, :] == bs - 1)
+    partial = seen & ~full
+
+    def indices(sel):
+        # per query block: selected key-block indices first (ascending), count of them
+        order = torch.argsort((~sel).to(torch.int8), dim=1, stable=True).to(torch.int32)
+        return sel.sum(1).to(torch.int32)[None, None], order[None, None]
+
+    off = torch.tensor(offset, device=device, dtype=torch.int64)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + off
+
+    kv_num, kv_idx = indices(partial)
+    full_num, full_idx = indices(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod,
+                                    seq_lengths=(q_len, k_len))
+
+
+def _auto_backend(q: torch.Tensor) -> str:
+    if q.device.type == "cuda" and flex_available():
+        return "flex"
+    return "chunked"
+
+
+def _warn_fallback(err: Exception) -> None:  # pragma: no cover - only when compilation fails on a machine
+    warnings.warn(f"flex_attention failed ({err}); using the chunked ALiBi path", RuntimeWarning, stacklevel=3)

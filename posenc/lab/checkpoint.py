@@ -1,0 +1,110 @@
+"""Training checkpoints in safetensors: model weights, AdamW state, step, RNG state and run settings.
+
+Layout of one file:
+    model.<param name>             model state_dict tensors (the tied head is not stored twice)
+    optim.<param index>.<key>      AdamW state tensors (step, exp_avg, exp_avg_sq)
+    rng.torch                      torch CPU RNG state (uint8)
+    metadata (strings): format, step, param_groups (JSON), settings (JSON)
+
+Loading never unpickles: safetensors holds only tensors and strings. Any unreadable file, foreign format or
+mismatch with the model raises posenc.errors.CheckpointError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from posenc.errors import CheckpointError
+from posenc.lab.io import atomic_tmp_path
+
+FORMAT = "posenc-lab-checkpoint/1"
+
+
+def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                    step: int, settings: dict | None = None) -> Path:
+    """Atomically write a checkpoint (temp file + os.replace)."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    groups = []
+    if optimizer is not None:
+        state = optimizer.state_dict()
+        for idx, st in state["state"].items():
+            for key, value in st.items():
+                tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+        groups = state["param_groups"]
+    tensors["rng.torch"] = torch.get_rng_state()
+    meta = {"format": FORMAT, "step": str(int(step)), "param_groups": json.dumps(groups),
+            "settings": json.dumps(settings or {}, sort_keys=True)}
+    path = Path(path)
+    tmp = atomic_tmp_path(path)
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
+    """-> (tensors, metadata). Raises CheckpointError if the file is missing, corrupt or not ours."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for truncated or garbled files
+        raise CheckpointError(f"checkpoint {path}: unreadable or corrupt ({type(exc).__name__}: {exc})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: not a posenc lab checkpoint (format {meta.get('format')!r}, "
+                              f"expected {FORMAT!r})")
+    try:
+        meta["step"] = int(meta["step"])
+        meta["param_groups"] = json.loads(meta["param_groups"])
+        meta["settings"] = json.loads(meta["settings"])
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path}: corrupt metadata ({exc})") from None
+    return tensors, meta
+
+
+def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None, *, restore_rng: bool = True) -> dict:
+    """Load weights (and optimizer state, RNG) into ``model``/``optimizer``; return the metadata (step, settings)."""
+    tensors, meta = read_checkpoint(path)
+    weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {path}: does not match the model (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]})")
+    bad = [k for k in own if own[k].shape != weights[k].shape]
+    if bad:
+        raise CheckpointError(f"checkpoint {path}: shape mismatch for {bad[:5]} "
+                              f"(checkpoint {tuple(weights[bad[0]].shape)}, model {tuple(own[bad[0]].shape)})")
+    model.load_state_dict(weights)
+    if optimizer is not None:
+        state: dict = {}
+        for k, v in tensors.items():
+            if k.startswith("optim."):
+                _, idx, key = k.split(".", 2)
+                state.setdefault(int(idx), {})[key] = v
+        groups = meta["param_groups"]
+        if len(groups) != len(optimizer.param_groups):
+            raise CheckpointError(f"checkpoint {path}: optimizer has {len(groups)} param groups, expected "
+                                  f"{len(optimizer.param_groups)}")
+        try:
+            optimizer.load_state_dict({"state": state, "param_groups": groups})
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise CheckpointError(f"checkpoint {path}: optimizer state does not match ({exc})") from None
+    if restore_rng and "rng.torch" in tensors:
+        torch.set_rng_state(tensors["rng.torch"])
+    return meta

@@ -1,0 +1,211 @@
+"""Byte-level data for the lab: the default corpus, the train/validation split, and batch samplers.
+
+Default corpus: the CPython standard library's own .py files (found via sysconfig, nothing downloaded), without
+test suites, site-packages and caches. Files are sorted by relative path; a file goes to validation when the
+first byte of sha256(relative path) is < 26 (about 10%), so the split does not depend on file order or count.
+``--data PATH`` takes a text file (split 90/10 by bytes) or a folder (every regular non-hidden file, same
+hash rule). Documents are joined with a blank line. Tokens are bytes, held as uint8 tensors.
+
+Samplers draw batch ``step`` from a generator seeded by (seed, step) alone, so every scheme sees the same data
+in the same order, a resumed run continues the same stream, and a distributed rank can take its rows
+``rank::world_size`` of the same global batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from posenc.errors import DataError
+
+EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+VAL_HASH_THRESHOLD = 26  # first sha256 byte < 26 -> validation (~10.2%)
+DOC_SEPARATOR = b"\n\n"
+IGNORE = -100  # target value that the loss skips
+
+
+@dataclass
+class Corpus:
+    """train, val: uint8 tensors of bytes; meta: provenance recorded with every result."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    meta: dict = field(default_factory=dict)
+
+
+def stdlib_files(root: Path | None = None) -> tuple[Path, list[Path]]:
+    """-> (stdlib root, sorted relative paths of its .py files outside test dirs and site-packages)."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = sorted(p.relative_to(root) for p in root.rglob("*.py")
+                   if p.is_file() and not EXCLUDED_DIRS.intersection(p.relative_to(root).parts[:-1]))
+    return root, files
+
+
+def _is_val(rel: Path) -> bool:
+    return hashlib.sha256(rel.as_posix().encode()).digest()[0] < VAL_HASH_THRESHOLD
+
+
+def _files_hash(root: Path, files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for rel in files:
+        h.update(f"{rel.as_posix()}\0{(root / rel).stat().st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _join(root: Path, files: list[Path]) -> torch.Tensor:
+    data = DOC_SEPARATOR.join((root / rel).read_bytes() for rel in files)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+
+
+@functools.lru_cache(maxsize=4)
+def load_corpus(path: str | None = None) -> Corpus:
+    """Load the default stdlib corpus (path None) or a user's file/folder. Raises DataError naming the path."""
+    if path is None:
+        root, files = stdlib_files()
+        source = "cpython-stdlib"
+        if not files:
+            raise DataError(f"--data: no .py files found in the standard library at {root}; pass --data PATH")
+    else:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise DataError(f"--data: {path} does not exist (expected a text file or a folder of text files)")
+        if p.is_file():
+            data = p.read_bytes()
+            if not data.strip():
+                raise DataError(f"--data: {path} is empty")
+            cut = int(len(data) * 0.9)
+            tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            meta = {"source": str(p.resolve()), "n_files": 1,
+                    "files_sha256": hashlib.sha256(data).hexdigest()[:16], "split": "last 10% of bytes"}
+            return _finish(tokens[:cut].clone(), tokens[cut:].clone(), meta)
+        root, source = p, str(p.resolve())
+        files = sorted(q.relative_to(p) for q in p.rglob("*")
+                       if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts))
+        if not files:
+            raise DataError(f"--data: the folder {path} holds no files")
+    val_files = [f for f in files if _is_val(f)]
+    train_files = [f for f in files if not _is_val(f)]
+    meta = {"source": source, "n_files": len(files), "n_val_files": len(val_files),
+            "files_sha256": _files_hash(root, files), "split": f"sha256(relative path)[0] < {VAL_HASH_THRESHOLD}"}
+    if not val_files or not train_files:  # too few files for the hash rule: split the bytes instead
+        tokens = _join(root, files)
+        cut = int(len(tokens) * 0.9)
+        meta["split"] = "last 10% of bytes"
+        return _finish(tokens[:cut].clone(), tokens[cut:].clone(), meta, path)
+    return _finish(_join(root, train_files), _join(root, val_files), meta, path)
+
+
+def _finish(train: torch.Tensor, val: torch.Tensor, meta: dict, path=None) -> Corpus:
+    if len(train) == 0 or len(val) == 0:
+        raise DataError(f"--data: {path or 'the standard library'} holds no text (train {len(train)} bytes, "
+                        f"validation {len(val)} bytes)")
+    meta.update(python_version=sys.version.split()[0], train_bytes=len(train), val_bytes=len(val))
+    return Corpus(train, val, meta)
+
+
+def _generator(seed: int, step: int) -> torch.Generator:
+    # one independent stream per (seed, step): order is fixed per seed and resumable from any step
+    return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) % (2**63 - 1))
+
+
+class LMSampler:
+    """Random windows of a token stream. batch(step) -> (inputs [B, T] long, targets [B, T] long)."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, seed: int):
+        if len(tokens) < seq_len + 2:
+            raise DataError(f"--train-len: {seq_len} needs more than {seq_len + 1} training bytes; "
+                            f"the corpus has {len(tokens)}")
+        self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
+
+    def batch(self, step: int, rank: int = 0, world_size: int = 1):
+        starts = torch.randint(0, len(self.tokens) - self.seq_len - 1, (self.batch_size,),
+                               generator=_generator(self.seed, step))[rank::world_size]
+        idx = starts[:, None] + torch.arange(self.seq_len + 1)
+        window = self.tokens[idx].long()
+        return window[:, :-1], window[:, 1:]
+
+
+# ---- copy task: [x_1..x_n, SEP, x_1..x_n, pad...]; the loss scores only the copied half ----
+COPY_SEP = 0  # never drawn as a content token (content bytes are 1..255)
+
+
+def copy_example(n: int, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """One copy episode padded to ``length`` tokens -> (inputs, targets) with targets IGNORE outside the copy."""
+    xs = [rng.randrange(1, 256) for _ in range(n)]
+    seq = xs + [COPY_SEP] + xs
+    seq = seq + [COPY_SEP] * (length + 1 - len(seq))
+    targets = [IGNORE] * length
+    for i in range(n):  # input position n + i (SEP, then x_1..) predicts x_{i+1}
+        targets[n + i] = xs[i]
+    return seq[:length], targets
+
+
+def copy_len(length: int) -> int:
+    """Longest copy that fits a sequence of ``length`` tokens: 2n + 1 <= length."""
+    return (length - 1) // 2
+
+
+class CopySampler:
+    """Copy episodes of length ``seq_len`` with n drawn uniformly from 1..copy_len(seq_len)."""
+
+    def __init__(self, seq_len: int, batch_size: int, seed: int):
+        if seq_len < 3:
+            raise DataError(f"--train-len: the copy task needs at least 3 tokens, got {seq_len}")
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+
+    def batch(self, step: int, rank: int = 0, world_size: int = 1):
+        rng = random.Random(int(_generator(self.seed, step).initial_seed()))
+        rows = [copy_example(rng.randint(1, copy_len(self.seq_len)), self.seq_len, rng)
+                for _ in range(self.batch_size)][rank::world_size]
+        return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+
+
+# ---- passkey retrieval: filler, "The pass key is N. Remember it." at a depth, question, answer ----
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+QUESTION = "What is the pass key? The pass key is "
+KEY_DIGITS = 5
+
+
+def passkey_example(length: int, depth: float, key: str) -> tuple[str, str]:
+    """-> (prompt, answer) with len(prompt) + len(answer) == length; the key sentence starts at ``depth`` of
+    the filler (0 = start, 1 = just before the question)."""
+    needle = f"The pass key is {key}. Remember it. "
+    n_filler = length - len(needle) - len(QUESTION) - len(key)
+    if n_filler < 0:
+        raise DataError(f"passkey length {length}: too short; needs at least {length - n_filler} characters")
+    filler = (FILLER * (n_filler // len(FILLER) + 1))[:n_filler]
+    cut = round(depth * n_filler)
+    return filler[:cut] + needle + filler[cut:] + QUESTION, key
+
+
+def _encode(text: str) -> list[int]:
+    return list(text.encode("ascii"))
+
+
+class PasskeySampler:
+    """Passkey episodes of exactly ``seq_len`` tokens, random key and depth; the loss scores the key digits."""
+
+    def __init__(self, seq_len: int, batch_size: int, seed: int):
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        passkey_example(seq_len, 0.0, "0" * KEY_DIGITS)  # raises if seq_len is too short
+
+    def batch(self, step: int, rank: int = 0, world_size: int = 1):
+        rng = random.Random(int(_generator(self.seed, step).initial_seed()))
+        inputs, targets = [], []
+        for _ in range(self.batch_size):
+            key = "".join(rng.choice("0123456789") for _ in range(KEY_DIGITS))
+            prompt, answer = passkey_example(self.seq_len, rng.random(), key)
+            seq = _encode(prompt + answer)
+            inputs.append(seq[:-1] + [ord(" ")])  # pad to seq_len; the final position is not scored
+            tgt = [IGNORE] * self.seq_len
+            for i, t in enumerate(_encode(answer)):  # position len(prompt)-1+i predicts answer[i]
+                tgt[len(prompt) - 1 + i] = t
+            targets.append(tgt)
+        return torch.tensor(inputs[rank::world_size]), torch.tensor(targets[rank::world_size])

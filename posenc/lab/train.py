@@ -1,0 +1,125 @@
+"""The training loop: AdamW, linear warmup + cosine decay, gradient clipping, checkpoints, resume.
+
+``train(model, sampler, settings)`` is deliberately plain so a distributed wrapper can reuse it: batches come
+from ``sampler.batch(step, rank, world_size)`` (a pure function of the global step), the gradient sync is the
+wrapper's business (DDP), and only the main process writes checkpoints (``posenc.lab.io.is_main_process``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from posenc.errors import CheckpointError
+from posenc.lab.checkpoint import load_checkpoint, save_checkpoint
+from posenc.lab.data import IGNORE
+from posenc.lab.io import is_main_process
+
+
+@dataclass
+class TrainSettings:
+    steps: int = 800
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup: int = 50
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    grad_clip: float = 1.0
+    ckpt_every: int = 0  # 0: only at the end
+
+
+def lr_at(step: int, s: TrainSettings) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine to lr * min_lr_ratio."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = min(1.0, (step - s.warmup) / max(1, s.steps - s.warmup))
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: torch.nn.Module, s: TrainSettings) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms, biases or 1-D tables)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=tuple(s.betas))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over targets != IGNORE. logits [B, T, V], targets [B, T]."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: str | torch.device = "cpu",
+          ckpt_path: str | Path | None = None, resume: bool = False, run_settings: dict | None = None,
+          stop_after: int | None = None, desc: str = "train", progress: bool = True,
+          rank: int = 0, world_size: int = 1) -> dict:
+    """Train ``model`` in place for ``settings.steps`` steps; returns {"step", "losses", "wall_s", "resumed_from"}.
+
+    ``sampler.batch(step, rank, world_size)`` -> (inputs [B, T], targets [B, T]). With ``resume`` and an existing
+    ``ckpt_path``, continues from its step (its ``run_settings`` must match). ``stop_after`` ends the call early
+    after that many total steps (used to test interruption); a checkpoint is written then and at the end.
+    """
+    from tqdm.auto import tqdm
+
+    model.to(device).train()
+    opt = make_optimizer(model, settings)
+    start = 0
+    run_settings = {"train": asdict(settings), **(run_settings or {})}
+    run_settings = _jsonable(run_settings)
+    if resume and ckpt_path is not None and Path(ckpt_path).exists():
+        meta = load_checkpoint(ckpt_path, model, opt)
+        if meta["settings"] != run_settings:
+            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; "
+                                  "use a new --out or run without --resume")
+        start = meta["step"]
+    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    bar = tqdm(range(start, end), desc=desc, initial=start, total=settings.steps, leave=False,
+               disable=not progress or not is_main_process(), dynamic_ncols=True, mininterval=0.5)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, settings)
+        inputs, targets = sampler.batch(step, rank, world_size)
+        loss = lm_loss(model(inputs.to(device)), targets.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == end - 1:
+            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}", refresh=False)
+        done = step + 1
+        if ckpt_path is not None and settings.ckpt_every and done % settings.ckpt_every == 0 and done < end:
+            _save(ckpt_path, model, opt, done, run_settings)
+    bar.close()
+    if ckpt_path is not None and end > start:
+        _save(ckpt_path, model, opt, end, run_settings)
+    model.eval()
+    return {"step": end, "losses": losses, "wall_s": time.perf_counter() - t0, "resumed_from": start}
+
+
+def _save(path, model, opt, step, run_settings):
+    if is_main_process():
+        save_checkpoint(path, model, opt, step, run_settings)
+
+
+def _jsonable(obj):
+    """Round-trip through JSON so that tuples/lists compare equal after a checkpoint reload."""
+    import json
+
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """Step stored in a checkpoint, or None if there is none."""
+    from posenc.lab.checkpoint import read_checkpoint
+
+    if not Path(path).exists():
+        return None
+    return read_checkpoint(path)[1]["step"]

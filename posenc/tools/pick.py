@@ -1,0 +1,298 @@
+"""``posenc pick``: the lesson's "positional-encoding picker" skill as a decision procedure.
+
+Given the context the model must serve, the context it was (or will be) trained at, the training budget, the task and
+whether it must work past every trained length, recommend a scheme and an extension method with parameters, the
+reasons (each citing the evidence in docs: facts.md section or the lesson), the alternatives and why not, and a
+ready config snippet. The decision table is documented in docs/picker.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from posenc.errors import PosencError
+
+HELP = "Recommend a positional encoding / context-extension method for a target context, budget and task."
+
+BUDGETS = ("none", "finetune", "pretrain")
+TASKS = ("lm", "code", "retrieval", "encoder")
+
+# Evidence, quoted from docs (facts.md = /work/shared/docs/facts.md, copied to docs/ by the lead; lesson = the spec).
+EVIDENCE = {
+    "alibi_table2": "ALiBi paper Table 2 (facts.md §4): trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 at 15512, "
+                    "while rotary reaches 79.25 and sinusoidal 406.01",
+    "alibi_short_train": "ALiBi trained at only L=64 still goes 28.46 -> 21.53 at 3072 (facts.md §4, ALiBi Table 5)",
+    "alibi_sliding": "with stride-1 sliding-window eval ALiBi stays flat (17.98 -> 18.30) instead of improving: much "
+                     "of its gain is the early-token curse, not use of the far context (facts.md §4)",
+    "kazemnejad": "Kazemnejad et al. 2023 (facts.md §4, synthetic tasks at 2x the train length): MRR NoPE 0.69, "
+                  "T5 0.55, ALiBi 0.50, RoPE 0.33, absolute 0.22; on copy RoPE and absolute fall to ~0",
+    "pi": "Position interpolation (Chen et al. 2023, facts.md §4): Llama 7B at an 8k window has 16.10 ppl with no "
+          "fine-tuning, 7.12 after 200 steps and 6.95 after 1000",
+    "zero_shot": "LongRoPE Table 1 (facts.md §4, Llama-2-7B zero-shot from 4k, PG19 ppl at 8k/16k): dynamic NTK "
+                 "10.21/23.29, PI 10.65/20.49, YaRN 32.64/87.89 -- zero-shot YaRN is poor, it is meant for "
+                 "fine-tuning",
+    "yarn": "YaRN Table 2 (facts.md §4, Llama-2-7B fine-tuned at s=32): 3.56 ppl at 8k, 2.37 at 128k, passkey "
+            "99.4% to 128k",
+    "probe": "posenc's CPU probe (facts.md §6, trained at 128): RoPE ppl 5.6 -> 19.1 at 8x; static NTK s=8 "
+             "zero-shot 7.7 at 4x; PI s=8 zero-shot ~20 everywhere; ALiBi flat 6.7 -> 6.6",
+    "rope_default": "lesson: RoPE dominates frontier models (Llama 2/3/4, Qwen 2/3, Mistral, DeepSeek-V3) -- no "
+                    "architecture change, relative position in the dot product, and its base is a clean knob for "
+                    "long-context fine-tuning",
+    "llama31": "Llama 3.1 went from 8k to 128k with llama3 scaling (factor 8, low 1, high 4) plus long-context "
+               "training (lesson 'Use it'; facts.md §2)",
+    "encoder_alibi": "bidirectional use needs the symmetric bias -m_h*|i-j|; the causal shortcut m_h*j is only "
+                     "valid under a causal mask (facts.md §3)",
+    "absolute": "sinusoidal and learned absolute positions do not extrapolate (lesson table); sinusoidal ppl 20.05 "
+                "-> 406.01 at 30x the train length (facts.md §4)",
+    "dynamic": "dynamic NTK raises the base only once the sequence passes max_position_embeddings, so short inputs "
+               "keep the original frequencies exactly (facts.md §2)",
+}
+
+# Published (theta, trained context) anchors used to size the RoPE base for a new model.
+_THETA_ANCHORS = (  # (longest context, theta, who)
+    (4096, 10_000.0, "Llama 2 (4k)"),
+    (8192, 500_000.0, "Llama 3 (8k)"),
+    (10**12, 1_000_000.0, "Qwen 2.5 / Mistral 7B v0.2 (32k), Code Llama (16k)"),
+)
+
+
+@dataclass
+class Recommendation:
+    """The picker's answer. ``to_dict()`` is what ``posenc pick --json`` prints."""
+
+    scheme: str                      # "RoPE", "ALiBi", ...
+    method: str                      # extension method or "none"
+    parameters: dict[str, Any]
+    reasons: list[str]
+    alternatives: list[dict[str, str]]  # [{"option": ..., "why_not": ...}]
+    config_snippet: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _alt(option: str, why_not: str) -> dict[str, str]:
+    return {"option": option, "why_not": why_not}
+
+
+def _pretrain_theta(context: int) -> tuple[float, str]:
+    for limit, theta, who in _THETA_ANCHORS:
+        if context <= limit:
+            return theta, who
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_inputs(target_context, train_context, budget, task, rope_theta):
+    for name, value in (("target_context", target_context), ("train_context", train_context)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise PosencError(f"{name} must be a positive integer number of tokens, got {value!r}")
+    if budget not in BUDGETS:
+        raise PosencError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
+    if task not in TASKS:
+        raise PosencError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if rope_theta is not None and not (isinstance(rope_theta, (int, float)) and rope_theta > 1):
+        raise PosencError(f"rope_theta must be a number > 1, got {rope_theta!r}")
+
+
+def _factor(target: int, train: int) -> float:
+    return round(target / train, 6)
+
+
+def pick(target_context: int, train_context: int, budget: str = "none", task: str = "lm",
+         extrapolation_needed: bool = False, *, rope_theta: float | None = None) -> Recommendation:
+    """Recommend a positional-encoding strategy.
+
+    target_context: tokens the model must handle; train_context: tokens it was (budget none/finetune: an existing
+    model's original context) or will be (budget pretrain) trained at; budget: "none" (use an existing model as is),
+    "finetune" (a short fine-tune of an existing model), "pretrain" (train a new model); task: "lm", "code",
+    "retrieval" or "encoder" (bidirectional); extrapolation_needed: inputs may exceed every length ever trained on;
+    rope_theta: the existing model's base (budget none/finetune), used in the snippet (default 10000).
+    """
+    _check_inputs(target_context, train_context, budget, task, rope_theta)
+    inputs = {"target_context": target_context, "train_context": train_context, "budget": budget, "task": task,
+              "extrapolation_needed": bool(extrapolation_needed), "rope_theta": rope_theta}
+    if budget == "pretrain":
+        rec = _pick_pretrain(target_context, train_context, task, extrapolation_needed)
+    else:
+        rec = _pick_existing(target_context, train_context, budget, task, extrapolation_needed,
+                             10_000.0 if rope_theta is None else float(rope_theta))
+    rec.inputs = inputs
+    return rec
+
+
+def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendation:
+    causal = task != "encoder"
+    if extrapolate and task in ("lm", "encoder"):
+        bias = "-m_h*(i-j) under the causal mask" if causal else "symmetric -m_h*|i-j| (bidirectional)"
+        reasons = [EVIDENCE["alibi_table2"], EVIDENCE["alibi_short_train"], EVIDENCE["probe"]]
+        if not causal:
+            reasons.append(EVIDENCE["encoder_alibi"])
+        snippet: dict[str, Any] = {"attn_config": {"alibi": True, "alibi_bias_max": 8}, "max_seq_len": T}
+        return Recommendation(
+            scheme="ALiBi", method="none (extrapolates without tuning)",
+            parameters={"slopes": "geometric 2^(-8h/H), h=1..H (posenc.alibi_slopes(H))", "bias": bias,
+                        "train_context": L, "serve_context": T},
+            reasons=reasons,
+            alternatives=[
+                _alt("RoPE + a YaRN long-context stage",
+                     "reaches a chosen length but not past it; every extension needs a factor and long data "
+                     "(facts.md §4: rotary 20.07 -> 79.25 ppl at 30x without it)"),
+                _alt("NoPE", "best on synthetic length generalisation (MRR 0.69, facts.md §4) but unproven for "
+                             "LM perplexity at scale; the posenc probe has it worst in-distribution (10.2 ppl)"),
+                _alt("sinusoidal / learned absolute", EVIDENCE["absolute"]),
+            ],
+            config_snippet=snippet,
+            notes=[f"train at {L} tokens; MPT-style config keys shown (max_seq_len is the serving length); in posenc: scores += posenc.alibi_bias(n_heads, q_len, k_len)"
+                   + ("" if causal else " (symmetric |i-j| is what alibi_bias builds)"),
+                   EVIDENCE["alibi_sliding"] + " -- if far-context retrieval matters, prefer --task retrieval"],
+        )
+    theta, who = _pretrain_theta(min(T, L))
+    params: dict[str, Any] = {"rope_theta": theta, "layout": "half (HF rotate_half) or interleaved: same math",
+                              "train_context": L}
+    reasons = [EVIDENCE["rope_default"], f"rope_theta {theta:g} follows the published choice of {who}"]
+    alternatives = [
+        _alt("ALiBi", "extrapolates in perplexity but its linear distance penalty mutes far tokens "
+                      + ("(retrieval/code need them: " + EVIDENCE["alibi_sliding"] + ")" if task in ("code",
+                         "retrieval") else "and frontier long-context models standardised on RoPE")),
+        _alt("sinusoidal / learned absolute", EVIDENCE["absolute"]),
+        _alt("NoPE", "no evidence at scale for LM quality; the posenc probe has it worst in-distribution"),
+    ]
+    if T <= L:
+        snippet = {"max_position_embeddings": T, "rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+        return Recommendation(scheme="RoPE", method="none (train at the target length)", parameters=params,
+                              reasons=reasons, alternatives=alternatives, config_snippet=snippet,
+                              notes=["train on documents that actually reach the target length"])
+    s = _factor(T, L)
+    params.update({"stage_2": "continue training at the target length with YaRN", "factor": s,
+                   "original_max_position_embeddings": L, "max_position_embeddings": T})
+    reasons += [EVIDENCE["llama31"], EVIDENCE["yarn"]]
+    notes = ["stage 1: pretrain at train_context with rope_type default; stage 2: switch to the YaRN parameters "
+             "below and train on long documents (the Llama 3.1 / Qwen 2.5 recipe)"]
+    if extrapolate:
+        notes.append("past the stage-2 length no RoPE method is reliable for retrieval; serve beyond it with "
+                     "dynamic NTK only as a graceful-degradation fallback (facts.md §4 LongRoPE Table 1)")
+    snippet = {"max_position_embeddings": T,
+               "rope_parameters": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,
+                                   "rope_theta": theta}}
+    return Recommendation(scheme="RoPE", method="yarn (long-context stage)", parameters=params, reasons=reasons,
+                          alternatives=alternatives, config_snippet=snippet, notes=notes)
+
+
+def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, theta: float) -> Recommendation:
+    notes = ["assumes the existing model uses RoPE (almost every open model does); an ALiBi model (BLOOM, MPT) "
+             "needs no change to run longer; a learned-position model (GPT-2, OPT) cannot go past its table "
+             "without new rows and training -- run `posenc inspect config.json` to see which you have"]
+    if T <= L:
+        return Recommendation(
+            scheme="keep the model's own encoding", method="none",
+            parameters={"train_context": L, "target_context": T},
+            reasons=[f"the target ({T}) fits in the trained context ({L}): every extension method would only "
+                     "change behaviour inside the trained range (PI/YaRN/static NTK alter frequencies at every "
+                     "length)"],
+            alternatives=[_alt("any extension", "not needed below the trained length")],
+            config_snippet={}, notes=notes)
+    s = _factor(T, L)
+    if extrapolate:
+        notes.append("extrapolation past every length is not something a RoPE extension gives: each method is "
+                     "sized for a factor; dynamic NTK degrades the most gracefully past it")
+    if budget == "none":
+        reasons = [EVIDENCE["zero_shot"], EVIDENCE["dynamic"], EVIDENCE["probe"]]
+        if s > 4:
+            notes.append(f"x{s:g} is a large zero-shot jump: expect a visible perplexity rise (LongRoPE Table 1: "
+                         "dynamic NTK 10.21 at 2x but 23.29 at 4x); a short fine-tune with YaRN does far better")
+        if task == "retrieval":
+            notes.append("long-range retrieval degrades before perplexity does; verify with a passkey test "
+                         "(`posenc lab` passkey task) before trusting it")
+        return Recommendation(
+            scheme="RoPE (existing model)", method="dynamic NTK (zero-shot)",
+            parameters={"rope_type": "dynamic", "factor": s, "max_position_embeddings": L, "rope_theta": theta},
+            reasons=reasons,
+            alternatives=[
+                _alt("static NTK-aware (raise rope_theta)", "zero-shot works (posenc probe) but changes every "
+                     "frequency at all lengths, so short inputs shift too; dynamic leaves them exact"),
+                _alt("PI (linear)", "needs fine-tuning: " + EVIDENCE["pi"]),
+                _alt("YaRN", "zero-shot it is the worst of the four in LongRoPE Table 1 (32.64 at 8k); use it "
+                             "with a fine-tune (--budget finetune)"),
+                _alt("LongRoPE", "needs an evolutionary search of per-dimension factors (and ideally a fine-tune)"),
+                _alt("ALiBi", "needs pretraining from scratch"),
+            ],
+            config_snippet={"rope_parameters": {"rope_type": "dynamic", "factor": s, "rope_theta": theta}},
+            notes=notes + ["keep max_position_embeddings at the original context: dynamic NTK scales relative to "
+                           "it; cache keys before rotation for exactness under a KV cache (facts.md §2)"])
+    # budget == "finetune"
+    reasons = [EVIDENCE["yarn"], EVIDENCE["pi"],
+               "YaRN interpolates only the low-frequency pairs (wavelength > original context) and keeps the "
+               "high-frequency ones, plus an attention temperature 0.1*ln(s)+1 that preserves attention entropy "
+               "(lesson; facts.md §2)"]
+    if task in ("code", "retrieval"):
+        reasons.append("kept high-frequency pairs preserve local token order, which code and exact retrieval "
+                       "depend on; PI compresses them by the full factor")
+    return Recommendation(
+        scheme="RoPE (existing model)", method="yarn + short fine-tune",
+        parameters={"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,
+                    "max_position_embeddings": T, "rope_theta": theta, "beta_fast": 32, "beta_slow": 1},
+        reasons=reasons,
+        alternatives=[
+            _alt("PI (linear)", "also fine after a fine-tune, but divides every frequency by s, losing local "
+                                "resolution, and needs more steps to recover"),
+            _alt("llama3", "the same keep/blend/interpolate idea with fixed wavelength cut-offs; Meta paired it "
+                           "with long-context pretraining rather than a short fine-tune -- a fine choice if you "
+                           "follow that recipe (`posenc extend --method llama3`)"),
+            _alt("LongRoPE", "better zero-shot (LongRoPE Table 1: 9.37/11.34) but needs its evolutionary factor "
+                             "search; `posenc extend --method longrope` only writes an unsearched initialisation"),
+            _alt("dynamic NTK", "a zero-shot method: fine-tuning under frequencies that change with length "
+                                "trains on a moving target"),
+            _alt("ALiBi", "needs pretraining from scratch"),
+        ],
+        config_snippet={"max_position_embeddings": T,
+                        "rope_parameters": {"rope_type": "yarn", "factor": s,
+                                            "original_max_position_embeddings": L, "rope_theta": theta}},
+        notes=notes + ["fine-tune on documents up to the target length (hundreds of steps / ~1B tokens: lesson "
+                       "'PI + fine-tune'); `posenc extend CONFIG --method yarn --target-length "
+                       f"{T}` writes the config"])
+
+
+def format_recommendation(rec: Recommendation) -> str:
+    """Human-readable text for a Recommendation."""
+    i = rec.inputs
+    head = f"Recommendation: {rec.scheme} -- {rec.method}"
+    if i:
+        ratio = i["target_context"] / i["train_context"]
+        head += (f"\n  for {i['target_context']} tokens (trained at {i['train_context']}, x{ratio:g}), "
+                 f"budget {i['budget']}, task {i['task']}"
+                 + (", extrapolation needed" if i["extrapolation_needed"] else ""))
+    lines = [head, "", "Parameters:"]
+    lines += [f"  {k}: {v}" for k, v in rec.parameters.items()]
+    lines += ["", "Why:"] + [f"  - {r}" for r in rec.reasons]
+    lines += ["", "Alternatives considered:"] + [f"  - {a['option']}: {a['why_not']}" for a in rec.alternatives]
+    if rec.notes:
+        lines += ["", "Notes:"] + [f"  - {n}" for n in rec.notes]
+    if rec.config_snippet:
+        lines += ["", "Config snippet (config.json keys; RoPE in the transformers 5.x form):",
+                  json.dumps(rec.config_snippet, indent=2)]
+    return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--target-context", type=int, required=True, help="tokens the model must handle")
+    parser.add_argument("--train-context", type=int, required=True,
+                        help="tokens the model was trained at (existing model) or will be trained at (pretrain)")
+    parser.add_argument("--budget", choices=BUDGETS, default="none",
+                        help="none: use an existing model as is; finetune: a short fine-tune; pretrain: new model")
+    parser.add_argument("--task", choices=TASKS, default="lm", help="workload (encoder = bidirectional)")
+    parser.add_argument("--extrapolation-needed", action="store_true",
+                        help="inputs may be longer than any length ever trained on")
+    parser.add_argument("--rope-theta", type=float, default=None,
+                        help="the existing model's rope_theta, used in the snippet (default 10000)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def run(args) -> int:
+    rec = pick(args.target_context, args.train_context, args.budget, args.task, args.extrapolation_needed,
+               rope_theta=args.rope_theta)
+    print(json.dumps(rec.to_dict(), indent=2) if args.json else format_recommendation(rec))
+    return 0
