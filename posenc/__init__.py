@@ -33,6 +33,7 @@ _EXPORTS = {
     "rope_parameters": "posenc.rope.scaling",
     "ROPE_SCALING_FUNCTIONS": "posenc.rope.scaling",
     "register_rope_type": "posenc.rope.scaling",
+    "frequency_bands": "posenc.rope.scaling",
     "RopeConfig": "posenc.rope.config",
     "load_rope_config": "posenc.rope.config",
     "Rotary": "posenc.rope.module",

@@ -28,7 +28,11 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * n_layers
 
     def __len__(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[-2]
+        return self.layer_len(0)
+
+    def layer_len(self, layer: int) -> int:
+        """Tokens cached for ``layer`` (differs from len() while a forward pass is between layers)."""
+        return 0 if self.keys[layer] is None else self.keys[layer].shape[-2]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v [B, H, T, Dh] for ``layer``; return all cached keys and values for it."""
@@ -70,7 +74,7 @@ class CausalSelfAttention(nn.Module):
         """x [B, T, D]; positions LongTensor [T] (absolute, starting at len(cache)) -> [B, T, D]."""
         B, T, D = x.shape
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).split(D, dim=-1))
-        total = T + (len(cache) if cache is not None else 0)
+        total = T + (cache.layer_len(self.layer_idx) if cache is not None else 0)
         late_rotation = scheme.rotates and scheme.length_dependent
         if scheme.rotates and not late_rotation:
             q, k = scheme.rotate(q, positions, total), scheme.rotate(k, positions, total)

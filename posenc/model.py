@@ -106,10 +106,11 @@ class TinyLM(nn.Module):
         cache = self.new_cache()
         logits = self(prompt, cache)
         out = []
-        for _ in range(n_new):
+        for i in range(n_new):
             nxt = logits[:, -1].argmax(-1, keepdim=True)
             out.append(nxt)
-            logits = self(nxt, cache)
+            if i + 1 < n_new:
+                logits = self(nxt, cache)
         return torch.cat(out, dim=1)
 
     def n_params(self) -> int:

@@ -8,7 +8,6 @@ python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
 target="."
 [ -n "$extra" ] && target=".[${extra}]"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e "$target"

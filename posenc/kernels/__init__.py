@@ -1,0 +1,27 @@
+"""Fast kernels behind posenc's math: callers use posenc.apply_rope / posenc.alibi, never a kernel by hand.
+
+    rope         dispatch (Triton on CUDA, C kernel on CPU, eager elsewhere) + autograd   (posenc.kernels.rope_dispatch)
+    cpu_rope     CPU RoPE: C kernel built at first use, chunked eager fallback           (posenc.kernels.cpu_rope)
+    triton_rope  GPU RoPE in Triton: q and k in one launch                               (posenc.kernels.triton_rope)
+    alibi_attention  ALiBi attention without the N^2 bias                                (posenc.kernels.alibi_attention)
+
+Submodules load lazily so that importing posenc never imports triton or builds anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "rope": "posenc.kernels.rope_dispatch",
+    "native_info": "posenc.kernels.cpu_rope",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'posenc.kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

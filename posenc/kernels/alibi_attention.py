@@ -34,6 +34,7 @@ BACKENDS = ("auto", "chunked", "flex")
 # SDPA call has work to amortise, small enough to stay far below the full bias for any N worth chunking.
 BIAS_BUDGET_ELEMENTS = 8 * 2**20
 MIN_BLOCK = 16
+MIN_CPU_BLOCK = 128
 
 
 def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None = None, *,
@@ -65,17 +66,24 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
             if backend == "flex":
                 raise
             _warn_fallback(err)
-    block = block_size if block_size is not None else default_block_size(H, Tq, Tk)
+    block = block_size if block_size is not None else default_block_size(H, Tq, Tk, q.device)
     return _chunked(q, k, v, slopes, causal, offset, scale, block)
 
 
-def default_block_size(n_heads: int, q_len: int, k_len: int) -> int:
-    """Queries per block so the block's bias [n_heads, block, k_len] holds about BIAS_BUDGET_ELEMENTS floats.
+def default_block_size(n_heads: int, q_len: int, k_len: int, device: torch.device | str = "cpu") -> int:
+    """Queries per block of the chunked path.
 
-    At H=16, N=8192 that is 64 queries: a 32 MiB block bias against the 4.3 GB full bias (0.8%).
+    CPU: SDPA reads the bias as a strided view, so a block costs no bias memory; 1/16 of the queries per block
+    (at least MIN_CPU_BLOCK) lets a causal call skip all but ~1/32 of the masked keys while keeping the call count
+    low, and even if SDPA fell back to its unfused path one block's scores would stay <= 1/16 of the full bias.
+    Elsewhere each block's bias is copied out, so [n_heads, block, k_len] is kept near BIAS_BUDGET_ELEMENTS
+    (H=16, N=8192: 64 queries, a 32 MiB block bias against the 4.3 GB full bias).
     """
-    block = BIAS_BUDGET_ELEMENTS // max(1, n_heads * k_len)
-    return max(1, min(q_len, max(MIN_BLOCK, block)))
+    if torch.device(device).type == "cpu":
+        block = max(MIN_CPU_BLOCK, -(-q_len // 16))
+    else:
+        block = max(MIN_BLOCK, BIAS_BUDGET_ELEMENTS // max(1, n_heads * k_len))
+    return max(1, min(q_len, block))
 
 
 # ----------------------------------------------------------------------------------------------- argument checks
@@ -137,55 +145,51 @@ def _check_scale(scale) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- chunked (SDPA)
+#
+# The bias of a block of queries is never written out. With the keys in reverse order, the bias of (query row r,
+# reversed key c) depends on r + c only (a Hankel matrix), so it is a strided view (row stride 1, column stride 1)
+# of one "template" row per head, [H, Tq + Tk - 1 + offset]. SDPA's fused CPU kernel reads that view in place: no
+# [H, block, Tk] tensor exists. Attention does not care about key order, so reversing k and v (one copy each per
+# call) is free of error. Other devices get a contiguous copy of each block's bias, kept within
+# BIAS_BUDGET_ELEMENTS by the block size.
 
-def block_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_len: int, causal: bool, *,
-               key_only: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The bias for a block of queries, fp32 [H, len(q_pos), k_len]: -m_h * |q_pos_i - j|, -inf where j > q_pos_i
-    if causal.
+def bias_template(slopes: torch.Tensor, q_len: int, k_len: int, offset: int, causal: bool) -> torch.Tensor:
+    """fp32 [H, q_len + k_len - 1 + offset]: entry t holds the bias at distance d = t - (k_len - 1 - offset).
 
-    key_only=True (causal only) gives the shortcut m_h * (j - q_pos_0): it differs from the symmetric form by
-    m_h * (q_pos_i - q_pos_0), constant along each row, which softmax ignores. Measuring keys from the block's first
-    query keeps the values near the diagonal small, so fp32 keeps their precision at any N.
-    ``out``: optional fp32 buffer of at least H * len(q_pos) * k_len elements, reused across blocks (fresh
-    allocations of this size page-fault on every call on CPU).
+    d = (query position) - (key position) runs from offset - (k_len - 1) (query 0, last key) to q_len - 1 + offset
+    (last query, key 0). Bias: -m_h * |d| (bidirectional), or -m_h * d for d >= 0 and -inf for d < 0 (causal).
     """
-    if key_only and not causal:
-        raise PosencError("key_only=True needs causal=True: the shortcut is only equivalent under a causal mask")
-    H, n = slopes.shape[0], q_pos.shape[0]
-    k_pos = torch.arange(k_len, device=slopes.device, dtype=torch.float32)
-    q_pos = q_pos.to(torch.float32)
-    if key_only:
-        dist = (q_pos[:1] - k_pos).expand(n, k_len)                                  # [n, Tk]
-    else:
-        dist = (q_pos.unsqueeze(1) - k_pos).abs_()                                  # [n, Tk]
-    bias = out.view(-1)[: H * n * k_len].view(H, n, k_len) if out is not None else None
-    bias = torch.mul(slopes.view(H, 1, 1).neg(), dist, out=bias)
+    d = torch.arange(q_len + k_len - 1 + offset, device=slopes.device, dtype=torch.float64) - (k_len - 1 - offset)
+    bias = (-slopes.double().unsqueeze(1) * d.abs()).float()
     if causal:
-        # only the columns past the block's first query can be masked: an [n, <= n] corner, not the whole row
-        first = int(q_pos[0].item()) + 1
-        if first < k_len:
-            hidden = k_pos[first:].unsqueeze(0) > q_pos.unsqueeze(1)                # [n, Tk - first]
-            bias[:, :, first:].masked_fill_(hidden, float("-inf"))
+        bias.masked_fill_(d < 0, float("-inf"))
     return bias
 
 
+def reversed_keys_bias(template: torch.Tensor, k_len: int, start: int, stop: int, visible: int) -> torch.Tensor:
+    """View [1, H, stop - start, visible] of ``template``: the bias of queries start..stop-1 against keys
+    visible-1, visible-2, ..., 0 (reversed; ``visible`` <= k_len). Overlapping strides, nothing is copied."""
+    H, L = template.shape
+    return template.as_strided((1, H, stop - start, visible), (H * L, L, 1, 1),
+                               template.storage_offset() + start + k_len - visible)
+
+
 def _chunked(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
-    H, Tq, Tk = q.shape[1], q.shape[2], k.shape[2]
-    gqa = H != k.shape[1]
-    # SDPA on CPU accepts an fp32 mask with bf16/fp16 inputs and adds it in fp32; elsewhere match q's dtype
-    cpu = q.device.type == "cpu"
-    buf = torch.empty(H * min(block, Tq) * Tk, dtype=torch.float32, device=q.device)
+    Tq, Tk = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    cpu = q.device.type == "cpu"  # CPU SDPA reads the strided fp32 view directly, even for bf16/fp16 inputs
+    template = bias_template(slopes, Tq, Tk, offset, causal)
+    k_rev, v_rev = k.flip(2), v.flip(2)
     outs = []
     for s in range(0, Tq, block):
         e = min(s + block, Tq)
-        q_pos = torch.arange(s + offset, e + offset, device=q.device)
-        # causal: the block's last query sees keys up to its position, so later keys are never read
-        kv = min(Tk, e + offset) if causal else Tk
-        bias = block_bias(slopes, q_pos, kv, causal, out=buf)
+        kv = min(Tk, e + offset) if causal else Tk   # causal: keys past the block's last query are never read
+        bias = reversed_keys_bias(template, Tk, s, e, kv)
         if not cpu:
-            bias = bias.to(q.dtype)
-        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :kv], v[:, :, :kv], attn_mask=bias,
-                                                   scale=scale, enable_gqa=gqa))
+            bias = bias.to(q.dtype, memory_format=torch.contiguous_format)
+        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], k_rev[:, :, Tk - kv:], v_rev[:, :, Tk - kv:],
+                                                   attn_mask=bias, scale=scale, enable_gqa=gqa))
+    # one concatenation instead of a copy per block: on a busy CPU each small op costs a scheduler wait
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
@@ -207,7 +211,7 @@ def _flex_attention_fn():
     global _compiled_flex
     if _compiled_flex is None:
         from torch.nn.attention.flex_attention import flex_attention
-        _compiled_flex = torch.compile(flex_attention)
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
 
 

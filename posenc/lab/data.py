@@ -173,16 +173,25 @@ QUESTION = "What is the pass key? The pass key is "
 KEY_DIGITS = 5
 
 
+def _needle(key: str) -> str:
+    return f"The pass key is {key}. Remember it. "
+
+
 def passkey_example(length: int, depth: float, key: str) -> tuple[str, str]:
     """-> (prompt, answer) with len(prompt) + len(answer) == length; the key sentence starts at ``depth`` of
     the filler (0 = start, 1 = just before the question)."""
-    needle = f"The pass key is {key}. Remember it. "
+    needle = _needle(key)
     n_filler = length - len(needle) - len(QUESTION) - len(key)
     if n_filler < 0:
         raise DataError(f"passkey length {length}: too short; needs at least {length - n_filler} characters")
     filler = (FILLER * (n_filler // len(FILLER) + 1))[:n_filler]
     cut = round(depth * n_filler)
     return filler[:cut] + needle + filler[cut:] + QUESTION, key
+
+
+def passkey_min_len() -> int:
+    """Shortest passkey episode: the key sentence, the question and the answer with no filler."""
+    return len(_needle("0" * KEY_DIGITS)) + len(QUESTION) + KEY_DIGITS
 
 
 def _encode(text: str) -> list[int]:

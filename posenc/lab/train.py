@@ -57,7 +57,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: str | torch.device = "cpu",
           ckpt_path: str | Path | None = None, resume: bool = False, run_settings: dict | None = None,
           stop_after: int | None = None, desc: str = "train", progress: bool = True,
-          rank: int = 0, world_size: int = 1) -> dict:
+          rank: int | None = None, world_size: int | None = None) -> dict:
     """Train ``model`` in place for ``settings.steps`` steps; returns {"step", "losses", "wall_s", "resumed_from"}.
 
     ``sampler.batch(step, rank, world_size)`` -> (inputs [B, T], targets [B, T]). With ``resume`` and an existing
@@ -66,6 +66,11 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     """
     from tqdm.auto import tqdm
 
+    if rank is None or world_size is None:  # default: this process's place in torch.distributed's group (0 of 1)
+        from posenc.lab.distributed import current
+
+        rank = current().rank if rank is None else rank
+        world_size = current().world_size if world_size is None else world_size
     model.to(device).train()
     opt = make_optimizer(model, settings)
     start = 0
@@ -77,6 +82,11 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
             raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; "
                                   "use a new --out or run without --resume")
         start = meta["step"]
+    net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
+    if world_size > 1:
+        from posenc.lab.distributed import ddp_wrap, sharded_lm_loss
+
+        net = ddp_wrap(model, start, run_settings)
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     losses: list[float] = []
     t0 = time.perf_counter()
@@ -86,12 +96,15 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         for group in opt.param_groups:
             group["lr"] = lr_at(step, settings)
         inputs, targets = sampler.batch(step, rank, world_size)
-        loss = lm_loss(model(inputs.to(device)), targets.to(device))
+        if world_size > 1:  # this rank's share of the global batch's mean loss; `shown` is that global mean
+            loss, shown = sharded_lm_loss(net(inputs.to(device)), targets.to(device), IGNORE)
+        else:
+            loss, shown = lm_loss(net(inputs.to(device)), targets.to(device)), None
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         opt.step()
-        losses.append(loss.item())
+        losses.append(loss.item() if shown is None else shown)
         if step % 10 == 0 or step == end - 1:
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}", refresh=False)
         done = step + 1

@@ -97,10 +97,10 @@ def _check_positions(positions, x: torch.Tensor) -> torch.Tensor:
     if positions.dim() == 0:
         positions = positions.reshape(1)
     lead = x.shape[:-1]
-    try:
-        ok = torch.broadcast_shapes(positions.shape, lead) == lead
-    except RuntimeError:
-        ok = False
+    # positions broadcast to lead iff, aligned from the right, each of its dims is 1 or equal (plain Python:
+    # torch.broadcast_shapes costs ~50 us, more than rotating a decode step)
+    ok = positions.dim() <= len(lead) and all(
+        p in (1, n) for p, n in zip(reversed(positions.shape), reversed(lead)))
     if not ok:
         raise PosencError(
             f"positions must have shape [seq] = [{x.shape[-2]}] or be broadcastable to x.shape[:-1] = "
@@ -127,9 +127,43 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, 
     return torch.cat((rot, x[..., rotary_dim:]), dim=-1)
 
 
+def _check_out(out, xs: Sequence[torch.Tensor], inplace: bool, name: str) -> list[torch.Tensor] | None:
+    """Validate ``out`` (one tensor per rotated input) against the inputs; return it as a list or None."""
+    if out is None:
+        return None
+    if inplace:
+        raise PosencError("give either inplace=True or out=, not both")
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    if len(outs) != len(xs) or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise PosencError(f"{name} must be {'a tensor' if len(xs) == 1 else f'a tuple of {len(xs)} tensors'} "
+                          f"like the input(s), got {type(out).__name__}")
+    for o, x in zip(outs, xs):
+        if o.shape != x.shape or o.dtype != x.dtype or o.device != x.device:
+            raise PosencError(f"{name} must match the input's shape, dtype and device {list(x.shape)} {x.dtype} "
+                              f"{x.device}; got {list(o.shape)} {o.dtype} {o.device}")
+    return outs
+
+
+def _rotate_fast(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
+                 inplace: bool, outs: list[torch.Tensor] | None) -> tuple[torch.Tensor, ...]:
+    """Rotate each of xs with one table through posenc.kernels (C on CPU, Triton on CUDA, autograd included).
+
+    Differentiable frequencies (cos/sin requiring grad, e.g. a learned inv_freq) take the readable ``_rotate``,
+    which autograd differentiates through the table too.
+    """
+    if not (cos.requires_grad or sin.requires_grad):
+        from posenc.kernels.rope_dispatch import rope
+        return rope(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=outs)
+    if inplace or outs is not None:
+        raise PosencError("inplace=True and out= cannot be used while autograd tracks the frequencies "
+                          "(inv_freq requires grad); call without them or under torch.no_grad()")
+    return tuple(_rotate(x, cos, sin, layout, rotary_dim) for x in xs)
+
+
 def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
                inv_freq: torch.Tensor | Sequence[float] | None = None, layout: str = "interleaved",
-               rotary_dim: int | None = None, attention_scaling: float = 1.0) -> torch.Tensor:
+               rotary_dim: int | None = None, attention_scaling: float = 1.0, inplace: bool = False,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate x by RoPE at the given positions.
 
     Args:
@@ -141,22 +175,30 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
         layout: "interleaved" (pairs 2j, 2j+1) or "half" (pairs j, j + rotary_dim/2).
         rotary_dim: rotate only the first rotary_dim dims (partial rotary); the rest pass through.
         attention_scaling: multiplies cos and sin (transformers' YaRN/LongRoPE convention).
+        inplace: overwrite x (no output allocation; not allowed when x requires grad).
+        out: a preallocated tensor like x to write into.
     Returns:
-        Tensor with x's shape and dtype.
+        Tensor with x's shape and dtype (x itself if inplace, ``out`` if given).
+
+    Runs the fused kernel for the device (posenc.kernels: C on CPU, Triton on CUDA): one pass over x, no
+    temporaries the size of x, fp32 math for half-precision inputs; ``_rotate`` is the readable equivalent.
     """
     _check_layout(layout)
     positions = _check_positions(positions, x)
+    outs = _check_out(out, (x,), inplace, "out")
     rotary_dim, inv_freq = _resolve_rotary(x.shape[-1], rotary_dim, base, inv_freq, x.device)
     cos, sin = rope_cos_sin(positions, inv_freq, attention_scaling, math_dtype(x.dtype))
-    return _rotate(x, cos, sin, layout, rotary_dim)
+    return _rotate_fast((x,), cos, sin, layout, rotary_dim, inplace, outs)[0]
 
 
 def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 10000.0,
                   inv_freq: torch.Tensor | Sequence[float] | None = None, layout: str = "interleaved",
-                  rotary_dim: int | None = None, attention_scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on queries and keys at the same positions, sharing one cos/sin table.
+                  rotary_dim: int | None = None, attention_scaling: float = 1.0, inplace: bool = False,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on queries and keys at the same positions, sharing one cos/sin table (one launch on CUDA).
 
     q: [..., Hq, seq, dim], k: [..., Hk, seq, dim] (Hk may differ from Hq: grouped-query attention).
+    inplace: overwrite q and k; out: (q_out, k_out) preallocated like q and k.
     Returns (q_rotated, k_rotated) in their input dtypes.
     """
     _check_layout(layout)
@@ -168,8 +210,10 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     rotary_dim, inv_freq = _resolve_rotary(q.shape[-1], rotary_dim, base, inv_freq, q.device)
     if q.dtype != k.dtype:
         raise PosencError(f"q and k must share a dtype, got q {q.dtype}, k {k.dtype}")
+    outs = _check_out(out, (q, k), inplace, "out")
     cos, sin = rope_cos_sin(positions_q, inv_freq, attention_scaling, math_dtype(q.dtype))
-    return _rotate(q, cos, sin, layout, rotary_dim), _rotate(k, cos, sin, layout, rotary_dim)
+    q_rot, k_rot = _rotate_fast((q, k), cos, sin, layout, rotary_dim, inplace, outs)
+    return q_rot, k_rot
 
 
 def interleaved_to_half_permutation(dim: int) -> torch.Tensor:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,8 +36,9 @@ from posenc.errors import ConfigError
 
 # keys of the scaling dict that become RopeConfig fields rather than entries of ``params``
 _FIELD_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
-# legacy rope_type names -> current ones (transformers renamed Phi-3's "su" to "longrope")
-_ALIASES = {"su": "longrope"}
+# legacy rope_type names -> current ones: transformers renamed Phi-3's "su" to "longrope"; Qwen2-VL's "mrope"
+# is default frequencies split into sections by the model (mrope_section), which transformers also reads as default
+_ALIASES = {"su": "longrope", "mrope": "default"}
 DEFAULT_THETA = 10000.0
 
 
@@ -130,8 +132,8 @@ def _validate_against_registry(cfg: RopeConfig) -> None:
     if unknown:
         _warn(cfg, f"unrecognised keys {unknown} (expected some of {sorted((required | optional) - _FIELD_KEYS)})")
     factor = cfg.params.get("factor")
-    if factor is not None and (not _is_number(factor) or factor < 1):
-        _warn(cfg, f"factor should be a number >= 1, got {factor!r} (a factor below 1 shrinks the context)")
+    if _is_number(factor) and factor < 1:
+        _warn(cfg, f"factor should be >= 1, got {factor!r} (a factor below 1 shrinks the context)")
     check = getattr(fn, "check", None)
     if check is not None:
         for reason in check(cfg):
@@ -139,7 +141,17 @@ def _validate_against_registry(cfg: RopeConfig) -> None:
 
 
 def _warn(cfg: RopeConfig, reason: str) -> None:
-    warnings.warn(f"rope_type {cfg.rope_type!r}: {reason}", UserWarning, stacklevel=4)
+    warnings.warn(f"rope_type {cfg.rope_type!r}: {reason}", UserWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """stacklevel pointing at the first caller outside posenc, so the warning names the user's line."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and (frame.f_code.co_filename.startswith(package)  # dataclass __init__ too:
+                                 or (frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__")):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # --------------------------------------------------------------------------------------------------- loading
@@ -203,7 +215,8 @@ def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
     if layer_type is not None:
         layer_types = cfg.get("layer_types")
         if layer_types and layer_type not in layer_types:
-            raise ConfigError(f"layer_type {layer_type!r} not among the config's layer_types {sorted(set(layer_types))}")
+            raise ConfigError(f"layer_type {layer_type!r} not among the config's layer_types "
+                              f"{sorted(set(layer_types))}")
         # Gemma 3 saved by transformers 4.x: sliding layers use rope_local_base_freq and no scaling
         if layer_type == "sliding_attention" and "rope_local_base_freq" in cfg:
             return {"rope_type": "default", "rope_theta": cfg["rope_local_base_freq"]}, False

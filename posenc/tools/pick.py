@@ -99,7 +99,7 @@ def _check_inputs(target_context, train_context, budget, task, rope_theta):
 
 
 def _factor(target: int, train: int) -> float:
-    return round(target / train, 6)
+    return target / train  # exact: transformers warns when a yarn factor differs from Lmax / L0
 
 
 def pick(target_context: int, train_context: int, budget: str = "none", task: str = "lm",
@@ -146,7 +146,8 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
                 _alt("sinusoidal / learned absolute", EVIDENCE["absolute"]),
             ],
             config_snippet=snippet,
-            notes=[f"train at {L} tokens; MPT-style config keys shown (max_seq_len is the serving length); in posenc: scores += posenc.alibi_bias(n_heads, q_len, k_len)"
+            notes=[f"train at {L} tokens; MPT-style config keys shown (max_seq_len is the serving length); "
+                   "in posenc: scores += posenc.alibi_bias(n_heads, q_len, k_len)"
                    + ("" if causal else " (symmetric |i-j| is what alibi_bias builds)"),
                    EVIDENCE["alibi_sliding"] + " -- if far-context retrieval matters, prefer --task retrieval"],
         )
@@ -163,9 +164,12 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
     ]
     if T <= L:
         snippet = {"max_position_embeddings": T, "rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+        notes = ["train on documents that actually reach the target length"]
+        if extrapolate:
+            notes.append("past the trained length RoPE needs an extension: plan a YaRN long-context stage, or "
+                         "serve with dynamic NTK as a zero-shot fallback (facts.md §4 LongRoPE Table 1)")
         return Recommendation(scheme="RoPE", method="none (train at the target length)", parameters=params,
-                              reasons=reasons, alternatives=alternatives, config_snippet=snippet,
-                              notes=["train on documents that actually reach the target length"])
+                              reasons=reasons, alternatives=alternatives, config_snippet=snippet, notes=notes)
     s = _factor(T, L)
     params.update({"stage_2": "continue training at the target length with YaRN", "factor": s,
                    "original_max_position_embeddings": L, "max_position_embeddings": T})
@@ -230,7 +234,8 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                "(lesson; facts.md §2)"]
     if task in ("code", "retrieval"):
         reasons.append("kept high-frequency pairs preserve local token order, which code and exact retrieval "
-                       "depend on; PI compresses them by the full factor")
+                       "depend on; PI compresses them by the full factor (facts.md §2: YaRN's ramp keeps pairs "
+                       "that turn more than beta_fast=32 times within L0)")
     return Recommendation(
         scheme="RoPE (existing model)", method="yarn + short fine-tune",
         parameters={"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,

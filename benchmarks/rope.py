@@ -1,0 +1,350 @@
+"""RoPE speed, side by side in one process: posenc vs the peers vs an equal-bytes copy (the floor).
+
+    python benchmarks/rope.py                       # decode, prefill and long shapes; fp32 and bf16
+    python benchmarks/rope.py --quick               # smaller shapes, shorter timing (a smoke run)
+    python benchmarks/rope.py --shapes prefill --dtypes bf16
+
+Each implementation rotates q [B, Hq, T, D] and k [B, Hk, T, D] (GQA, Llama-3-8B-like head counts); timing is
+torch.utils.benchmark's blocked_autorange median after warm-up, the minimum over --repeats rounds (other
+processes on a shared machine only ever make a round slower). Before timing, every peer's output is compared
+with posenc's in the peer's own layout (Hugging Face: half-split; rotary-embedding-torch, torchtune: interleaved),
+so the comparison is like for like. A peer that is not installed (or fails) is reported as unavailable.
+
+Columns: ms (median per call, q and k together), GB/s (bytes of q and k read + written / time; tables not
+counted), x_copy (time / the copy floor's time), posenc_speedup (this row's time / posenc's time in the same
+layout), max_err (max |peer - posenc|), ok (within tolerance of posenc).
+Results are also written to benchmarks/results/rope-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import RESULTS_DIR, device_tag, environment, gbps, print_table, save_json, time_fn  # noqa: E402
+
+import posenc  # noqa: E402
+from posenc.kernels import cpu_rope  # noqa: E402
+from posenc.kernels.rope_dispatch import rope as posenc_rope  # noqa: E402
+from posenc.rope.apply import default_inv_freq, rope_cos_sin  # noqa: E402
+
+# name -> (batch, seq, q heads, kv heads, head dim, first position)
+SHAPES = {
+    "decode": (1, 1, 32, 8, 128, 2047),      # one new token after a 2047-token prompt
+    "prefill": (1, 2048, 32, 8, 128, 0),
+    "long": (1, 16384, 32, 8, 128, 0),
+}
+QUICK_SHAPES = {
+    "decode": (1, 1, 32, 8, 128, 2047),
+    "prefill": (1, 512, 32, 8, 128, 0),
+    "long": (1, 2048, 32, 8, 128, 0),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# "ok" when max |peer - posenc| <= TOL * max |posenc|: a few roundings of the dtype. Peers that form angles in
+# fp32 drift by ~position * 1e-7 (fine at 2k, visible at 16k); rotary-embedding-torch 0.9.1 forms positions in the
+# input dtype, so in bf16 position 257 becomes 256 and its output is wrong (reported, not hidden).
+TOL = {torch.float32: 2e-4, torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the peers: each returns a callable (no arguments) producing (q_rot, k_rot) in q's [B, H, T, D] layout
+# ---------------------------------------------------------------------------------------------------------------
+
+def load_hf():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    return apply_rotary_pos_emb
+
+
+def load_rotary_embedding_torch():
+    from rotary_embedding_torch import RotaryEmbedding
+    return RotaryEmbedding
+
+
+def load_torchtune():
+    """torchtune's RotaryPositionalEmbeddings; its package __init__ may fail (torchao version skew), so fall back
+    to loading torchtune/modules/position_embeddings.py (which needs only torch) by file path."""
+    try:
+        from torchtune.modules import RotaryPositionalEmbeddings
+        return RotaryPositionalEmbeddings, "package"
+    except Exception as exc:  # noqa: BLE001 - any import failure: try the file itself
+        first = f"{type(exc).__name__}: {exc}"
+    spec = importlib.util.find_spec("torchtune")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("torchtune is not installed")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "modules", "position_embeddings.py")
+    mod_spec = importlib.util.spec_from_file_location("_torchtune_position_embeddings", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module.RotaryPositionalEmbeddings, f"loaded by file path (package import failed: {first[:120]})"
+
+
+def load_liger():
+    from liger_kernel.ops.rope import LigerRopeFunction
+    return LigerRopeFunction
+
+
+def load_flash_attn():
+    from flash_attn.layers.rotary import apply_rotary_emb
+    return apply_rotary_emb
+
+
+def plain_half(q, k, cos, sin):
+    """The plain half-split formula (what torch.compile is given): math in fp32, output in the input dtype."""
+    h = q.shape[-1] // 2
+
+    def one(x):
+        x1, x2 = x[..., :h].float(), x[..., h:].float()
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return one(q), one(k)
+
+
+class Case:
+    """Inputs for one (shape, dtype, device) and the reference outputs posenc gives in both layouts."""
+
+    def __init__(self, shape, dtype, device):
+        b, t, hq, hk, d, start = shape
+        g = torch.Generator().manual_seed(0)
+        self.b, self.t, self.hq, self.hk, self.d, self.start = b, t, hq, hk, d, start
+        self.q = torch.randn(b, hq, t, d, generator=g).to(dtype).to(device)
+        self.k = torch.randn(b, hk, t, d, generator=g).to(dtype).to(device)
+        self.positions = torch.arange(start, start + t, device=device)
+        self.inv_freq = default_inv_freq(d, device=device)
+        self.cos, self.sin = rope_cos_sin(self.positions, self.inv_freq)              # [T, D/2] float32
+        self.q_out, self.k_out = torch.empty_like(self.q), torch.empty_like(self.k)
+        self.bytes = 2 * (self.q.numel() + self.k.numel()) * self.q.element_size()
+        with torch.no_grad():
+            self.ref = {lay: posenc_rope((self.q, self.k), self.cos, self.sin, layout=lay, rotary_dim=d)
+                        for lay in ("half", "interleaved")}
+
+
+def candidates(case: Case, device: str, compile_times: dict):
+    """Yield (name, layout, is_posenc, make) where make() returns the timed callable (or raises if unavailable)."""
+    q, k, cos, sin, d = case.q, case.k, case.cos, case.sin, case.d
+
+    def copy_floor():
+        qo, ko = case.q_out, case.k_out
+        return lambda: (qo.copy_(q), ko.copy_(k))
+    yield "copy floor (preallocated)", None, False, copy_floor
+
+    for lay in ("half", "interleaved"):
+        def kernel_out(lay=lay):
+            out = (case.q_out, case.k_out)
+            return lambda: posenc_rope((q, k), cos, sin, layout=lay, rotary_dim=d, out=out)
+        yield f"posenc {lay}, out=", lay, True, kernel_out
+
+    def kernel_inplace():
+        qi, ki = q.clone(), k.clone()   # rotated again on every call: timing only (norms are preserved)
+        return lambda: posenc_rope((qi, ki), cos, sin, layout="half", rotary_dim=d, inplace=True)
+    yield "posenc half, inplace", "half", False, kernel_inplace
+
+    def end_to_end():
+        pos = case.positions
+        return lambda: posenc.apply_rope_qk(q, k, pos, layout="half")
+    yield "posenc.apply_rope_qk (table+alloc)", "half", False, end_to_end
+
+    if device == "cpu":
+        def eager_fallback():
+            def run():
+                cpu_rope.rope_into(q, cos, sin, case.q_out, layout="half", rotary_dim=d, native=False)
+                cpu_rope.rope_into(k, cos, sin, case.k_out, layout="half", rotary_dim=d, native=False)
+                return case.q_out, case.k_out
+            return run
+        yield "posenc eager fallback (no compiler)", "half", False, eager_fallback
+
+    def hf():
+        apply_rotary_pos_emb = load_hf()
+        # transformers' LlamaRotaryEmbedding hands cos/sin [B, T, D] in the activation dtype
+        cos2 = torch.cat((cos, cos), -1)[None].to(q.dtype)
+        sin2 = torch.cat((sin, sin), -1)[None].to(q.dtype)
+        return lambda: apply_rotary_pos_emb(q, k, cos2, sin2)
+    yield "transformers eager apply_rotary_pos_emb", "half", False, hf
+
+    def compiled():
+        fn = torch.compile(plain_half, dynamic=False)
+        t0 = time.perf_counter()
+        fn(q, k, cos, sin)
+        compile_times[f"{case.t}:{q.dtype}"] = time.perf_counter() - t0
+        return lambda: fn(q, k, cos, sin)
+    yield "torch.compile(plain formula)", "half", False, compiled
+
+    def ret():
+        RotaryEmbedding = load_rotary_embedding_torch()
+        rot = RotaryEmbedding(dim=d, cache_max_seq_len=max(8192, case.start + case.t)).to(q.device)
+        return lambda: (rot.rotate_queries_or_keys(q, seq_dim=-2, offset=case.start),
+                        rot.rotate_queries_or_keys(k, seq_dim=-2, offset=case.start))
+    yield "rotary-embedding-torch", "interleaved", False, ret
+
+    def tt():
+        RoPE, how = load_torchtune()
+        mod = RoPE(dim=d, max_seq_len=case.start + case.t).to(q.device)
+        qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()   # its layout: [B, T, H, D]
+        pos = None if case.start == 0 else case.positions[None].expand(case.b, -1)
+
+        def run():
+            return mod(qt, input_pos=pos), mod(kt, input_pos=pos)
+        run.transform = lambda outs: tuple(o.transpose(1, 2) for o in outs)
+        run.note = " ".join(how.split())
+        return run
+    yield "torchtune RotaryPositionalEmbeddings", "interleaved", False, tt
+
+    if device != "cpu":
+        def liger():
+            fn = load_liger()
+            cos2 = torch.cat((cos, cos), -1)[None].to(q.dtype)
+            sin2 = torch.cat((sin, sin), -1)[None].to(q.dtype)
+            qc, kc = q.clone(), k.clone()      # liger rotates in place
+            return lambda: fn.apply(qc, kc, cos2, sin2)
+        yield "liger-kernel rope (in place)", "half", False, liger
+
+        def flash():
+            fn = load_flash_attn()
+            qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()   # [B, T, H, D]
+            c, s = cos.to(q.dtype), sin.to(q.dtype)
+
+            def run():
+                return fn(qt, c, s, interleaved=False), fn(kt, c, s, interleaved=False)
+            run.transform = lambda outs: tuple(o.transpose(1, 2) for o in outs)
+            return run
+        yield "flash-attn apply_rotary_emb", "half", False, flash
+
+
+def check(name, fn, case: Case, layout: str | None):
+    """Max |output - posenc's| for one call of fn (None for the copy floor; in-place peers are skipped)."""
+    if layout is None or "inplace" in name or "in place" in name:
+        return None, None
+    with torch.no_grad():
+        outs = fn()
+    outs = getattr(fn, "transform", lambda o: o)(outs)
+    ref = case.ref[layout]
+    err = max(float((o.float() - r.float()).abs().max()) for o, r in zip(outs, ref))
+    scale = max(float(r.float().abs().max()) for r in ref)
+    return err, err <= TOL[case.q.dtype] * scale
+
+
+def run_case(shape_name, shape, dtype_name, dtype, device, args, compile_times):
+    case = Case(shape, dtype, device)
+    rows, fns, base = [], {}, {}
+    for name, layout, is_posenc, make in candidates(case, device, compile_times):
+        row = {"shape": shape_name, "dtype": dtype_name, "impl": name, "layout": layout, "posenc": is_posenc}
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn = make()
+                row["max_err"], row["ok"] = check(name, fn, case, layout)
+            fns[name] = fn
+            if getattr(fn, "note", None):
+                row["note"] = fn.note
+        except Exception as exc:  # noqa: BLE001 - a missing or broken peer must not stop the run
+            row["unavailable"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            if args.verbose:
+                traceback.print_exc()
+        rows.append(row)
+    # rounds interleave the implementations, and each keeps its fastest round's median: load from other
+    # processes on a shared machine only ever makes a round slower, and hits every implementation alike
+    for _ in range(args.repeats):
+        for row in rows:
+            fn = fns.get(row["impl"])
+            if fn is None:
+                continue
+            try:
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    t = time_fn(fn, min_run_time=args.min_run_time, device=device)
+                row["seconds"] = min(t, row.get("seconds", float("inf")))
+            except Exception as exc:  # noqa: BLE001
+                row["unavailable"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                fns.pop(row["impl"])
+    for row in rows:
+        if "seconds" in row:
+            row["ms"] = row["seconds"] * 1e3
+            row["GB/s"] = gbps(case.bytes, row["seconds"])
+        if row["impl"].startswith("copy floor"):
+            base["copy"] = row.get("seconds")
+        if row.pop("posenc"):
+            base[row["layout"]] = row.get("seconds")
+    for row in rows:
+        if row.get("seconds") and base.get("copy"):
+            row["x_copy"] = row["seconds"] / base["copy"]
+        ref = base.get(row["layout"])
+        if row.get("seconds") and ref:
+            row["posenc_speedup"] = row["seconds"] / ref
+        row["bytes"] = case.bytes
+        row["shape_dims"] = dict(zip(("batch", "seq", "q_heads", "kv_heads", "head_dim", "start"), shape))
+    fns.clear()
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smaller shapes and short timing (a smoke run)")
+    p.add_argument("--shapes", default="decode,prefill,long", help="comma list of: " + ",".join(SHAPES))
+    p.add_argument("--dtypes", default="fp32,bf16", help="comma list of: " + ",".join(DTYPES))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--min-run-time", type=float, default=None, help="seconds of timing per round (default 0.5, "
+                   "quick 0.1)")
+    p.add_argument("--repeats", type=int, default=None, help="timing rounds per row; the minimum median is "
+                   "kept (default 3, quick 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/rope-<device>[-quick].json)")
+    p.add_argument("--verbose", action="store_true", help="print tracebacks of unavailable peers")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.min_run_time = args.min_run_time or (0.1 if args.quick else 0.5)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    table = QUICK_SHAPES if args.quick else SHAPES
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    dtypes = [s.strip() for s in args.dtypes.split(",") if s.strip()]
+    for s in shapes:
+        if s not in table:
+            p.error(f"--shapes: unknown shape {s!r}; choose from {', '.join(table)}")
+    for s in dtypes:
+        if s not in DTYPES:
+            p.error(f"--dtypes: unknown dtype {s!r}; choose from {', '.join(DTYPES)}")
+
+    env = environment(args.device)
+    t0 = time.perf_counter()
+    native = cpu_rope.native_info() if args.device == "cpu" else None
+    if native is not None:
+        native["first_use_seconds"] = time.perf_counter() - t0
+    print(f"posenc RoPE benchmark on {env.get('gpu', env['processor'])} ({env['cpu_count']} CPUs, "
+          f"{env['torch_threads']} torch threads), torch {env['torch']}")
+    if native is not None:
+        print(f"native CPU kernel: {'available' if native['available'] else 'UNAVAILABLE: ' + native['reason']}"
+              f"; build {native['build_seconds'] if native['build_seconds'] is not None else '(cached)'} s, "
+              f"first use {native['first_use_seconds']:.2f} s")
+
+    results, compile_times = [], {}
+    columns = ["impl", "layout", "ms", "GB/s", "x_copy", "posenc_speedup", "max_err", "ok"]
+    for shape_name in shapes:
+        for dtype_name in dtypes:
+            shape = table[shape_name]
+            rows = run_case(shape_name, shape, dtype_name, DTYPES[dtype_name], args.device, args, compile_times)
+            results += rows
+            b, t, hq, hk, d, start = shape
+            shown = [dict(r, ms=r.get("ms"), ok=r.get("ok")) if "unavailable" not in r
+                     else {"impl": r["impl"], "layout": r["layout"], "ms": "unavailable: " + r["unavailable"]}
+                     for r in rows]
+            print_table(shown, columns, title=f"{shape_name} {dtype_name}: B{b} T{t} Hq{hq} Hk{hk} D{d} "
+                                              f"(positions from {start}); {rows[0]['bytes'] / 2**20:.1f} MiB moved")
+    if compile_times:
+        print("\ntorch.compile first-call seconds: " +
+              ", ".join(f"T{k.split(':')[0]} {k.split(':')[1].replace('torch.', '')}: {v:.1f}"
+                        for k, v in compile_times.items()))
+    out = args.out or os.path.join(RESULTS_DIR, f"rope-{device_tag(args.device)}{'-quick' if args.quick else ''}.json")
+    save_json({"benchmark": "rope", "environment": env, "args": vars(args), "native_kernel": native,
+               "torch_compile_first_call_seconds": compile_times, "results": results}, out)
+    print(f"\nsaved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

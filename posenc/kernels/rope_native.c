@@ -1,0 +1,179 @@
+/* posenc's CPU RoPE kernel: one pass over the bytes, fp32 (fp64 for double) math, any layout.
+ *
+ * Plain C (no Python or torch headers) so it builds in about a second with any C compiler; posenc loads it with
+ * ctypes. Each "row" is one head vector of `dim` elements; the first `rdim` are rotated, the rest copied (unless
+ * rotating in place). Each element is loaded, widened to float (double for fp64), rotated and rounded back once.
+ *
+ * Leading dimensions (up to MAX_DIMS) are described by sizes and element strides for x, out and the cos/sin table;
+ * a table stride of 0 broadcasts it (e.g. over heads). Rows are split over `nthreads` pthreads.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DIMS 8
+
+enum { DT_F32 = 0, DT_F64 = 1, DT_BF16 = 2, DT_F16 = 3 };
+enum { LAYOUT_INTERLEAVED = 0, LAYOUT_HALF = 1 };
+
+typedef struct {
+    const char *x; char *out; const char *cos; const char *sin;
+    int dtype, layout, inverse, copy_tail, ndim;
+    int64_t sizes[MAX_DIMS], xs[MAX_DIMS], os[MAX_DIMS], cs[MAX_DIMS];
+    int64_t dim, rdim, row_begin, row_end;
+} job_t;
+
+/* ---- element conversions ------------------------------------------------------------------------------ */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t f32_to_bf16(float f) {          /* round to nearest even, as torch does */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* NaN stays a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* ---- fused rows: load, convert to the math type, rotate, convert back, store; one pass ------------------- */
+/* In place (out == x) is safe: pair j reads and writes only its own two slots, so no iteration touches another's
+ * data. The pragma says so to the compiler, which otherwise would not vectorise a loop whose pointers may alias. */
+#if defined(__clang__)
+#define NO_ALIAS_LOOP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define NO_ALIAS_LOOP _Pragma("GCC ivdep")
+#else
+#define NO_ALIAS_LOOP
+#endif
+
+#define LOAD_F32(p) (p)
+#define STORE_F32(v) (v)
+#define LOAD_BF16(p) bf16_to_f32(p)
+#define STORE_BF16(v) f32_to_bf16(v)
+#define LOAD_F16(p) ((float)(p))
+#define STORE_F16(v) ((_Float16)(v))
+
+/* rotate one row: x, o point at the row's first element; c, s at its table row; sg = +1 or -1 (inverse) */
+#define DEFINE_ROW(NAME, ET, MT, LOAD, STORE)                                                             \
+static void NAME(const ET *x, ET *o, const MT *c, const MT *s, int64_t h, int layout, MT sg) {            \
+    if (layout == LAYOUT_HALF) {                                                                            \
+        NO_ALIAS_LOOP                                                                                       \
+        for (int64_t j = 0; j < h; j++) {                                                                   \
+            MT a = LOAD(x[j]), b = LOAD(x[j + h]), cj = c[j], sj = sg * s[j];                               \
+            o[j] = STORE(a * cj - b * sj); o[j + h] = STORE(a * sj + b * cj);                               \
+        }                                                                                                   \
+    } else {                                                                                                \
+        NO_ALIAS_LOOP                                                                                       \
+        for (int64_t j = 0; j < h; j++) {                                                                   \
+            MT a = LOAD(x[2 * j]), b = LOAD(x[2 * j + 1]), cj = c[j], sj = sg * s[j];                       \
+            o[2 * j] = STORE(a * cj - b * sj); o[2 * j + 1] = STORE(a * sj + b * cj);                       \
+        }                                                                                                   \
+    }                                                                                                       \
+}
+DEFINE_ROW(row_f32, float, float, LOAD_F32, STORE_F32)
+DEFINE_ROW(row_f64, double, double, LOAD_F32, STORE_F32)
+DEFINE_ROW(row_bf16, uint16_t, float, LOAD_BF16, STORE_BF16)
+#ifdef __FLT16_MAX__
+DEFINE_ROW(row_f16, _Float16, float, LOAD_F16, STORE_F16)
+#endif
+
+/* ---- one thread's share of rows ------------------------------------------------------------------------- */
+static void *run_rows(void *arg) {
+    const job_t *jb = (const job_t *)arg;
+    const int64_t dim = jb->dim, rdim = jb->rdim, h = rdim / 2;
+    const int esize = jb->dtype == DT_F64 ? 8 : (jb->dtype == DT_F32 ? 4 : 2);
+    const int csize = jb->dtype == DT_F64 ? 8 : 4;
+    const int layout = jb->layout;
+
+    /* multi-index of the first row, then advanced like an odometer */
+    int64_t idx[MAX_DIMS] = {0}, rem = jb->row_begin;
+    for (int d = jb->ndim - 1; d >= 0; d--) { idx[d] = rem % jb->sizes[d]; rem /= jb->sizes[d]; }
+
+    for (int64_t r = jb->row_begin; r < jb->row_end; r++) {
+        int64_t xo = 0, oo = 0, co = 0;
+        for (int d = 0; d < jb->ndim; d++) { xo += idx[d] * jb->xs[d]; oo += idx[d] * jb->os[d]; co += idx[d] * jb->cs[d]; }
+        const char *xr = jb->x + xo * esize;
+        char *orow = jb->out + oo * esize;
+        const char *cr = jb->cos + co * csize, *sr = jb->sin + co * csize;
+
+        switch (jb->dtype) {
+        case DT_F32:
+            row_f32((const float *)xr, (float *)orow, (const float *)cr, (const float *)sr, h, layout,
+                    jb->inverse ? -1.0f : 1.0f);
+            break;
+        case DT_F64:
+            row_f64((const double *)xr, (double *)orow, (const double *)cr, (const double *)sr, h, layout,
+                    jb->inverse ? -1.0 : 1.0);
+            break;
+        case DT_BF16:
+            row_bf16((const uint16_t *)xr, (uint16_t *)orow, (const float *)cr, (const float *)sr, h, layout,
+                     jb->inverse ? -1.0f : 1.0f);
+            break;
+#ifdef __FLT16_MAX__
+        case DT_F16:
+            row_f16((const _Float16 *)xr, (_Float16 *)orow, (const float *)cr, (const float *)sr, h, layout,
+                    jb->inverse ? -1.0f : 1.0f);
+            break;
+#endif
+        }
+        if (jb->copy_tail && dim > rdim)
+            memcpy(orow + rdim * esize, xr + rdim * esize, (size_t)(dim - rdim) * esize);
+
+        for (int d = jb->ndim - 1; d >= 0; d--) {   /* next row */
+            if (++idx[d] < jb->sizes[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return (void *)0;
+}
+
+/* 1 if this build handles float16 (the compiler knows _Float16), else 0. */
+int posenc_rope_has_f16(void) {
+#ifdef __FLT16_MAX__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Entry point. Returns 0 on success, nonzero on a bad argument or failed allocation. */
+int posenc_rope(const void *x, void *out, const void *cos, const void *sin, int dtype, int layout, int inverse,
+                int copy_tail, int ndim, const int64_t *sizes, const int64_t *x_strides, const int64_t *out_strides,
+                const int64_t *cs_strides, int64_t dim, int64_t rdim, int nthreads) {
+    if (ndim < 1 || ndim > MAX_DIMS || rdim % 2 || rdim > dim || rdim <= 0 || dtype < 0 || dtype > 3) return 2;
+    if (dtype == DT_F16 && !posenc_rope_has_f16()) return 2;
+    job_t base;
+    memset(&base, 0, sizeof base);
+    base.x = (const char *)x; base.out = (char *)out; base.cos = (const char *)cos; base.sin = (const char *)sin;
+    base.dtype = dtype; base.layout = layout; base.inverse = inverse; base.copy_tail = copy_tail; base.ndim = ndim;
+    base.dim = dim; base.rdim = rdim;
+    int64_t rows = 1;
+    for (int d = 0; d < ndim; d++) {
+        base.sizes[d] = sizes[d]; base.xs[d] = x_strides[d]; base.os[d] = out_strides[d]; base.cs[d] = cs_strides[d];
+        rows *= sizes[d];
+    }
+    if (rows == 0) return 0;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > 256) nthreads = 256;
+    if (nthreads > rows) nthreads = (int)rows;
+
+    job_t jobs[256];
+    pthread_t tids[256];
+    int started[256] = {0};
+    int rc = 0;
+    for (int t = 0; t < nthreads; t++) {
+        jobs[t] = base;
+        jobs[t].row_begin = rows * t / nthreads;
+        jobs[t].row_end = rows * (t + 1) / nthreads;
+    }
+    for (int t = 1; t < nthreads; t++)
+        started[t] = pthread_create(&tids[t], NULL, run_rows, &jobs[t]) == 0;
+    for (int t = 1; t < nthreads; t++)      /* a thread that failed to start: do its rows here */
+        if (!started[t] && run_rows(&jobs[t])) rc = 3;
+    if (run_rows(&jobs[0])) rc = 3;
+    for (int t = 1; t < nthreads; t++) {
+        void *res = NULL;
+        if (started[t]) { pthread_join(tids[t], &res); if (res) rc = 3; }
+    }
+    return rc;
+}

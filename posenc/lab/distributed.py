@@ -1,0 +1,412 @@
+"""The lab on torch.distributed: data-parallel training (DDP) and split evaluation, launched by torchrun.
+
+    torchrun --nproc_per_node 4 -m posenc lab ...    # one process per GPU (NCCL) or per CPU share (gloo)
+    posenc lab --nproc 4 ...                         # the same on one machine: re-launches itself via torchrun
+
+How the pieces fit (docs/distributed.md has the launch recipes):
+- ``init_distributed`` joins the process group torchrun describes in the environment (RANK, WORLD_SIZE,
+  LOCAL_RANK, MASTER_ADDR, MASTER_PORT): NCCL for CUDA, gloo for the CPU, with a timeout on every collective so a
+  stuck peer ends the job instead of hanging it. Without torchrun it is a no-op (one process, rank 0).
+- Data: the samplers' ``batch(step, rank, world_size)`` give rank r the rows r::world_size of the global batch
+  of step ``step``: the ranks' shards are disjoint and together are exactly the single-process batch.
+- ``ddp_wrap`` checks that every rank resumed from the same checkpoint step with the same settings and data,
+  then wraps the model in DDP, which averages gradients across ranks during backward.
+- ``sharded_lm_loss`` makes that average the gradient of the *global* batch's mean loss, even when ranks score
+  different numbers of tokens (copy and passkey rows score different counts), so N processes reproduce one.
+- ``map_across_ranks`` splits evaluation items (lengths, methods) across ranks and gathers the results.
+- Only rank 0 writes anything (``posenc.lab.io.is_main_process``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from posenc.errors import CheckpointError, ConfigError, DataError, PosencError
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TIMEOUT_ENV = "POSENC_DIST_TIMEOUT"  # seconds one collective may wait for a peer
+DEFAULT_TIMEOUT_S = 1800.0  # long evaluations on one rank can keep the others waiting at the gather
+
+
+class PeerError(PosencError):
+    """Another rank failed during a collective step (its message is included)."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job. A plain single-process run is rank 0 of 1."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None  # "nccl", "gloo" or None when not distributed
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+# ---------------------------------------------------------------- joining and leaving the process group
+
+def under_torchrun() -> bool:
+    """True when this process was started by torchrun (its rendezvous variables are in the environment)."""
+    return all(name in os.environ for name in TORCHRUN_ENV)
+
+
+def is_distributed() -> bool:
+    """True when a process group with more than one rank is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def current() -> DistInfo:
+    """DistInfo of the initialised process group (rank 0 of 1 when there is none)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistInfo()
+    return DistInfo(dist.get_rank(), dist.get_world_size(), _env_int("LOCAL_RANK", dist.get_rank()),
+                    dist.get_backend())
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise ConfigError(f"environment variable {name}: not set (expected torchrun to set it)")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}: expected an integer, got {value!r}") from None
+
+
+def timeout_seconds(timeout_s: float | None = None) -> float:
+    """The collective timeout: the argument, else $POSENC_DIST_TIMEOUT, else DEFAULT_TIMEOUT_S."""
+    if timeout_s is None:
+        raw = os.environ.get(TIMEOUT_ENV)
+        if raw is None:
+            return DEFAULT_TIMEOUT_S
+        try:
+            timeout_s = float(raw)
+        except ValueError:
+            raise ConfigError(f"{TIMEOUT_ENV}: expected a number of seconds, got {raw!r}") from None
+    if not timeout_s > 0:
+        raise ConfigError(f"{TIMEOUT_ENV}: expected a positive number of seconds, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def init_distributed(device: str | torch.device = "cpu", *,
+                     timeout_s: float | None = None) -> tuple[DistInfo, torch.device]:
+    """Join torchrun's process group, if this process was launched by torchrun; -> (info, device to use).
+
+    ``device`` is what the user asked for ("auto", "cpu", "cuda", "cuda:N"). Under torchrun each process takes
+    one GPU, cuda:LOCAL_RANK, with NCCL; on the CPU the backend is gloo. Every collective times out after
+    ``timeout_seconds(timeout_s)`` so a peer that hangs ends the job. Without torchrun (or with one process) no
+    group is created and ``device`` is returned unchanged. Idempotent: an existing group is reused.
+    """
+    if str(device) == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if dist.is_available() and dist.is_initialized():
+        info = current()
+        return info, _rank_device(device, info.local_rank)
+    if not under_torchrun():
+        return DistInfo(), device
+    rank, world_size, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
+        raise ConfigError(f"torchrun environment: inconsistent RANK={rank}, WORLD_SIZE={world_size}, "
+                          f"LOCAL_RANK={local_rank}")
+    if world_size == 1:
+        return DistInfo(0, 1, local_rank, None), device
+    device = _rank_device(device, local_rank)
+    if not dist.is_available():
+        raise ConfigError("--nproc: this PyTorch build has no torch.distributed support")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    elif device.type != "cpu":
+        raise ConfigError(f"--device: distributed runs support 'cpu' (gloo) and 'cuda' (NCCL), got {str(device)!r}")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds(timeout_s)))
+    return DistInfo(rank, world_size, local_rank, backend), device
+
+
+@contextlib.contextmanager
+def session(device: str | torch.device = "cpu", *, timeout_s: float | None = None):
+    """``with session(args.device) as (info, device): ...`` joins torchrun's process group (if any), prefixes
+    any error with the failing rank ('rank 1 of 4: ...') and leaves the group after a clean exit."""
+    info, device = init_distributed(device, timeout_s=timeout_s)
+    try:
+        yield info, device
+    except BaseException as exc:
+        label_error(exc, info)
+        if info.distributed and isinstance(exc, Exception):
+            _record_for_torchrun(exc)
+        raise
+    if info.distributed:
+        shutdown()
+
+
+def _record_for_torchrun(exc: Exception) -> None:
+    """Write the error where torchrun looks for it, so its end-of-job summary quotes this rank's message
+    (what torch.distributed.elastic's @record does; the posenc CLI catches the exception before @record could)."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        get_error_handler().record_exception(exc)
+    except Exception:  # the summary is a courtesy; the message is on stderr anyway
+        pass
+
+
+def _rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """cuda -> cuda:LOCAL_RANK (one GPU per process); anything else unchanged."""
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ConfigError("--device: cuda was requested but no CUDA device is available")
+    n = torch.cuda.device_count()
+    if local_rank >= n:
+        raise ConfigError(f"--nproc: process with local rank {local_rank} needs a GPU, but this node has only {n}; "
+                          f"use at most {n} processes per node")
+    return torch.device("cuda", local_rank)
+
+
+def shutdown() -> None:
+    """Leave the process group (after a clean run; a failed run just exits and torchrun ends the others)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def label_error(exc: BaseException, info: DistInfo | None = None) -> BaseException:
+    """Prefix the exception's message with 'rank R of W: ' so the job's output says which rank failed."""
+    info = info or current()
+    if info.distributed and exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith("rank "):
+        exc.args = (f"rank {info.rank} of {info.world_size}: {exc.args[0]}", *exc.args[1:])
+    return exc
+
+
+# ---------------------------------------------------------------- training
+
+def _collective_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def ddp_wrap(model: torch.nn.Module, start_step: int = 0, run_settings: dict | None = None) -> torch.nn.Module:
+    """Wrap ``model`` (already on its device, checkpoint already loaded) in DistributedDataParallel.
+
+    First checks that every rank resumed from the same step with the same ``run_settings`` (data hash, model,
+    seed, ...): a checkpoint on a disk the ranks do not share, or a different corpus on another node, would
+    otherwise train from different states or data without a word. DDP then broadcasts rank 0's weights, so
+    all ranks start identical, and averages gradients across ranks in backward. Keep using the unwrapped
+    ``model`` for checkpoints and evaluation (DDP's state_dict keys carry a 'module.' prefix).
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not is_distributed():
+        raise ConfigError("world_size > 1 needs an initialised process group: launch with torchrun or "
+                          "`posenc lab --nproc N` (posenc.lab.distributed.init_distributed joins it)")
+    mine = {"step": int(start_step), "settings": run_settings}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    for rank, theirs in enumerate(every):
+        if theirs["step"] != every[0]["step"]:
+            raise CheckpointError(f"resume: rank {rank} resumed from step {theirs['step']} but rank 0 from step "
+                                  f"{every[0]['step']}; every rank must read the same checkpoint (put --out on a "
+                                  "filesystem that all nodes share)")
+        if theirs["settings"] != every[0]["settings"]:
+            keys = sorted(k for k in set(theirs["settings"] or {}) | set(every[0]["settings"] or {})
+                          if (theirs["settings"] or {}).get(k) != (every[0]["settings"] or {}).get(k))
+            raise ConfigError(f"run settings differ between rank {rank} and rank 0 (keys {keys}); every rank "
+                              "must train on the same data and settings (same --data and Python version per node)")
+    device = next(model.parameters()).device
+    # the models' buffers are constants (ALiBi slopes, sin/cos tables): no need to re-sync them every forward
+    import inspect
+
+    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else {"broadcast_buffers": False})  # renamed in recent PyTorch
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **no_sync)
+
+
+def sharded_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
+                    ignore_index: int = -100) -> tuple[torch.Tensor, float]:
+    """This rank's part of the global batch's mean token loss -> (loss to backpropagate, global mean loss).
+
+    logits [B_r, T, V], targets [B_r, T] are this rank's rows. With S_r the sum of its token losses, n_r its
+    scored tokens (targets != ignore_index), N = sum_r n_r and W ranks, the global mean is sum_r S_r / N. DDP
+    averages gradients over W ranks, so each rank backpropagates W * S_r / N: the average is then exactly the
+    gradient of the global mean, also when the ranks score different numbers of tokens. One all_reduce of
+    (n_r, S_r) per step; the returned float is the global mean for logging, the same on every rank.
+    """
+    token_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                                ignore_index=ignore_index, reduction="sum")
+    stats = torch.stack([(targets != ignore_index).sum().double(), token_sum.detach().double()])
+    stats = stats.to(_collective_device())
+    dist.all_reduce(stats)
+    n, total = stats.tolist()
+    if n == 0:
+        raise DataError("training batch: no rank has a scored target token (every target is ignored)")
+    return token_sum * (dist.get_world_size() / n), total / n
+
+
+def check_batch_size(batch_size: int, world_size: int) -> None:
+    """Every rank needs at least one row of the global batch."""
+    if batch_size < world_size:
+        raise ConfigError(f"--batch-size: {batch_size} rows cannot be split across {world_size} processes; "
+                          f"use a batch size of at least {world_size} (ideally a multiple of it)")
+
+
+# ---------------------------------------------------------------- evaluation
+
+def assign(costs: Sequence[float], world_size: int) -> list[int]:
+    """Owner rank of each item: longest first, each to the least-loaded rank (ties: lowest rank).
+
+    Deterministic, so every rank computes the same assignment without talking. The busiest rank's load is at
+    most sum(costs) / world_size + max(costs).
+    """
+    if world_size < 1:
+        raise ConfigError(f"world_size: expected a positive integer, got {world_size!r}")
+    load = [0.0] * world_size
+    owner = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += costs[i]
+    return owner
+
+
+def map_across_ranks(fn: Callable, items: Iterable, *, cost: Callable | None = None) -> list:
+    """[fn(item) for item in items], each item computed by one rank, results gathered on every rank.
+
+    ``cost(item)`` (default 1) balances the split: for evaluation at length L a good cost is L (tokens scored
+    x attention span per token). Results must be picklable. If ``fn`` raises on some rank, every rank raises
+    (the failing one its own exception, the others PeerError with its message): no rank waits for a result
+    that will never come. Without a process group this is a plain loop.
+    """
+    items = list(items)
+    if not is_distributed():
+        return [fn(item) for item in items]
+    info = current()
+    costs = [float(cost(item)) if cost else 1.0 for item in items]
+    owner = assign(costs, info.world_size)
+    mine: dict[int, object] = {}
+    failure: BaseException | None = None
+    for i, item in enumerate(items):
+        if owner[i] != info.rank:
+            continue
+        try:
+            mine[i] = fn(item)
+        except Exception as exc:  # report it to the others before raising
+            failure = exc
+            break
+    gathered: list = [None] * info.world_size
+    report = ({"error": f"{type(failure).__name__}: {failure}"} if failure is not None else {"results": mine})
+    dist.all_gather_object(gathered, report)
+    if failure is not None:
+        raise failure
+    for rank, part in enumerate(gathered):
+        if "error" in part:
+            raise PeerError(f"evaluation failed on rank {rank}: {part['error']}")
+    merged: dict[int, object] = {}
+    for part in gathered:
+        merged.update(part["results"])
+    return [merged[i] for i in range(len(items))]
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op without a process group), e.g. before reading what rank 0 wrote."""
+    if is_distributed():
+        dist.barrier()
+
+
+# ---------------------------------------------------------------- launching
+
+def add_arguments(parser) -> None:
+    """The --nproc flag of `posenc lab`."""
+    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+                        help="train with N processes on this machine (DDP: one per GPU with NCCL, or gloo on "
+                             "the CPU); re-launches through torchrun. Multi-node: see docs/distributed.md")
+
+
+def torchrun_command(nproc: int, target: Sequence[str]) -> list[str]:
+    """The torchrun command that runs ``target`` (["-m", "posenc", "lab", ...] or [script, ...]) in ``nproc``
+    processes on this machine. Rendezvous on loopback, port chosen by the OS (port 0), no restarts."""
+    if int(nproc) < 1:
+        raise ConfigError(f"--nproc: expected a positive number of processes, got {nproc!r}")
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(int(nproc)),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
+            "--max-restarts", "0", *target]
+
+
+def strip_nproc(argv: Sequence[str]) -> list[str]:
+    """``argv`` without its --nproc N / --nproc=N options (the workers must not re-launch)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def worker_env(nproc: int, env: dict | None = None) -> dict:
+    """Environment for the workers: the CPU's cores shared out (OMP_NUM_THREADS), unless the user set it."""
+    env = dict(os.environ if env is None else env)
+    if "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // int(nproc)))
+    return env
+
+
+def launch(nproc: int, target: Sequence[str]) -> int:
+    """Run ``target`` under torchrun with ``nproc`` processes; -> torchrun's exit status.
+
+    torchrun's agent watches the workers: when one exits with an error it stops the others and exits non-zero,
+    printing which rank failed (each worker's own message is on the shared stderr above that summary).
+    """
+    cmd = torchrun_command(nproc, target)
+    proc = subprocess.Popen(cmd, env=worker_env(nproc))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached torchrun too (same process group); let it stop the workers
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
+def relaunch(args, argv: Sequence[str] | None = None) -> int | None:
+    """For `posenc lab --nproc N`: re-run this command under torchrun and return its exit status; None when this
+    process should do the work itself (N == 1, or it already is a torchrun worker).
+
+    ``argv`` is the command line after the program name (["lab", ...]); default ``args.argv`` if the CLI
+    recorded it, else sys.argv[1:].
+    """
+    nproc = getattr(args, "nproc", 1)
+    if nproc is None or int(nproc) == 1:
+        return None
+    if int(nproc) < 1:
+        raise ConfigError(f"--nproc: expected a positive number of processes, got {nproc!r}")
+    if under_torchrun():
+        world = _env_int("WORLD_SIZE")
+        if world != int(nproc):
+            raise ConfigError(f"--nproc: {nproc} conflicts with torchrun's WORLD_SIZE={world}; under torchrun "
+                              "drop --nproc (torchrun's --nproc-per-node decides)")
+        return None
+    argv = list(argv if argv is not None else getattr(args, "argv", None) or sys.argv[1:])
+    if not argv or argv[0] != "lab":
+        raise ConfigError(f"--nproc: cannot re-launch, the command line {argv[:3]!r} does not start with 'lab'")
+    return launch(int(nproc), ["-m", "posenc", *strip_nproc(argv)])

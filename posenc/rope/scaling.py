@@ -1,0 +1,459 @@
+"""RoPE context extension: one registry, rope_type -> fn(cfg, seq_len) -> (inv_freq, attention_scaling).
+
+Every scaled frequency in posenc comes from here (the Rotary module, the lab, inspect, plot, extend), so each
+formula exists once. Notation: d = rotary dim, theta = rope base, s = factor, L0 = original (pre-extension)
+context, Lmax = max_position_embeddings, default_j = theta^(-2j/d) for j = 0 .. d/2 - 1.
+
+Types following transformers 5.x exactly (the parity suite checks thousands of random configs against
+``transformers.modeling_rope_utils``): default, linear, dynamic, yarn, longrope, llama3, proportional.
+Types transformers lacks: ntk (static NTK-aware, the lesson's formula), and vLLM's variants whose numbers differ
+from transformers' types of the same name: vllm_dynamic, vllm_dynamic_alpha, vllm_ntk, vllm_longrope.
+See docs/scaling.md for every formula and the semantics it follows.
+
+    >>> inv_freq, attention_scaling = rope_parameters("path/to/config.json")
+    >>> inv_freq, attention_scaling = rope_parameters({"head_dim": 64, "rope_scaling": {"type": "linear", "factor": 4}})
+
+Add a type:
+
+    >>> @register_rope_type("half_linear", required=("factor",))
+    ... def half_linear(cfg, seq_len=None):
+    ...     inv = default_inv_freq(cfg.rotary_dim, cfg.theta)
+    ...     return inv / cfg.params["factor"] ** 0.5, 1.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+
+from posenc.errors import ConfigError
+from posenc.rope.apply import default_inv_freq
+from posenc.rope.config import RopeConfig, load_rope_config
+
+ScalingFn = Callable[[RopeConfig, "int | None"], "tuple[torch.Tensor, float]"]
+
+# rope_type -> function(cfg: RopeConfig, seq_len: int | None) -> (inv_freq float32 [rotary_dim // 2], scaling)
+ROPE_SCALING_FUNCTIONS: dict[str, ScalingFn] = {}
+
+SEQ_LEN_RULES = (None, "dynamic", "longrope")
+BAND_NAMES = ("kept", "blended", "interpolated", "removed")
+
+
+def register_rope_type(name: str, *, required: Iterable[str] = (), optional: Iterable[str] = (),
+                       seq_len_rule: str | None = None, check: Callable[[RopeConfig], list] | None = None,
+                       bands: Callable[[RopeConfig, "int | None"], list] | None = None):
+    """Decorator adding ``fn(cfg, seq_len) -> (inv_freq, attention_scaling)`` to ``ROPE_SCALING_FUNCTIONS``.
+
+    Args:
+        name: the rope_type string configs use. Registering an existing name replaces it.
+        required: keys the config must give: scaling keys (e.g. "factor") or "max_position_embeddings" /
+            "original_max_position_embeddings". Missing ones raise ConfigError when the config is loaded.
+        optional: further accepted scaling keys (others warn as unrecognised).
+        seq_len_rule: how ``posenc.Rotary`` refreshes frequencies as sequences grow: None (fixed), "dynamic"
+            (transformers' dynamic NTK rule) or "longrope" (short/long switch at L0).
+        check: cfg -> list of reasons to warn about (suspicious but usable values).
+        bands: (cfg, seq_len) -> per-pair labels for ``frequency_bands`` when the method defines its own bands.
+    """
+    if seq_len_rule not in SEQ_LEN_RULES:
+        raise ConfigError(f"seq_len_rule must be one of {SEQ_LEN_RULES}, got {seq_len_rule!r}")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"name must be a non-empty string, got {name!r}")
+
+    def decorator(fn):
+        fn.rope_type = name
+        fn.required_keys = frozenset(required)
+        fn.optional_keys = frozenset(optional)
+        fn.seq_len_rule = seq_len_rule
+        fn.check = check
+        fn.bands = bands
+        ROPE_SCALING_FUNCTIONS[name] = fn
+        return fn
+
+    return decorator
+
+
+def rope_parameters(config, seq_len: int | None = None, *, layer_type: str | None = None
+                    ) -> tuple[torch.Tensor, float]:
+    """(inv_freq float32 [rotary_dim // 2], attention_scaling) for any config form.
+
+    Args:
+        config: a mapping in config.json form, a path to a config.json, a transformers config, or a RopeConfig.
+        seq_len: the current sequence length (dynamic and longrope depend on it; others ignore it).
+        layer_type: selects the entry of a per-layer-type config (Gemma 3 style).
+    Note: "proportional" returns head_dim // 2 frequencies (zeros for unrotated pairs), as Gemma 4 rotates the
+    whole head with them.
+    """
+    cfg = load_rope_config(config, layer_type)
+    fn = _lookup(cfg.rope_type)
+    if seq_len is not None:
+        if isinstance(seq_len, torch.Tensor):
+            seq_len = int(seq_len.max())
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise ConfigError(f"seq_len must be a positive integer or None, got {seq_len!r}")
+    inv_freq, scaling = fn(cfg, seq_len)
+    inv_freq = torch.as_tensor(inv_freq, dtype=torch.float32)
+    if inv_freq.dim() != 1:
+        raise ConfigError(f"rope_type {cfg.rope_type!r} returned inv_freq of shape {tuple(inv_freq.shape)}, "
+                          "expected 1-D [rotary_dim // 2]")
+    return inv_freq, float(scaling)
+
+
+def _lookup(rope_type: str) -> ScalingFn:
+    fn = ROPE_SCALING_FUNCTIONS.get(rope_type)
+    if fn is None:
+        raise ConfigError(f"unknown rope_type {rope_type!r}; known types: {sorted(ROPE_SCALING_FUNCTIONS)}")
+    return fn
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+def _number(cfg: RopeConfig, key: str, default=None) -> float:
+    """A numeric scaling key, or a ConfigError naming it."""
+    value = cfg.params.get(key)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a number, got {cfg.params.get(key)!r}")
+    return value
+
+
+def _factor_or_ratio(cfg: RopeConfig) -> float:
+    """params["factor"], or Lmax / L0 when it is null (transformers' yarn and longrope fallback)."""
+    if cfg.params.get("factor") is not None:
+        return _number(cfg, "factor")
+    if cfg.max_position_embeddings is None or cfg.original_max_position_embeddings is None:
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: factor is null, so max_position_embeddings and "
+                          "original_max_position_embeddings are both needed to infer it")
+    return cfg.max_position_embeddings / cfg.original_max_position_embeddings
+
+
+def _ntk_exponent(cfg: RopeConfig) -> float:
+    d = cfg.rotary_dim
+    if d <= 2:
+        raise ConfigError(f"rope_type {cfg.rope_type!r} needs rotary_dim > 2 (its base exponent is d/(d-2)), got {d}")
+    return d / (d - 2)
+
+
+def _ratio_labels(cfg: RopeConfig, inv_freq: torch.Tensor, factor: float | None) -> list[str]:
+    """Label each pair by scaled / default frequency: 1 kept, 1/factor interpolated, 0 removed, else blended."""
+    reference = default_inv_freq(2 * len(inv_freq), cfg.theta).double()
+    ratio = inv_freq.double() / reference
+    labels = []
+    for r in ratio.tolist():
+        if r == 0:
+            labels.append("removed")
+        elif abs(r - 1) <= 1e-5:
+            labels.append("kept")
+        elif factor is not None and abs(r * factor - 1) <= 1e-5:
+            labels.append("interpolated")
+        else:
+            labels.append("blended")
+    return labels
+
+
+# ------------------------------------------------------------------------------------ transformers types
+
+@register_rope_type("default", optional=("mrope_section", "mrope_interleaved"))
+def default_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Plain RoPE: inv_j = theta^(-2j/d); attention scaling 1.
+
+    Multimodal RoPE configs (Qwen2-VL "mrope", mrope_section) have these frequencies; splitting them into
+    temporal / height / width sections is the model's business, not posenc's.
+    """
+    return default_inv_freq(cfg.rotary_dim, cfg.theta), 1.0
+
+
+@register_rope_type("linear", required=("factor",))
+def linear_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Position interpolation (PI, Chen et al. 2023): inv = default / s, i.e. positions squeezed by s."""
+    return default_inv_freq(cfg.rotary_dim, cfg.theta) / _number(cfg, "factor"), 1.0
+
+
+@register_rope_type("dynamic", required=("factor", "max_position_embeddings"), seq_len_rule="dynamic")
+def dynamic_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Dynamic NTK (transformers semantics): theta' = theta * (s*L/Lmax - (s-1))^(d/(d-2)), L = max(seq_len, Lmax).
+
+    Uses Lmax (max_position_embeddings), not L0; at seq_len <= Lmax it is plain RoPE. ``posenc.Rotary``
+    re-evaluates it as sequences grow, exactly as transformers' ``dynamic_rope_update`` does.
+    """
+    s, lmax = _number(cfg, "factor"), cfg.max_position_embeddings
+    length = lmax if seq_len is None else max(seq_len, lmax)
+    base = cfg.theta * (s * length / lmax - (s - 1)) ** _ntk_exponent(cfg)
+    return default_inv_freq(cfg.rotary_dim, base), 1.0
+
+
+def _yarn_get_mscale(s: float, m: float = 1.0) -> float:
+    """YaRN's attention temperature g(s, m) = 0.1 m ln s + 1 (1 when s <= 1)."""
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+def _yarn_ramp(cfg: RopeConfig) -> torch.Tensor:
+    """Per-pair interpolation weight in [0, 1] (0 = keep the frequency, 1 = divide it by s), float32 [d/2].
+
+    Pair j completes L0 * inv_j / (2 pi) rotations over the original context; pairs with more than beta_fast
+    rotations are kept, fewer than beta_slow interpolated, a linear ramp between (in dimension index).
+    """
+    d = cfg.rotary_dim
+    if cfg.theta <= 1:
+        raise ConfigError(f"rope_type 'yarn' needs rope_theta > 1, got {cfg.theta}")
+    beta_fast = cfg.params.get("beta_fast") or 32   # transformers treats 0 / null as the default
+    beta_slow = cfg.params.get("beta_slow") or 1
+    orig = cfg.original_max_position_embeddings
+
+    def dim_for(rotations):  # dimension index whose wavelength fits `rotations` times into L0
+        return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(cfg.theta))
+
+    low, high = dim_for(beta_fast), dim_for(beta_slow)
+    if cfg.params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # avoid 0/0, as transformers does
+    return ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+
+
+def _yarn_check(cfg: RopeConfig) -> list[str]:
+    reasons = []
+    fast, slow = cfg.params.get("beta_fast") or 32, cfg.params.get("beta_slow") or 1
+    if fast < slow:
+        reasons.append(f"beta_fast ({fast}) should be >= beta_slow ({slow}): the ramp runs backwards")
+    factor, lmax, orig = cfg.params.get("factor"), cfg.max_position_embeddings, cfg.original_max_position_embeddings
+    if factor is not None and lmax and orig:
+        implicit = lmax / orig
+        if implicit != factor and implicit != 1:
+            reasons.append(f"factor {factor} differs from max_position_embeddings / original_max_position_embeddings"
+                           f" = {lmax} / {orig} = {implicit:g}; the explicit factor is used")
+    return reasons
+
+
+def _yarn_bands(cfg: RopeConfig, seq_len: int | None) -> list[str]:
+    return ["kept" if w == 0 else "interpolated" if w == 1 else "blended" for w in _yarn_ramp(cfg).tolist()]
+
+
+@register_rope_type("yarn", required=("factor", "original_max_position_embeddings"),
+                    optional=("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
+                    check=_yarn_check, bands=_yarn_bands)
+def yarn_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023): per-pair blend of kept and interpolated frequencies plus an attention temperature.
+
+    inv_j = default_j * (1 - ramp_j) + (default_j / s) * ramp_j (ramp from beta_fast / beta_slow over L0).
+    Attention scaling: attention_factor if given; else g(s, mscale) / g(s, mscale_all_dim) when both are set
+    (DeepSeek); else g(s, 1) = 0.1 ln s + 1. factor null -> s = Lmax / L0.
+    """
+    s = _factor_or_ratio(cfg)
+    attention = cfg.params.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = cfg.params.get("mscale"), cfg.params.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention = _yarn_get_mscale(s, mscale) / _yarn_get_mscale(s, mscale_all_dim)
+        else:
+            attention = _yarn_get_mscale(s)
+    keep = 1 - _yarn_ramp(cfg)
+    extrapolated = default_inv_freq(cfg.rotary_dim, cfg.theta)
+    interpolated = extrapolated / s
+    return interpolated * (1 - keep) + extrapolated * keep, float(attention)
+
+
+def _longrope_check(cfg: RopeConfig) -> list[str]:
+    reasons = []
+    for key in ("short_factor", "long_factor"):
+        value = cfg.params.get(key)
+        if not isinstance(value, (list, tuple)) or len(value) != cfg.rotary_dim // 2:
+            length = len(value) if isinstance(value, (list, tuple)) else type(value).__name__
+            reasons.append(f"{key} should be a list of rotary_dim // 2 = {cfg.rotary_dim // 2} numbers, got {length}")
+    return reasons
+
+
+def _longrope_ext(cfg: RopeConfig, key: str) -> torch.Tensor:
+    value = cfg.params.get(key)
+    if not isinstance(value, (list, tuple)) or len(value) != cfg.rotary_dim // 2 or \
+            not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a list of rotary_dim // 2 = "
+                          f"{cfg.rotary_dim // 2} numbers, got {value!r:.80}")
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def _longrope_bands(cfg: RopeConfig, seq_len: int | None) -> list[str]:
+    inv, _ = ROPE_SCALING_FUNCTIONS[cfg.rope_type](cfg, seq_len)
+    factor = cfg.params.get("factor")
+    if factor is None and cfg.max_position_embeddings and cfg.original_max_position_embeddings:
+        factor = cfg.max_position_embeddings / cfg.original_max_position_embeddings
+    return _ratio_labels(cfg, inv, factor)
+
+
+@register_rope_type("longrope", required=("short_factor", "long_factor", "original_max_position_embeddings"),
+                    optional=("factor", "attention_factor"), seq_len_rule="longrope",
+                    check=_longrope_check, bands=_longrope_bands)
+def longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3, transformers semantics): inv_j = default_j / ext_j with ext = long_factor when
+    seq_len > L0 (strictly) else short_factor. Attention scaling: attention_factor if given, else
+    sqrt(1 + ln s / ln L0) for s > 1 (s = factor, or Lmax / L0 when factor is absent), else 1.
+    """
+    orig = cfg.original_max_position_embeddings
+    s = _factor_or_ratio(cfg)
+    attention = cfg.params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(orig))
+    ext = _longrope_ext(cfg, "long_factor" if seq_len and seq_len > orig else "short_factor")
+    return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(attention)
+
+
+def _llama3_check(cfg: RopeConfig) -> list[str]:
+    reasons = []
+    low, high = cfg.params.get("low_freq_factor"), cfg.params.get("high_freq_factor")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and high <= low:
+        reasons.append(f"high_freq_factor ({high}) should be > low_freq_factor ({low})")
+    orig, lmax = cfg.original_max_position_embeddings, cfg.max_position_embeddings
+    if orig and lmax and orig >= lmax:
+        reasons.append(f"original_max_position_embeddings ({orig}) should be < max_position_embeddings ({lmax})")
+    return reasons
+
+
+def _llama3_wavelengths(cfg: RopeConfig) -> tuple[torch.Tensor, float, float]:
+    """(wavelength of each pair, shortest wavelength interpolated fully, longest kept) in positions."""
+    orig = cfg.original_max_position_embeddings
+    low, high = _number(cfg, "low_freq_factor"), _number(cfg, "high_freq_factor")
+    wavelen = 2 * math.pi / default_inv_freq(cfg.rotary_dim, cfg.theta)
+    return wavelen, orig / low, orig / high
+
+
+def _llama3_bands(cfg: RopeConfig, seq_len: int | None) -> list[str]:
+    wavelen, long_wl, short_wl = _llama3_wavelengths(cfg)
+    return ["kept" if w < short_wl else "interpolated" if w > long_wl else "blended" for w in wavelen.tolist()]
+
+
+@register_rope_type("llama3", required=("factor", "low_freq_factor", "high_freq_factor",
+                                        "original_max_position_embeddings"),
+                    check=_llama3_check, bands=_llama3_bands)
+def llama3_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Llama 3.1 scaling: by wavelength lambda_j = 2 pi / default_j,
+    lambda < L0/high kept; lambda > L0/low divided by s; between, sigma = (L0/lambda - low)/(high - low) and
+    inv = (1 - sigma) * default / s + sigma * default. Attention scaling 1.
+    """
+    s = _number(cfg, "factor")
+    low, high = _number(cfg, "low_freq_factor"), _number(cfg, "high_freq_factor")
+    orig = cfg.original_max_position_embeddings
+    inv = default_inv_freq(cfg.rotary_dim, cfg.theta)
+    wavelen, long_wl, short_wl = _llama3_wavelengths(cfg)
+    sigma = (orig / wavelen - low) / (high - low)
+    blended = (1 - sigma) * inv / s + sigma * inv
+    out = torch.where(wavelen > long_wl, inv / s, inv)
+    middle = (wavelen >= short_wl) & (wavelen <= long_wl)
+    return torch.where(middle, blended, out), 1.0
+
+
+@register_rope_type("proportional", optional=("factor",))
+def proportional_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Proportional RoPE (Gemma 4): the first n = int(partial_rotary_factor * head_dim // 2) pairs get
+    theta^(-2j/head_dim) (note: head_dim, not the rotary dim), the rest zero (not rotated); all / factor (default 1).
+
+    Returns head_dim // 2 frequencies, not rotary_dim // 2: the whole head is rotated with them.
+    """
+    head_dim = cfg.head_dim
+    rotated = int(cfg.partial_rotary_factor * head_dim // 2)
+    inv = torch.zeros(head_dim // 2, dtype=torch.float32)
+    inv[:rotated] = default_inv_freq(head_dim, cfg.theta)[:rotated]
+    return inv / _number(cfg, "factor", default=1.0), 1.0
+
+
+# ------------------------------------------------------------------------------------ methods transformers lacks
+
+@register_rope_type("ntk", required=("factor",))
+def ntk_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Static NTK-aware scaling (bloc97; the lesson's formula): theta' = theta * s^(d/(d-2)), fixed for all lengths.
+
+    The lowest pair is then divided by exactly s while the highest frequency is kept. transformers has this only
+    inside some model files; its "dynamic" type is the length-dependent version.
+    """
+    base = cfg.theta * _number(cfg, "factor") ** _ntk_exponent(cfg)
+    return default_inv_freq(cfg.rotary_dim, base), 1.0
+
+
+@register_rope_type("vllm_dynamic", required=("factor",))
+def vllm_dynamic_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """vLLM's "dynamic" type as shipped from 2023 until vLLM PR #41277 (2026): NOT dynamic. vLLM evaluated the
+    dynamic-NTK formula once at L = s * Lmax, so theta' = theta * (s^2 - s + 1)^(d/(d-2)) at every length.
+
+    (After that PR vLLM evaluates transformers' formula once at the served length: that is
+    ``rope_parameters(cfg with rope_type "dynamic", seq_len=served_length)``.)
+    """
+    s = _number(cfg, "factor")
+    base = cfg.theta * (s * s - (s - 1)) ** _ntk_exponent(cfg)
+    return default_inv_freq(cfg.rotary_dim, base), 1.0
+
+
+@register_rope_type("vllm_dynamic_alpha", required=("alpha",))
+def vllm_dynamic_alpha_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """vLLM's "dynamic" type when the config gives "alpha" (Hunyuan): theta' = theta * alpha^(d/(d-2)), fixed.
+
+    Numerically the static "ntk" type with s = alpha.
+    """
+    base = cfg.theta * _number(cfg, "alpha") ** _ntk_exponent(cfg)
+    return default_inv_freq(cfg.rotary_dim, base), 1.0
+
+
+@register_rope_type("vllm_ntk", required=("factor",), optional=("mixed_b",))
+def vllm_ntk_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """vLLM's "ntk" type (fixed and mixed NTK, Su 2023, kexue.fm/archives/9706) — a different formula from "ntk":
+
+    fixed (no mixed_b): inv_j = (theta*s)^(-2j/d) / s^(2/d) = default_j * s^(-(2j+2)/d): every pair is scaled,
+    the lowest by exactly 1/s.  mixed: inv_j = default_j / exp(a (j+1)^b), a = ln s / (d/2)^b, b = mixed_b.
+    """
+    s, d = _number(cfg, "factor"), cfg.rotary_dim
+    mixed_b = cfg.params.get("mixed_b")
+    if mixed_b is None:
+        return default_inv_freq(d, cfg.theta * s) / s ** (2 / d), 1.0
+    b = _number(cfg, "mixed_b")
+    a = math.log(s) / (d / 2) ** b
+    j = torch.arange(1, d // 2 + 1, dtype=torch.float64)
+    return default_inv_freq(d, cfg.theta) / torch.exp(a * j ** b).float(), 1.0
+
+
+@register_rope_type("vllm_longrope", required=("short_factor", "long_factor", "original_max_position_embeddings",
+                                               "max_position_embeddings"),
+                    optional=("short_mscale", "long_mscale", "factor", "attention_factor"),
+                    check=_longrope_check, bands=_longrope_bands)
+def vllm_longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """vLLM's LongRoPE: the long factors are chosen ONCE, when the serving length (``seq_len``, vLLM's
+    max_model_len; default Lmax) exceeds L0 — every request then uses them, even short ones (transformers
+    switches per forward instead). Attention scaling: short_mscale / long_mscale if given, else
+    sqrt(1 + ln(Lmax/L0) / ln L0) for Lmax > L0 (vLLM ignores "factor" and "attention_factor").
+    """
+    orig, lmax = cfg.original_max_position_embeddings, cfg.max_position_embeddings
+    served = lmax if seq_len is None else seq_len
+    use_long = served > orig
+    scale = lmax / orig
+    default_mscale = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(orig))
+    key = "long_mscale" if use_long else "short_mscale"
+    mscale = cfg.params.get(key)
+    mscale = default_mscale if mscale is None else _number(cfg, key)
+    ext = _longrope_ext(cfg, "long_factor" if use_long else "short_factor")
+    return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(mscale)
+
+
+# --------------------------------------------------------------------------------------------- bands
+
+def frequency_bands(config, seq_len: int | None = None, *, layer_type: str | None = None) -> dict:
+    """Classify each rotary pair as kept, blended, interpolated (divided by the factor) or removed (zeroed).
+
+    yarn and llama3 use their own definitions (YaRN's ramp, Llama 3's wavelength thresholds); other types
+    compare scaled / default frequency per pair: 1 kept, 1/factor interpolated, 0 removed, else blended.
+
+    Returns:
+        {"kept": int, "blended": int, "interpolated": int, "removed": int, "labels": [str per pair]}.
+        Llama 3.1 (s=8, low 1, high 4, L0 8192, theta 5e5, head_dim 128): 29 kept, 6 blended, 29 interpolated.
+    """
+    cfg = load_rope_config(config, layer_type)
+    fn = _lookup(cfg.rope_type)
+    if fn.bands is not None:
+        labels = fn.bands(cfg, seq_len)
+    else:
+        inv, _ = rope_parameters(cfg, seq_len)
+        factor = cfg.params.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            factor = None
+        labels = _ratio_labels(cfg, inv, factor)
+    counts = {name: labels.count(name) for name in BAND_NAMES}
+    return {**counts, "labels": labels}

@@ -1,0 +1,437 @@
+"""``posenc inspect CONFIG``: what a Hugging Face config.json does with positions.
+
+For RoPE configs: rope type and parameters, head and rotary dims, how many frequency pairs are kept / blended /
+interpolated, the attention scaling, the longest wavelength against the original context, the context the config
+claims, and warnings for inconsistent settings. Configs without RoPE are recognised and described: ALiBi (BLOOM,
+MPT, Falcon/Baichuan variants), learned absolute tables (GPT-2, OPT, BERT...), sinusoidal tables (Marian...) and
+T5's relative bias buckets. Every number comes from the scaling registry (posenc.rope.scaling); nothing here
+recomputes a scaling formula.
+
+    >>> report = inspect_config("config.json")        # a dict; format_report(report) gives the text
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from posenc.errors import ConfigError
+from posenc.tools._io import read_config
+
+HELP = "Describe the positional encoding of a Hugging Face config.json (RoPE scaling, ALiBi, learned...)."
+
+# model_type -> scheme, for configs that carry no position keys of their own
+_ALIBI_TYPES = {"bloom"}
+_LEARNED_TYPES = {"gpt2", "gpt_neo", "opt", "gpt_bigcode", "bert", "roberta", "xlm-roberta", "distilbert", "bart",
+                  "mbart", "electra", "biogpt", "blenderbot", "camembert", "layoutlm", "imagegpt", "ctrl"}
+_SINUSOIDAL_TYPES = {"marian", "fsmt", "m2m_100", "xglm", "pegasus", "speech_to_text", "nllb_moe"}
+_T5_TYPES = {"t5", "mt5", "umt5", "longt5", "switch_transformers"}
+_ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim", "rotary_pct", "rotary_emb_base",
+              "partial_rotary_factor")
+_ROPE_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+               "gemma3", "gemma3_text", "phi", "phi3", "gpt_neox", "gptj", "falcon", "starcoder2", "olmo", "olmo2",
+               "cohere", "stablelm", "internlm2", "deepseek_v2", "deepseek_v3", "granite", "persimmon", "codegen",
+               "baichuan", "mistral3", "llama4", "glm", "exaone", "nemotron", "smollm3"}
+
+
+# ------------------------------------------------------------------------------------------ scheme detection
+
+def _get(cfg: Mapping, *keys, default=None):
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return default
+
+
+def _n_heads(cfg: Mapping) -> int | None:
+    return _get(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
+
+
+def detect_scheme(cfg: Mapping) -> tuple[str, str]:
+    """Return (scheme, why) with scheme in rope / alibi / learned / sinusoidal / relative_bias / unknown."""
+    model_type = str(cfg.get("model_type", "")).lower()
+    attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), Mapping) else {}
+    if model_type in _ALIBI_TYPES:
+        return "alibi", f"model_type {model_type!r} uses ALiBi"
+    if attn.get("alibi"):
+        return "alibi", "attn_config.alibi is true (MPT)"
+    if cfg.get("alibi") is True:
+        return "alibi", "alibi is true (Falcon RW style)"
+    if cfg.get("position_embedding_type") == "alibi":
+        return "alibi", "position_embedding_type is 'alibi'"
+    if model_type == "baichuan" and cfg.get("hidden_size") == 5120:
+        return "alibi", "Baichuan 13B (hidden_size 5120) uses ALiBi; the 7B uses RoPE (heuristic on hidden_size)"
+    if model_type in _T5_TYPES or "relative_attention_num_buckets" in cfg:
+        return "relative_bias", "T5-style learned relative position buckets"
+    if any(cfg.get(k) is not None for k in _ROPE_KEYS):
+        return "rope", "RoPE keys present"
+    if model_type in _ROPE_TYPES:
+        return "rope", f"model_type {model_type!r} uses RoPE (defaults apply: no RoPE keys in the file)"
+    if isinstance(cfg.get("text_config"), Mapping):
+        scheme, why = detect_scheme(cfg["text_config"])
+        return scheme, f"text_config: {why}"
+    if model_type in _SINUSOIDAL_TYPES or cfg.get("static_position_embeddings") is True:
+        return "sinusoidal", f"model_type {model_type!r} uses a fixed sinusoidal table"
+    pet = cfg.get("position_embedding_type")
+    if model_type in _LEARNED_TYPES or pet == "absolute" or "n_positions" in cfg:
+        return "learned", f"model_type {model_type!r} uses a learned absolute position table"
+    return "unknown", "no RoPE, ALiBi or position-table keys recognised"
+
+
+# ----------------------------------------------------------------------------------------------------- RoPE
+
+def _rope_view(cfg: Mapping) -> dict[str, Any]:
+    """Map GPT-J / GPT-2 style key names (and DeepSeek's qk_rope_head_dim) onto the names the RoPE loader reads."""
+    view = dict(cfg)
+    if "qk_rope_head_dim" in view and "head_dim" not in view:
+        view["head_dim"] = view["qk_rope_head_dim"]  # DeepSeek MLA: RoPE acts on the qk_rope part only
+    if "hidden_size" not in view and "n_embd" in view:
+        view["hidden_size"] = view["n_embd"]
+    if "num_attention_heads" not in view and _n_heads(view) is not None:
+        view["num_attention_heads"] = _n_heads(view)
+    if "max_position_embeddings" not in view and "n_positions" in view:
+        view["max_position_embeddings"] = view["n_positions"]
+    if "rotary_dim" in view and "partial_rotary_factor" not in view and _pos_int(view.get("rotary_dim")):
+        head_dim = view.get("head_dim")
+        if not _pos_int(head_dim) and _pos_int(view.get("hidden_size")) and _pos_int(view.get("num_attention_heads")):
+            head_dim = view["hidden_size"] // view["num_attention_heads"]
+        if _pos_int(head_dim):
+            view["partial_rotary_factor"] = view["rotary_dim"] / head_dim
+    return view
+
+
+def _pos_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def load_rope(view: Mapping, layer_type: str | None = None):
+    """posenc.load_rope_config, with malformed values (a list where a name belongs...) as a one-line ConfigError."""
+    from posenc.rope.config import load_rope_config
+
+    scaling = view.get("rope_parameters") or view.get("rope_scaling")
+    if isinstance(scaling, Mapping) and layer_type is not None:
+        scaling = scaling.get(layer_type)
+    if isinstance(scaling, Mapping):
+        for key in ("rope_type", "type"):
+            if key in scaling and not isinstance(scaling[key], str):
+                raise ConfigError(f"{key} must be a string such as 'yarn', got {scaling[key]!r}")
+    try:
+        return load_rope_config(view, layer_type=layer_type)
+    except (TypeError, AttributeError, ArithmeticError) as exc:
+        raise ConfigError(f"malformed RoPE settings in the config: {exc}") from None
+
+
+def _layer_types(cfg: Mapping) -> list[str | None]:
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if isinstance(scaling, Mapping) and scaling and "rope_type" not in scaling and "type" not in scaling \
+            and all(v is None or isinstance(v, Mapping) for v in scaling.values()):
+        return [k for k, v in scaling.items() if v is not None]
+    return [None]
+
+
+def _claimed_context(rc) -> tuple[int | None, str]:
+    """The longest context this RoPE config claims, and where that number comes from."""
+    lmax, l0, s = rc.max_position_embeddings, rc.original_max_position_embeddings, rc.params.get("factor")
+    if rc.rope_type == "dynamic":
+        return None, "dynamic NTK has no fixed limit: frequencies are rescaled for any length past " \
+                     f"max_position_embeddings={lmax}"
+    if rc.rope_type == "yarn" and s and l0:
+        implied = int(round(s * l0))
+        if lmax is None or implied > lmax:
+            return implied, f"yarn factor x original context = {s:g} x {l0} (max_position_embeddings={lmax})"
+    if lmax is None:
+        return None, "max_position_embeddings is absent"
+    return lmax, "max_position_embeddings"
+
+
+def _original_context(rc) -> int | None:
+    if rc.original_max_position_embeddings:
+        return rc.original_max_position_embeddings
+    lmax, s = rc.max_position_embeddings, rc.params.get("factor")
+    if rc.rope_type == "linear" and lmax and s:
+        return int(round(lmax / s))  # convention: max_position_embeddings holds the extended length
+    return lmax
+
+
+def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> dict[str, Any]:
+    import torch
+
+    from posenc.rope.apply import default_inv_freq
+    from posenc.rope.scaling import frequency_bands, rope_parameters
+
+    view = _rope_view(cfg)
+    caught: list[str] = []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        rc = load_rope(view, layer_type)
+        claimed, claimed_from = _claimed_context(rc)
+        original = _original_context(rc)
+        at = seq_len or claimed or (2 * rc.max_position_embeddings if rc.max_position_embeddings else None)
+        try:
+            inv, attention_scaling = rope_parameters(rc, at)
+            bands = frequency_bands(rc, at)
+        except (TypeError, AttributeError, ArithmeticError) as exc:
+            raise ConfigError(f"malformed RoPE parameters for rope_type {rc.rope_type!r}: {exc}") from None
+    caught += [str(w.message) for w in record]
+
+    base = default_inv_freq(rc.rotary_dim, rc.theta).double()
+    inv = inv.double()
+    longest, longest_default = float(2 * math.pi / inv.min()), float(2 * math.pi / base.min())
+    shortest = float(2 * math.pi / inv.max())
+    warn = [*dict.fromkeys(caught)]  # unique, in order
+    warn += _rope_consistency(cfg, view, rc, claimed, original, longest, at)
+    params = {k: (f"[{len(v)} values {min(v):g}..{max(v):g}]" if isinstance(v, list) else v)
+              for k, v in rc.params.items()}
+    return {
+        "layer_type": layer_type,
+        "rope_type": rc.rope_type,
+        "rope_theta": rc.theta,
+        "parameters": params,
+        "head_dim": rc.head_dim,
+        "rotary_dim": rc.rotary_dim,
+        "partial_rotary_factor": rc.partial_rotary_factor,
+        "pairs": rc.rotary_dim // 2,
+        "max_position_embeddings": rc.max_position_embeddings,
+        "original_context": original,
+        "claimed_context": claimed,
+        "claimed_context_from": claimed_from,
+        "evaluated_at_length": at,
+        "bands": {k: bands.get(k, 0) for k in ("kept", "blended", "interpolated", "removed")},
+        "attention_scaling": float(attention_scaling),
+        "logit_scaling": float(attention_scaling) ** 2,
+        "longest_wavelength": longest,
+        "longest_wavelength_unscaled": longest_default,
+        "longest_wavelength_over_original_context": (longest_default / original) if original else None,
+        "shortest_wavelength": shortest,
+        "mean_interpolation": float(torch.exp(torch.log(base / inv).mean())),
+        "warnings": warn,
+    }
+
+
+def _rope_consistency(cfg, view, rc, claimed, original, longest, at) -> list[str]:
+    """Checks transformers does not make: lengths that disagree, partial-rotary mismatches, aliasing."""
+    out = []
+    lmax, l0, s = rc.max_position_embeddings, rc.original_max_position_embeddings, rc.params.get("factor")
+    # yarn and longrope read the factor as Lmax / L0 (transformers warns / derives it); llama3's factor is only the
+    # low-frequency divisor (Llama 3.1 pairs factor 8 with 8k -> 128k), so it is not checked against the lengths
+    if rc.rope_type in ("yarn", "longrope") and lmax and l0 and s:
+        implied = lmax / l0
+        if implied == 1 and s != 1:
+            out.append(f"max_position_embeddings ({lmax}) equals the original context, but the {rc.rope_type} "
+                       f"factor {s:g} claims {int(round(s * l0))}: tools that read max_position_embeddings "
+                       f"(generation limits, serving max length) will stop at {lmax}")
+        elif not math.isclose(implied, s, rel_tol=1e-3):
+            out.append(f"factor {s:g} does not match max_position_embeddings / original_max_position_embeddings "
+                       f"= {lmax}/{l0} = {implied:g}")
+    if rc.rope_type == "linear" and s and lmax and "original_max_position_embeddings" not in cfg:
+        out.append(f"linear scaling has no original length in the config: assuming max_position_embeddings "
+                   f"({lmax}) is the extended length, i.e. original {int(round(lmax / s))}")
+    if original and claimed and original > claimed:
+        out.append(f"the original context ({original}) is longer than the claimed context ({claimed})")
+    prf = rc.partial_rotary_factor
+    if prf < 1 and not math.isclose(rc.head_dim * prf, rc.rotary_dim, abs_tol=1e-9):
+        out.append(f"partial_rotary_factor {prf:g} x head_dim {rc.head_dim} = {rc.head_dim * prf:g} is not an "
+                   f"integer; int() truncates it to rotary_dim {rc.rotary_dim}")
+    if _pos_int(cfg.get("rotary_dim")) and isinstance(cfg.get("partial_rotary_factor"), (int, float)):
+        implied = cfg["partial_rotary_factor"] * rc.head_dim
+        if not math.isclose(implied, cfg["rotary_dim"]):
+            out.append(f"rotary_dim {cfg['rotary_dim']} disagrees with partial_rotary_factor "
+                       f"{cfg['partial_rotary_factor']} x head_dim {rc.head_dim} = {implied:g}")
+    if isinstance(cfg.get("rope_parameters"), Mapping) and isinstance(cfg.get("rope_scaling"), Mapping) \
+            and cfg["rope_parameters"] != cfg["rope_scaling"]:
+        out.append("both rope_parameters (5.x) and rope_scaling (4.x) are set and differ; rope_parameters is used")
+    inner = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+    if "rope_theta" in inner and "rope_theta" in cfg and inner["rope_theta"] != cfg["rope_theta"]:
+        out.append(f"rope_theta is {cfg['rope_theta']} at the top level but {inner['rope_theta']} inside "
+                   "rope_parameters; the inner value is used")
+    head_dim = cfg.get("head_dim")
+    if _pos_int(head_dim) and _pos_int(view.get("hidden_size")) and _pos_int(view.get("num_attention_heads")) \
+            and head_dim != view["hidden_size"] // view["num_attention_heads"]:
+        out.append(f"head_dim {head_dim} differs from hidden_size / num_attention_heads = "
+                   f"{view['hidden_size']}/{view['num_attention_heads']} (fine if intended, e.g. Gemma)")
+    if at and longest < at:
+        out.append(f"the longest wavelength ({longest:,.0f} tokens) is shorter than the length evaluated "
+                   f"({at:,}): every pair wraps around, so far positions alias onto nearer ones")
+    if lmax is None:
+        out.append("max_position_embeddings is absent: the config claims no context length")
+    return out
+
+
+# ----------------------------------------------------------------------------------------- non-RoPE schemes
+
+def _inspect_alibi(cfg: Mapping) -> dict[str, Any]:
+    from posenc.alibi import alibi_slopes
+
+    attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), Mapping) else {}
+    n = _n_heads(cfg)
+    info: dict[str, Any] = {"n_heads": n, "context": _get(cfg, "max_seq_len", "seq_length", "max_position_embeddings",
+                                                          "model_max_length"), "warnings": []}
+    if not _pos_int(n):
+        info["n_heads"] = None
+        info["warnings"].append(f"no usable head count (num_attention_heads / n_head / n_heads = {n!r}): "
+                                "slopes unknown")
+    else:
+        info["slopes"] = [float(x) for x in alibi_slopes(n)]
+    bias_max = attn.get("alibi_bias_max")
+    if bias_max is not None and bias_max != 8:
+        info["warnings"].append(f"alibi_bias_max={bias_max} (not 8): slopes are 2^(-{bias_max}h/H), not the "
+                                "paper's 2^(-8h/H) listed here")
+    if info["context"] is None:
+        info["context_note"] = "no length in the config: ALiBi has no position table, so no hard limit"
+    else:
+        info["context_note"] = "trained/declared length; ALiBi runs past it without a table limit"
+    return info
+
+
+def _inspect_learned(cfg: Mapping) -> dict[str, Any]:
+    n = _get(cfg, "n_positions", "max_position_embeddings", "n_ctx")
+    info = {"table_size": n, "warnings": []}
+    if str(cfg.get("model_type")) == "opt":
+        info["note"] = "OPT offsets positions by 2, so its table holds max_position_embeddings + 2 rows"
+    if n is None:
+        info["warnings"].append("no table size (n_positions / max_position_embeddings) in the config")
+    return info
+
+
+def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: int | None = None) -> dict[str, Any]:
+    """Describe the positional encoding of a Hugging Face config (a path to config.json, a folder, or a mapping).
+
+    seq_len: evaluate length-dependent values (dynamic NTK, LongRoPE short/long factors, attention scaling) at this
+    length instead of the claimed context. Returns a JSON-serialisable dict; see format_report for the text form.
+    """
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0):
+        raise ConfigError(f"seq_len must be a positive integer, got {seq_len!r}")
+    cfg = read_config(config)
+    scheme, why = detect_scheme(cfg)
+    report: dict[str, Any] = {
+        "source": None if isinstance(config, Mapping) else os.fspath(config),
+        "model_type": cfg.get("model_type"),
+        "architectures": cfg.get("architectures"),
+        "scheme": scheme,
+        "detected_by": why,
+    }
+    if scheme == "rope":
+        rope_cfg = cfg
+        if not any(k in cfg for k in _ROPE_KEYS + ("hidden_size", "head_dim")) \
+                and isinstance(cfg.get("text_config"), Mapping):
+            rope_cfg = cfg["text_config"]
+        layer_types = _layer_types(rope_cfg)
+        if not layer_types:
+            raise ConfigError("every layer type has null RoPE parameters: nothing uses RoPE")
+        report["rope"] = [_inspect_rope(rope_cfg, lt, seq_len) for lt in layer_types]
+        report["warnings"] = [w for entry in report["rope"] for w in entry["warnings"]]
+    elif scheme == "alibi":
+        report["alibi"] = _inspect_alibi(cfg)
+        report["warnings"] = report["alibi"].pop("warnings")
+    elif scheme == "learned":
+        report["learned"] = _inspect_learned(cfg)
+        report["claimed_context"] = report["learned"]["table_size"]
+        report["warnings"] = report["learned"].pop("warnings")
+    elif scheme == "relative_bias":
+        report["relative_bias"] = {"num_buckets": cfg.get("relative_attention_num_buckets", 32),
+                                   "max_distance": cfg.get("relative_attention_max_distance", 128)}
+        report["warnings"] = []
+    elif scheme == "sinusoidal":
+        report["sinusoidal"] = {"table_size": _get(cfg, "max_position_embeddings", "max_source_positions"),
+                                "dim": _get(cfg, "d_model", "hidden_size")}
+        report["warnings"] = []
+    else:
+        report["warnings"] = ["positional encoding not recognised; nothing to describe"]
+    report["description"] = _describe(report)
+    return report
+
+
+def _describe(report: dict[str, Any]) -> str:
+    scheme = report["scheme"]
+    if scheme == "alibi":
+        a = report["alibi"]
+        return (f"ALiBi: no position embedding; each of the {a['n_heads']} heads adds -m_h*distance to its scores. "
+                "Extrapolates past the trained length without changes (facts.md §4), but far tokens are "
+                "penalised linearly.")
+    if scheme == "learned":
+        n = report["learned"]["table_size"]
+        return (f"Learned absolute positions: a table of {n} rows added to the token embeddings. Positions past "
+                f"{n} do not exist: no extrapolation, and extending needs new rows plus training.")
+    if scheme == "sinusoidal":
+        return "Fixed sinusoidal table added to the embeddings (the original Transformer); poor extrapolation."
+    if scheme == "relative_bias":
+        r = report["relative_bias"]
+        return (f"T5 relative position buckets: {r['num_buckets']} learned biases per head, log-spaced up to "
+                f"distance {r['max_distance']}; farther tokens share the last bucket.")
+    if scheme == "rope":
+        e = report["rope"][0]
+        return f"RoPE ({e['rope_type']}): rotates {e['rotary_dim']} of {e['head_dim']} dims per head."
+    return "Unknown positional encoding."
+
+
+# --------------------------------------------------------------------------------------------------- output
+
+def _fmt_len(n) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The human-readable form of an inspect_config report."""
+    title = report["source"] or "config"
+    lines = [f"{title}: model_type={report['model_type']}  scheme={report['scheme']}", report["description"]]
+    for e in report.get("rope", []):
+        if e["layer_type"]:
+            lines.append(f"\n[{e['layer_type']}]")
+        lines += [
+            f"  rope_type            {e['rope_type']}   rope_theta {e['rope_theta']:g}",
+            f"  parameters           {json.dumps(e['parameters'])}",
+            f"  head_dim / rotary    {e['head_dim']} / {e['rotary_dim']} ({e['pairs']} pairs, "
+            f"partial_rotary_factor {e['partial_rotary_factor']:g})",
+            f"  pairs                {e['bands']['kept']} kept / {e['bands']['blended']} blended / "
+            f"{e['bands']['interpolated']} interpolated"
+            + (f" / {e['bands']['removed']} removed" if e["bands"]["removed"] else "")
+            + f"  (at length {_fmt_len(e['evaluated_at_length'])})",
+            f"  attention scaling    {e['attention_scaling']:.6g} on cos and sin (logits x{e['logit_scaling']:.6g})",
+            f"  original context     {_fmt_len(e['original_context'])}",
+            f"  claimed context      {_fmt_len(e['claimed_context'])}  ({e['claimed_context_from']})",
+            f"  longest wavelength   {e['longest_wavelength']:,.0f} tokens scaled, "
+            f"{e['longest_wavelength_unscaled']:,.0f} unscaled"
+            + (f" = {e['longest_wavelength_over_original_context']:.3g}x the original context"
+               if e["longest_wavelength_over_original_context"] else ""),
+            f"  shortest wavelength  {e['shortest_wavelength']:.3g} tokens;  mean interpolation "
+            f"x{e['mean_interpolation']:.3g} (geometric)",
+        ]
+    if "alibi" in report:
+        a = report["alibi"]
+        slopes = a.get("slopes")
+        lines.append(f"  heads                {a['n_heads']}")
+        if slopes:
+            lines.append(f"  slopes               {slopes[0]:.4g} ... {slopes[-1]:.4g} "
+                         f"(2^{math.log2(slopes[0]):.3g} ... 2^{math.log2(slopes[-1]):.3g})")
+        lines.append(f"  context              {_fmt_len(a['context'])}  ({a['context_note']})")
+    if "learned" in report:
+        lines.append(f"  table size           {_fmt_len(report['learned']['table_size'])}")
+        if report["learned"].get("note"):
+            lines.append(f"  note                 {report['learned']['note']}")
+    if "relative_bias" in report:
+        r = report["relative_bias"]
+        lines.append(f"  buckets              {r['num_buckets']} (max distance {r['max_distance']})")
+    if "sinusoidal" in report:
+        s = report["sinusoidal"]
+        lines.append(f"  table size           {_fmt_len(s['table_size'])}  dim {s['dim']}")
+    if report["warnings"]:
+        lines.append("warnings:")
+        lines += [f"  ! {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", help="a Hugging Face config.json (or a folder holding one)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="evaluate length-dependent values at this length (default: the claimed context)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def run(args) -> int:
+    report = inspect_config(args.config, seq_len=args.seq_len)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,226 @@
+"""The CPU RoPE fast path (C kernel and its eager fallback) against the lesson's loops (posenc.reference)."""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.errors import PosencError
+from posenc.kernels import cpu_rope
+from posenc.rope.apply import default_inv_freq, rope_cos_sin
+from ._oracle import assert_close_to_oracle, reference_rope
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def table(positions, rotary_dim, dtype, base=10000.0, scaling=1.0):
+    inv = default_inv_freq(rotary_dim, base)
+    cos, sin = rope_cos_sin(positions, inv, scaling, torch.float64 if dtype == torch.float64 else torch.float32)
+    return inv, cos, sin
+
+
+def test_native_kernel_builds_here():
+    # gcc is on this machine: the fast path must actually be the C kernel, not the fallback
+    info = cpu_rope.native_info()
+    assert info["available"], info["reason"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 3), heads=st.integers(1, 3), seq=st.integers(1, 9), half_dim=st.integers(1, 12),
+       extra=st.integers(0, 3), layout=st.sampled_from(["interleaved", "half"]), dtype=st.sampled_from(DTYPES),
+       native=st.sampled_from([True, False]), mode=st.sampled_from(["new", "inplace", "out"]),
+       offset=st.integers(0, 100_000), scaling=st.sampled_from([1.0, 1.2302585]), seed=st.integers(0, 2**16))
+def test_rope_into_matches_reference(batch, heads, seq, half_dim, extra, layout, dtype, native, mode, offset,
+                                     scaling, seed):
+    rotary_dim = 2 * half_dim
+    dim = rotary_dim + 2 * extra                       # partial rotary when extra > 0
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, heads, seq, dim, generator=g, dtype=torch.float64).to(dtype)
+    # per-batch offsets and arbitrary (unsorted, repeated) position ids: [batch, 1, seq]
+    positions = offset + torch.randint(0, 5000, (batch, 1, seq), generator=g)
+    inv, cos, sin = table(positions, rotary_dim, dtype, scaling=scaling)
+    ref = reference_rope(x, positions, inv.tolist(), layout, rotary_dim, scaling)
+    x_before = x.clone()
+    out = {"new": torch.empty_like(x), "inplace": x, "out": torch.full_like(x, float("nan"))}[mode]
+    got = cpu_rope.rope_into(x, cos, sin, out, layout=layout, rotary_dim=rotary_dim, native=native)
+    assert got is out and got.dtype == dtype and got.shape == x_before.shape
+    assert_close_to_oracle(got, ref, dtype)
+    if mode != "inplace":
+        assert torch.equal(x, x_before)                # the input is untouched
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inverse_undoes_rotation(layout, dtype):
+    x = torch.randn(2, 3, 5, 16, dtype=torch.float64).to(dtype)
+    positions = torch.arange(5) + 777
+    inv, cos, sin = table(positions, 12, dtype)
+    y = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout=layout, rotary_dim=12)
+    ref = reference_rope(y, positions, inv.tolist(), layout, 12, inverse=True)
+    back = cpu_rope.rope_into(y, cos, sin, torch.empty_like(x), layout=layout, rotary_dim=12, inverse=True)
+    assert_close_to_oracle(back, ref, dtype)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_strided_inputs_and_outputs(native):
+    # x laid out [batch, seq, heads, dim] and viewed as [batch, heads, seq, dim]; out a transposed buffer too
+    x = torch.randn(2, 7, 3, 32, dtype=torch.float64).transpose(1, 2)
+    out = torch.empty(2, 7, 3, 32, dtype=torch.float64).transpose(1, 2)
+    positions = torch.arange(7) * 3 + 11
+    inv, cos, sin = table(positions, 32, torch.float64)
+    cpu_rope.rope_into(x, cos, sin, out, layout="half", rotary_dim=32, native=native)
+    assert_close_to_oracle(out, reference_rope(x, positions, inv.tolist(), "half", 32), torch.float64)
+    # a head dim that is not contiguous (every other element): the eager path takes it
+    wide = torch.randn(2, 3, 7, 64, dtype=torch.float64)
+    x2 = wide[..., ::2]
+    out2 = cpu_rope.rope_into(x2, cos, sin, torch.empty(2, 3, 7, 32, dtype=torch.float64), layout="half",
+                              rotary_dim=32, native=None)
+    assert_close_to_oracle(out2, reference_rope(x2, positions, inv.tolist(), "half", 32), torch.float64)
+
+
+def test_native_and_eager_agree_on_a_real_shape():
+    q = torch.randn(1, 8, 300, 128)
+    positions = torch.arange(300) + 4096
+    _, cos, sin = table(positions, 128, torch.float32)
+    for layout in ("interleaved", "half"):
+        a = cpu_rope.rope_into(q, cos, sin, torch.empty_like(q), layout=layout, rotary_dim=128, native=True)
+        b = cpu_rope.rope_into(q, cos, sin, torch.empty_like(q), layout=layout, rotary_dim=128, native=False)
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_multithreaded_split_covers_every_row(dtype):
+    # big enough for several threads: every row written exactly as the single-row path would
+    x = torch.randn(3, 5, 211, 64).to(dtype)
+    positions = torch.arange(211)
+    inv, cos, sin = table(positions, 64, dtype)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        out = cpu_rope.rope_into(x, cos, sin, torch.full_like(x, float("nan")), layout="half", rotary_dim=64)
+    finally:
+        torch.set_num_threads(threads)
+    ref = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout="half", rotary_dim=64, native=False)
+    assert not out.isnan().any()
+    assert torch.allclose(out.float(), ref.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+def test_fallback_without_compiler_warns_and_stays_exact(monkeypatch):
+    monkeypatch.setattr(cpu_rope, "_state", {"lib": None, "tried": False, "reason": None, "path": None,
+                                             "build_seconds": None})
+    monkeypatch.setattr(cpu_rope, "_compiler", lambda: None)
+    x = torch.randn(2, 4, 6, 16)
+    positions = torch.arange(6)
+    inv, cos, sin = table(positions, 16, torch.float32)
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        out = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout="interleaved", rotary_dim=16)
+    assert_close_to_oracle(out, reference_rope(x, positions, inv.tolist(), "interleaved", 16), torch.float32)
+    assert cpu_rope.native_info()["reason"].startswith("RuntimeError: no C compiler")
+    with pytest.raises(RuntimeError, match="native RoPE kernel cannot"):
+        cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout="half", rotary_dim=16, native=True)
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setattr(cpu_rope, "_state", {"lib": None, "tried": False, "reason": None, "path": None,
+                                             "build_seconds": None})
+    monkeypatch.setenv("POSENC_NATIVE", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not cpu_rope.native_available()
+    assert "POSENC_NATIVE=0" in cpu_rope.native_info()["reason"]
+
+
+def test_build_into_a_fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path))
+    from importlib import resources
+    source = resources.files("posenc.kernels").joinpath("rope_native.c").read_text()
+    path, seconds = cpu_rope._build(source, cpu_rope._compiler())
+    assert path.startswith(str(tmp_path)) and seconds is not None
+    again, seconds2 = cpu_rope._build(source, cpu_rope._compiler())
+    assert again == path and seconds2 is None          # cached: no second compile
+    assert [p.name for p in tmp_path.iterdir()] == [path.rsplit("/", 1)[1]]   # no temp files left behind
+
+
+# ---- through the public API: posenc.apply_rope / apply_rope_qk run the kernel by default -----------------
+
+@settings(max_examples=25, deadline=None)
+@given(hq=st.integers(1, 4), hk=st.integers(1, 2), seq=st.integers(1, 8), half_dim=st.integers(1, 8),
+       layout=st.sampled_from(["interleaved", "half"]), dtype=st.sampled_from(DTYPES),
+       mode=st.sampled_from(["new", "inplace", "out"]), start=st.integers(0, 10_000), seed=st.integers(0, 999))
+def test_apply_rope_qk_modes_match_reference(hq, hk, seq, half_dim, layout, dtype, mode, start, seed):
+    g = torch.Generator().manual_seed(seed)
+    dim = 2 * half_dim + 2
+    q = torch.randn(2, hq, seq, dim, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(2, hk, seq, dim, generator=g, dtype=torch.float64).to(dtype)
+    positions = start + torch.arange(seq)               # a KV-cache continuation
+    inv = default_inv_freq(2 * half_dim)
+    ref_q = reference_rope(q, positions, inv.tolist(), layout, 2 * half_dim)
+    ref_k = reference_rope(k, positions, inv.tolist(), layout, 2 * half_dim)
+    kwargs = dict(layout=layout, rotary_dim=2 * half_dim)
+    if mode == "inplace":
+        rq, rk = posenc.apply_rope_qk(q, k, positions, inplace=True, **kwargs)
+        assert rq is q and rk is k
+    elif mode == "out":
+        oq, ok = torch.empty_like(q), torch.empty_like(k)
+        rq, rk = posenc.apply_rope_qk(q, k, positions, out=(oq, ok), **kwargs)
+        assert rq is oq and rk is ok
+    else:
+        rq, rk = posenc.apply_rope_qk(q, k, positions, **kwargs)
+    assert_close_to_oracle(rq, ref_q, dtype)
+    assert_close_to_oracle(rk, ref_k, dtype)
+
+
+def test_apply_rope_out_and_inplace():
+    x = torch.randn(2, 3, 6, 16)
+    positions = torch.arange(6)
+    ref = reference_rope(x, positions, default_inv_freq(16).tolist(), "interleaved", 16)
+    out = torch.empty_like(x)
+    assert posenc.apply_rope(x, positions, out=out) is out
+    assert_close_to_oracle(out, ref, torch.float32)
+    y = x.clone()
+    assert posenc.apply_rope(y, positions, inplace=True) is y
+    assert_close_to_oracle(y, ref, torch.float32)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_gradient_is_the_inverse_rotation(layout):
+    x = torch.randn(2, 3, 5, 12, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([[[3, 1, 4, 1, 5]], [[9, 2, 6, 5, 3]]])
+    assert torch.autograd.gradcheck(lambda t: posenc.apply_rope(t, positions, layout=layout, rotary_dim=8), (x,))
+    q = torch.randn(1, 4, 5, 12, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 5, 12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: posenc.apply_rope_qk(a, b, torch.arange(5), layout=layout),
+                                    (q, k))
+    # bf16 goes through the same kernel: backward = inverse rotation of the incoming gradient
+    xb = torch.randn(1, 2, 5, 8).bfloat16().requires_grad_()
+    yb = posenc.apply_rope(xb, torch.arange(5), layout=layout)
+    gy = torch.randn_like(yb)
+    yb.backward(gy)
+    ref = reference_rope(gy, torch.arange(5), default_inv_freq(8).tolist(), layout, 8, inverse=True)
+    assert_close_to_oracle(xb.grad, ref, torch.bfloat16)
+
+
+def test_learned_frequencies_still_get_gradients():
+    x = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    inv = default_inv_freq(8).double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda f: posenc.apply_rope(x, torch.arange(5), inv_freq=f), (inv,))
+
+
+def test_bad_out_and_inplace_arguments():
+    x = torch.randn(1, 2, 4, 8)
+    pos = torch.arange(4)
+    with pytest.raises(PosencError, match="out must match"):
+        posenc.apply_rope(x, pos, out=torch.empty(1, 2, 4, 6))
+    with pytest.raises(PosencError, match="out must match"):
+        posenc.apply_rope(x, pos, out=torch.empty(1, 2, 4, 8, dtype=torch.float64))
+    with pytest.raises(PosencError, match="either inplace=True or out="):
+        posenc.apply_rope(x, pos, inplace=True, out=torch.empty_like(x))
+    with pytest.raises(PosencError, match="tuple of 2 tensors"):
+        posenc.apply_rope_qk(x, x, pos, out=torch.empty_like(x))
+    with pytest.raises(PosencError, match="require grad"):
+        posenc.apply_rope(x.clone().requires_grad_(), pos, inplace=True)
+    with pytest.raises(PosencError, match="inv_freq requires grad"):
+        posenc.apply_rope(x, pos, inv_freq=default_inv_freq(8).requires_grad_(), inplace=True)

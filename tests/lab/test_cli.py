@@ -1,0 +1,108 @@
+"""`posenc lab` end to end: the smoke preset writes a complete results file, report and plots; --resume reuses
+the checkpoints; bad settings fail with one clear line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posenc.cli import main
+from posenc.lab.presets import PRESETS, get_preset
+from posenc.errors import ConfigError
+
+FIELDS = {"task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "value", "seed"}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    assert main(["lab", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_smoke_writes_results_report_and_plots(smoke_run, capsys):
+    doc = json.loads((smoke_run / "results.json").read_text())
+    meta, results = doc["meta"], doc["results"]
+    assert meta["data"]["python_version"] and meta["data"]["files_sha256"] and meta["wall_s"] > 0
+    assert all(FIELDS <= set(r) for r in results)
+    assert {r["task"] for r in results} == {"lm", "copy", "passkey"}
+    assert {r["scheme"] for r in results} == {"nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi"}
+    assert {r["metric"] for r in results} == {"ppl", "exact_match", "token_accuracy"}
+    assert {r["scaling"] for r in results} == {"none", "linear", "ntk", "dynamic", "yarn", "llama3"}
+    assert all(r["scheme"] == "rope" for r in results if r["scaling"] != "none")
+    train_len = results[0]["train_len"]
+    for r in results:
+        if r["scheme"] == "learned" and r["eval_len"] > train_len:
+            assert r["value"] is None and r["note"] == f"n/a (table = {train_len})"
+        else:
+            assert r["value"] is not None and r["value"] >= 0
+    yarn = [r for r in results if r["scaling"] == "yarn"]
+    assert all(sum(r["bands"][k] for k in ("kept", "blended", "interpolated")) == 8 for r in yarn)
+    report = (smoke_run / "report.md").read_text()
+    assert "Measured wall time" in report and "n/a (table = 96)" in report and "rope + YaRN, zero-shot" in report
+    for png in ("ppl_vs_length.png", "per_position_loss.png", "copy_accuracy.png", "passkey_accuracy.png"):
+        assert (smoke_run / png).read_bytes()[:4] == b"\x89PNG"
+    assert not list(smoke_run.glob(".*tmp*"))  # atomic writes leave no temporaries
+
+
+def test_resume_skips_finished_training_and_reproduces(smoke_run):
+    before = json.loads((smoke_run / "results.json").read_text())["results"]
+    assert main(["lab", "--preset", "smoke", "--out", str(smoke_run), "--quiet", "--resume",
+                 "--tasks", "lm"]) == 0
+    after = json.loads((smoke_run / "results.json").read_text())
+    assert all(v["train"] < 1.0 for v in after["meta"]["timings_s"].values())  # nothing retrained
+    want = {(r["scheme"], r["scaling"], r["eval_len"], r["protocol"]): r["value"] for r in before if r["task"] == "lm"}
+    got = {(r["scheme"], r["scaling"], r["eval_len"], r["protocol"]): r["value"] for r in after["results"]}
+    assert got == want
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--data", "/no/such/corpus"], "--data: /no/such/corpus does not exist"),
+    (["--schemes", "rope,t5"], "--schemes: unknown scheme 't5'"),
+    (["--eval-lens", "1"], "--eval-lens"),
+    (["--d-model", "30"], "--d-model"),
+    (["--tasks", "passkey", "--train-len", "40"], "passkey episodes need at least"),
+])
+def test_bad_settings_fail_with_one_line(tmp_path, capsys, argv, match):
+    assert main(["lab", "--preset", "smoke", "--out", str(tmp_path), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc lab: error:") and match in err and "\n" not in err
+
+
+def test_every_preset_is_valid_and_default_reaches_8x():
+    for name in PRESETS:
+        get_preset(name)
+    d = get_preset("default")
+    assert max(d.eval_lens) >= 8 * d.train_len and d.schemes == ["nope", "sinusoidal", "learned", "rope", "alibi"]
+    assert get_preset("copy").n_layers == 4 and get_preset("copy").train_len == 512
+    assert max(get_preset("copy").eval_lens) == 2048
+    ntk = get_preset("ntk")
+    assert ntk.train_len == 256 and max(ntk.eval_lens) == 1024 and "ntk" in ntk.extensions
+    with pytest.raises(ConfigError, match="--preset"):
+        get_preset("huge")
+
+
+def test_finetune_adds_finetuned_rows_per_method(tmp_path):
+    from posenc.lab.run import run_lab
+
+    cfg = get_preset("smoke", tasks=["lm"], schemes=["rope"], extensions=["yarn"], finetune_steps=2,
+                     sliding_stride=0, out=str(tmp_path), steps=3)
+    doc = run_lab(cfg, progress=False, log=lambda *a: None)
+    ft = {(r["scaling"], r["eval_len"]) for r in doc["results"] if r["finetuned"]}
+    assert ft == {(m, L) for m in ("none", "yarn") for L in cfg.eval_lens}
+    assert (tmp_path / "checkpoints" / "lm-rope-ft-yarn-seed0.safetensors").exists()
+    assert "rope + YaRN, fine-tuned" in (tmp_path / "report.md").read_text()
+
+
+def test_several_seeds_report_mean_and_std(tmp_path):
+    from posenc.lab.run import run_lab
+
+    cfg = get_preset("smoke", tasks=["lm"], schemes=["alibi"], extensions=[], sliding_stride=0, seeds=[0, 1],
+                     out=str(tmp_path), steps=2)
+    rows = run_lab(cfg, progress=False, log=lambda *a: None)["results"]
+    assert all(r["seed"] == [0, 1] and len(r["values"]) == 2 for r in rows)
+    for r in rows:
+        mean = sum(r["values"]) / 2
+        assert r["value"] == pytest.approx(mean) and r["std"] == pytest.approx(abs(r["values"][0] - mean) * 2 ** 0.5)
+    assert " ± " in (tmp_path / "report.md").read_text()

@@ -1,0 +1,177 @@
+"""posenc extend: configs written for transformers 4.x / 5.x, checked by transformers itself and the registry."""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import posenc
+from posenc.cli import main
+from posenc.errors import ConfigError
+from posenc.tools.extend import METHODS, extend_config
+
+CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+QWEN = CONFIGS / "qwen2.5-7b-instruct.json"
+ROPE_KEYS = {"rope_scaling", "rope_parameters", "rope_theta", "max_position_embeddings",
+             "original_max_position_embeddings"}
+
+
+def hf_frequencies(path: Path, seq_len: int):
+    """transformers' own (inv_freq, attention scaling) for a written config.json."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    folder = path.parent / f"hf_{path.stem}"
+    folder.mkdir()
+    shutil.copy(path, folder / "config.json")
+    cfg = AutoConfig.from_pretrained(folder)
+    rope_type = cfg.rope_parameters["rope_type"]
+    if rope_type == "default":
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        theta = cfg.rope_parameters["rope_theta"]
+        return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim), 1.0, cfg
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, None, seq_len)
+    return inv, scaling, cfg
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize("method", METHODS)
+def test_round_trip_through_transformers(tmp_path, method, version):
+    out = tmp_path / "config.json"
+    assert main(["extend", str(QWEN), "--target-length", "131072", "--method", method,
+                 "--transformers-version", str(version), "--out", str(out)]) == 0
+    old, new = json.loads(QWEN.read_text()), json.loads(out.read_text())
+    # every key that is not about RoPE / length is untouched
+    assert {k: v for k, v in old.items() if k not in ROPE_KEYS} == {k: v for k, v in new.items() if k not in ROPE_KEYS}
+    if version == 5:
+        assert "rope_scaling" not in new and "rope_theta" not in new and "rope_theta" in new["rope_parameters"]
+    else:
+        assert "rope_parameters" not in new and "rope_theta" in new
+    inv_hf, att_hf, hf_cfg = hf_frequencies(out, 131072)
+    inv, att = posenc.rope_parameters(out, 131072)
+    assert inv.double().tolist() == pytest.approx(inv_hf.double().tolist(), rel=2e-6)
+    assert att == pytest.approx(att_hf)
+    expected_lmax = 32768 if method == "dynamic" else 131072
+    assert hf_cfg.max_position_embeddings == expected_lmax
+
+
+def test_ntk_theta_is_the_closed_form(tmp_path):
+    result = extend_config(QWEN, 131072, "ntk")
+    d, s = 128, 4.0
+    theta = result.config["rope_parameters"]["rope_theta"]
+    assert theta == pytest.approx(1e6 * s ** (d / (d - 2)), rel=1e-6)     # lesson: base * s^(d/(d-2))
+    assert result.config["rope_parameters"]["rope_type"] == "default"
+    assert any("no 'ntk' rope_type" in n for n in result.notes)
+
+
+def test_yarn_parameters():
+    result = extend_config(QWEN, 131072, "yarn")
+    assert result.config["rope_parameters"] == {"rope_type": "yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+    assert result.check["bands"]["kept"] == 24 and result.check["attention_scaling"] == pytest.approx(
+        0.1 * math.log(4) + 1)
+    assert any("fine-tune" in n for n in result.notes)
+
+
+def test_llama3_uses_published_low_high():
+    rp = extend_config(QWEN, 65536, "llama3").config["rope_parameters"]
+    assert (rp["low_freq_factor"], rp["high_freq_factor"], rp["factor"]) == (1.0, 4.0, 2.0)
+
+
+def test_derived_longrope_keeps_short_context_and_interpolates_low_frequencies():
+    result = extend_config(QWEN, 131072, "longrope")
+    rp = result.config["rope_parameters"]
+    assert rp["short_factor"] == [1.0] * 64
+    long = rp["long_factor"]
+    assert long[0] == 1.0 and long[-1] == pytest.approx(4.0)
+    assert all(a <= b + 1e-6 for a, b in zip(long, long[1:]))
+    # inside the original context the model sees its own frequencies exactly
+    inv_short, _ = posenc.rope_parameters(result.config, 32768)
+    assert torch.equal(inv_short, posenc.default_inv_freq(128, 1e6))
+    assert any("NOT searched" in n for n in result.notes)
+
+
+def test_longrope_with_given_factors_matches_transformers_phi3(tmp_path):
+    phi = json.loads((CONFIGS / "phi-3.5-mini-instruct.json").read_text())
+    (tmp_path / "short.json").write_text(json.dumps(phi["rope_scaling"]["short_factor"]))
+    (tmp_path / "long.json").write_text(json.dumps(phi["rope_scaling"]["long_factor"]))
+    base = {k: v for k, v in phi.items() if k not in ("rope_scaling", "original_max_position_embeddings")}
+    base["max_position_embeddings"] = 4096
+    (tmp_path / "in.json").write_text(json.dumps(base))
+    out = tmp_path / "config.json"
+    assert main(["extend", str(tmp_path / "in.json"), "--target-length", "131072", "--method", "longrope",
+                 "--short-factor", str(tmp_path / "short.json"), "--long-factor", str(tmp_path / "long.json"),
+                 "--out", str(out)]) == 0
+    inv_hf, att_hf, _ = hf_frequencies(out, 131072)
+    inv_pub, att_pub = posenc.rope_parameters(CONFIGS / "phi-3.5-mini-instruct.json", 131072)
+    inv, att = posenc.rope_parameters(out, 131072)
+    assert inv.tolist() == pytest.approx(inv_hf.tolist(), rel=1e-6)
+    assert inv.tolist() == pytest.approx(inv_pub.tolist(), rel=1e-6)      # same as the published config
+    assert att == pytest.approx(att_pub) == pytest.approx(att_hf)
+
+
+def test_input_untouched_unless_in_place(tmp_path, capsys):
+    src = tmp_path / "config.json"
+    shutil.copy(QWEN, src)
+    before = src.read_bytes()
+    assert main(["extend", str(src), "--target-length", "65536", "--method", "yarn",
+                 "--out", str(tmp_path / "new.json")]) == 0
+    assert src.read_bytes() == before
+    assert "max_position_embeddings: 32768 -> 65536" in capsys.readouterr().out
+    assert main(["extend", str(src), "--target-length", "65536", "--method", "yarn", "--out", str(src)]) == 2
+    assert "--in-place" in capsys.readouterr().err and src.read_bytes() == before
+    assert main(["extend", str(tmp_path), "--target-length", "65536", "--method", "yarn", "--in-place"]) == 0
+    assert json.loads(src.read_text())["rope_parameters"]["rope_type"] == "yarn"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "new.json"]   # no temp files left
+
+
+def test_out_dash_prints_config(capsys):
+    assert main(["extend", str(QWEN), "--target-length", "65536", "--method", "linear", "--out", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["rope_parameters"]["rope_type"] == "linear"
+
+
+def test_existing_scaling_needs_replace():
+    with pytest.raises(ConfigError, match="--replace"):
+        extend_config(CONFIGS / "llama-3.1-8b.json", 262144, "yarn")
+    result = extend_config(CONFIGS / "llama-3.1-8b.json", 262144, "yarn", replace=True, transformers_version=4)
+    assert result.config["rope_scaling"] == {"rope_type": "yarn", "factor": 32.0,
+                                             "original_max_position_embeddings": 8192}
+    assert result.config["rope_theta"] == 500000.0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--target-length", "1024", "--method", "yarn"], "must be longer than the original context (32768)"),
+    (["--target-length", "65536", "--method", "yarn", "--factor", "0.5"], "factor"),
+    (["--target-length", "65536", "--method", "yarn", "--short-factor", "x.json"], "only apply"),
+])
+def test_bad_arguments_one_line(tmp_path, capsys, args, needle):
+    assert main(["extend", str(QWEN), *args, "--out", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("posenc extend: error:") and needle in err[0]
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("missing.json", None, "not found"),
+    ("bad.json", "{oops", "not valid JSON"),
+    ("gpt2.json", (CONFIGS / "gpt2.json").read_text(), "learned"),
+    ("bloom.json", (CONFIGS / "bloom-560m.json").read_text(), "ALiBi runs past"),
+    ("warp.json", '{"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 512, '
+                  '"rope_scaling": {"rope_type": "warp"}}', "unknown rope_type"),
+])
+def test_bad_configs_one_line(tmp_path, capsys, name, content, needle):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    assert main(["extend", str(path), "--target-length", "65536", "--method", "yarn",
+                 "--out", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and not (tmp_path / "o.json").exists()
+
+
+def test_bad_longrope_factor_file(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps([1.0] * 10))
+    with pytest.raises(ConfigError, match="64 numbers"):
+        extend_config(QWEN, 65536, "longrope", short_factor=tmp_path / "s.json", long_factor=tmp_path / "s.json")

@@ -1,0 +1,113 @@
+"""posenc pick: the decision table of docs/picker.md, its laws, and the CLI."""
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.cli import main
+from posenc.errors import PosencError
+from posenc.tools.pick import BUDGETS, TASKS, format_recommendation, pick
+
+# (target, train, budget, task, extrapolation) -> (scheme contains, method contains): the rows of docs/picker.md
+TABLE = [
+    ((4096, 8192, "none", "lm", False), ("keep", "none")),
+    ((32768, 8192, "finetune", "retrieval", False), ("RoPE", "yarn")),
+    ((16384, 4096, "none", "lm", False), ("RoPE", "dynamic")),
+    ((16384, 4096, "none", "code", True), ("RoPE", "dynamic")),
+    ((8192, 1024, "pretrain", "lm", True), ("ALiBi", "none")),
+    ((8192, 512, "pretrain", "encoder", True), ("ALiBi", "none")),
+    ((131072, 8192, "pretrain", "retrieval", True), ("RoPE", "yarn")),
+    ((131072, 8192, "pretrain", "code", False), ("RoPE", "yarn")),
+    ((4096, 4096, "pretrain", "lm", False), ("RoPE", "none")),
+]
+
+
+@pytest.mark.parametrize("inputs,expected", TABLE)
+def test_decision_table(inputs, expected):
+    rec = pick(*inputs)
+    assert expected[0] in rec.scheme and expected[1] in rec.method
+    assert rec.reasons and rec.alternatives
+
+
+def test_finetune_yarn_parameters_and_snippet_load_in_transformers():
+    rec = pick(32768, 8192, "finetune", "lm", rope_theta=500000.0)
+    rp = rec.config_snippet["rope_parameters"]
+    assert rp == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
+                  "rope_theta": 500000.0}
+    assert rec.config_snippet["max_position_embeddings"] == 32768
+    # the snippet is a working config fragment: transformers reads it and agrees with posenc's registry
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = {"hidden_size": 4096, "num_attention_heads": 32, **rec.config_snippet}
+    inv_hf, att_hf = ROPE_INIT_FUNCTIONS["yarn"](LlamaConfig(**cfg), None, 32768)
+    inv, att = posenc.rope_parameters(cfg, 32768)
+    assert inv.tolist() == pytest.approx(inv_hf.tolist(), rel=1e-6)
+    assert att == pytest.approx(0.1 * math.log(4) + 1)   # YaRN's temperature, closed form
+    assert att_hf == pytest.approx(att)
+
+
+def test_pretrain_theta_follows_published_anchors():
+    assert pick(4096, 4096, "pretrain").parameters["rope_theta"] == 10000.0      # Llama 2 at 4k
+    assert pick(8192, 8192, "pretrain").parameters["rope_theta"] == 500000.0     # Llama 3 at 8k
+    assert pick(32768, 32768, "pretrain").parameters["rope_theta"] == 1e6        # Qwen 2.5 at 32k
+
+
+def test_encoder_alibi_is_symmetric():
+    rec = pick(8192, 512, "pretrain", "encoder", True)
+    assert "symmetric" in rec.parameters["bias"]
+    assert any("symmetric" in r for r in rec.reasons)
+
+
+@settings(max_examples=60, deadline=None)
+@given(target=st.integers(1, 2**21), train=st.integers(1, 2**21), budget=st.sampled_from(BUDGETS),
+       task=st.sampled_from(TASKS), extrapolate=st.booleans())
+def test_laws(target, train, budget, task, extrapolate):
+    rec = pick(target, train, budget, task, extrapolate)
+    # every reason cites its evidence; every alternative says why not
+    assert rec.reasons and all(("facts.md" in r or "lesson" in r or "published" in r or "fits in" in r)
+                               for r in rec.reasons)
+    assert all(a["why_not"] for a in rec.alternatives)
+    if budget != "pretrain" and target <= train:
+        assert rec.method == "none" and rec.config_snippet == {}
+    rp = rec.config_snippet.get("rope_parameters")
+    if rp and "factor" in rp:
+        assert rp["factor"] == pytest.approx(target / train, rel=1e-5) and rp["factor"] > 1
+        # the snippet loads through the registry (with a head_dim supplied)
+        inv, _ = posenc.rope_parameters({"head_dim": 64, "max_position_embeddings": train, **rec.config_snippet})
+        assert inv.isfinite().all()
+    json.dumps(rec.to_dict())   # always serialisable
+    assert rec.scheme in format_recommendation(rec)
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    ({"target_context": 0, "train_context": 10}, "target_context"),
+    ({"target_context": 10, "train_context": -1}, "train_context"),
+    ({"target_context": 10, "train_context": 10, "budget": "lots"}, "budget"),
+    ({"target_context": 10, "train_context": 10, "task": "chat"}, "task"),
+    ({"target_context": 10, "train_context": 10, "rope_theta": -5}, "rope_theta"),
+])
+def test_bad_input_names_the_argument(kwargs, word):
+    with pytest.raises(PosencError, match=word):
+        pick(**kwargs)
+
+
+def test_cli_text_and_json(capsys):
+    assert main(["pick", "--target-context", "32768", "--train-context", "8192", "--budget", "finetune",
+                 "--task", "code"]) == 0
+    text = capsys.readouterr().out
+    assert "yarn" in text and "Why:" in text and "Alternatives considered:" in text and "Config snippet" in text
+    assert main(["pick", "--target-context", "8192", "--train-context", "1024", "--budget", "pretrain",
+                 "--extrapolation-needed", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["scheme"] == "ALiBi" and data["inputs"]["extrapolation_needed"] is True
+
+
+def test_cli_bad_value_is_one_line(capsys):
+    assert main(["pick", "--target-context", "-5", "--train-context", "8192"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("posenc pick: error:") and "target_context" in err[0]

@@ -1,0 +1,174 @@
+"""posenc plot: every kind renders a valid PNG, and the numbers drawn are checked against independent oracles."""
+
+import math
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc import reference
+from posenc.cli import main
+from posenc.errors import PosencError
+from posenc.rope.apply import apply_rope, default_inv_freq
+from posenc.tools.plot import (measure_periods, plot_alibi, plot_decay, plot_rope, plot_scaling,
+                               plot_sinusoidal, rope_decay)
+
+CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+
+
+def png_size(path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    assert len(data) > 10_000, "suspiciously small image"
+    return struct.unpack(">II", data[16:24])
+
+
+def assert_sensible_png(path):
+    width, height = png_size(path)
+    assert 600 <= width <= 3000 and 300 <= height <= 2500, (width, height)
+
+
+def test_sinusoidal_measures_the_formula(tmp_path):
+    result = plot_sinusoidal(tmp_path / "sin.png")
+    assert_sensible_png(result["path"])
+    measured = result["measured_period"]
+    assert len(measured) == 64 and result["grows_with_dim"]
+    for i, m in enumerate(measured):
+        if m is not None:   # measured from the matrix, compared with 2 pi base^(2i/d)
+            assert m == pytest.approx(2 * math.pi * 10000 ** (2 * i / 128), rel=0.01)
+    # every pair whose period fits twice in the table gets measured; the longest ones cannot be
+    assert measured[0] == pytest.approx(2 * math.pi, rel=1e-3) and measured[-1] is None
+
+
+def test_measure_periods_on_the_lessons_loop():
+    table = torch.tensor(reference.sinusoidal(300, 16))
+    periods = measure_periods(table)
+    assert periods[0] == pytest.approx(2 * math.pi, rel=1e-3)
+    assert periods[2] == pytest.approx(2 * math.pi * 10000 ** (4 / 16), rel=0.01)
+    assert periods[7] is None                        # 2 pi 10000^(14/16) ~ 20k positions: longer than the table
+
+
+def test_rope_plot_llama31(tmp_path):
+    result = plot_rope(tmp_path / "rope.png", CONFIGS / "llama-3.1-8b.json")
+    assert_sensible_png(result["path"])
+    labels, wl, wl0 = result["labels"], result["wavelength"], result["wavelength_unscaled"]
+    assert [labels.count(b) for b in ("kept", "blended", "interpolated")] == [29, 6, 29]
+    for j in range(64):
+        if labels[j] == "kept":
+            assert wl[j] == pytest.approx(wl0[j], rel=1e-6)
+        if labels[j] == "interpolated":
+            assert wl[j] == pytest.approx(8 * wl0[j], rel=1e-6)
+    assert (result["original_context"], result["claimed_context"]) == (8192, 131072)
+
+
+def test_rope_plot_from_flags(tmp_path):
+    result = plot_rope(tmp_path / "r.png", head_dim=64, theta=1e4, rope_type="linear", factor=4.0, original=2048)
+    assert set(result["labels"]) == {"interpolated"}
+    assert result["wavelength"][0] == pytest.approx(4 * 2 * math.pi, rel=1e-6)
+
+
+def test_scaling_plot_properties(tmp_path):
+    result = plot_scaling(tmp_path / "scaling.png", head_dim=128, theta=1e4, original=4096, factor=8.0)
+    assert_sensible_png(result["path"])
+    m = result["methods"]
+    assert len(m) == 7
+    assert m["default (no scaling)"]["interpolation"] == pytest.approx([1.0] * 64)
+    assert m["PI (linear)"]["interpolation"] == pytest.approx([8.0] * 64, rel=1e-6)
+    ntk = m["NTK-aware (static)"]["interpolation"]
+    assert ntk[0] == pytest.approx(1.0) and ntk[-1] == pytest.approx(8.0, rel=1e-5)  # lowest pair divided by s
+    yarn = m["YaRN"]
+    assert yarn["attention_scaling"] == pytest.approx(0.1 * math.log(8) + 1)
+    assert yarn["interpolation"][0] == pytest.approx(1.0) and yarn["interpolation"][-1] == pytest.approx(8.0)
+
+
+def test_scaling_plot_uses_searched_longrope_factors(tmp_path):
+    result = plot_scaling(tmp_path / "s.png", CONFIGS / "phi-3.5-mini-instruct.json")
+    assert result["factor"] == 32 and result["original"] == 4096
+    assert "LongRoPE (searched)" in result["methods"]
+    assert result["methods"]["LongRoPE (searched)"]["interpolation"][-1] == pytest.approx(64.84, rel=1e-4)
+
+
+def test_alibi_plot(tmp_path):
+    result = plot_alibi(tmp_path / "alibi.png", n_heads=12, seq_len=16)
+    assert_sensible_png(result["path"])
+    assert result["slopes"] == pytest.approx(reference.alibi_slopes(12))
+    assert len(result["heads_shown"]) == 8 and result["heads_shown"][0] == 0 and result["heads_shown"][-1] == 11
+
+
+def test_decay_matches_monte_carlo_with_apply_rope(tmp_path):
+    """mean_j cos(m theta_j) is E[(R_0 q) . (R_m q)] / E[|q|^2] for isotropic q: check by sampling."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(20000, 64, generator=gen)
+    inv = default_inv_freq(64, 10000.0)
+    for m in (1, 7, 100, 3000):
+        rotated = apply_rope(q[:, None, :], torch.tensor([m]))[:, 0]
+        sampled = float((rotated * q).sum(-1).mean() / (q * q).sum(-1).mean())
+        expected, _ = rope_decay(inv, torch.tensor([m]))
+        assert sampled == pytest.approx(float(expected[0]), abs=0.03)
+    _, bound = rope_decay(inv, torch.tensor([0]))
+    assert float(bound[0]) == pytest.approx(1.0)
+
+
+def test_decay_plot(tmp_path):
+    result = plot_decay(tmp_path / "decay.png", bases=(10000.0, 500000.0),
+                        configs=[CONFIGS / "llama-3.1-8b.json"], max_distance=8192, points=300)
+    assert_sensible_png(result["path"])
+    assert len(result["curves"]) == 3
+    c = result["curves"]["base 10000 (d=128)"]
+    # decays: the mean of the far half is far below the near values
+    far = c["bound"][len(c["bound"]) // 2:]
+    assert c["bound"][0] > 0.9 and sum(far) / len(far) < 0.5
+
+
+@pytest.mark.parametrize("argv", [
+    ["rope", "--config", str(CONFIGS / "qwen2.5-7b-instruct-yarn.json")],
+    ["scaling", "--factor", "4"],
+    ["alibi", "--heads", "4", "--seq-len", "8"],
+    ["decay", "--base", "10000", "--max-distance", "2048"],
+])
+def test_cli_renders(tmp_path, capsys, argv):
+    out = tmp_path / "x.png"
+    assert main(["plot", *argv, "--out", str(out)]) == 0
+    png_size(out)
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_cli_sinusoidal_prints_measured_widths(tmp_path, capsys):
+    out = tmp_path / "s.png"
+    assert main(["plot", "sinusoidal", "--out", str(out)]) == 0
+    assert_sensible_png(out)
+    text = capsys.readouterr().out
+    assert "measured period" in text and "grows with the dimension index: yes" in text
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["alibi", "--out", "{tmp}/x.jpg"], ".png"),
+    (["alibi", "--out", "{tmp}/missing/x.png"], "does not exist"),
+    (["alibi", "--heads", "0", "--out", "{tmp}/x.png"], "n_heads"),
+    (["sinusoidal", "--dim", "7", "--out", "{tmp}/x.png"], "even"),
+    (["rope", "--config", "{tmp}/none.json", "--out", "{tmp}/x.png"], "not found"),
+    (["rope", "--config", str(CONFIGS / "bloom-560m.json"), "--out", "{tmp}/x.png"], "does not use RoPE"),
+    (["scaling", "--factor", "1", "--out", "{tmp}/x.png"], "factor"),
+])
+def test_cli_bad_input_one_line(tmp_path, capsys, argv, needle):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["plot", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("posenc plot: error:") and needle in err[0]
+
+
+def test_importing_the_tools_does_not_import_matplotlib():
+    import subprocess
+    import sys
+
+    code = ("import sys, posenc.tools, posenc.tools.plot, posenc.cli; posenc.cli.build_parser(); "
+            "posenc.tools.plot_rope; assert 'matplotlib' not in sys.modules, 'matplotlib imported eagerly'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_python_api_rejects_bad_values(tmp_path):
+    with pytest.raises(PosencError, match="max_len"):
+        plot_sinusoidal(tmp_path / "a.png", max_len=0)
