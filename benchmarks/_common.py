@@ -39,9 +39,22 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, min_run_time: float = 
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: str | torch.device = "cpu") -> dict:
     """What the numbers were measured on: machine, library versions, thread count."""
     env = {
+        "cpu_model": cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
@@ -60,8 +73,9 @@ def device_tag(device: str | torch.device) -> str:
     return torch.device(device).type
 
 
-def format_table(rows: Sequence[dict], columns: Sequence[str], floatfmt: str = "{:.3g}") -> str:
-    """Plain-text table of ``rows`` (dicts) restricted to ``columns``; None shows as '-'."""
+def format_table(rows: Sequence[dict], columns: Sequence[str], floatfmt: str = "{:.3g}",
+                 markdown: bool = False) -> str:
+    """Plain-text (or Markdown) table of ``rows`` (dicts) restricted to ``columns``; None shows as '-'."""
     def cell(v):
         if v is None:
             return "-"
@@ -70,6 +84,9 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], floatfmt: str = "
         return str(v)
 
     body = [[cell(r.get(c)) for c in columns] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(b) + " |" for b in body])
     widths = [max([len(c)] + [len(b[i]) for b in body]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
              "  ".join("-" * w for w in widths)]
@@ -78,10 +95,10 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], floatfmt: str = "
 
 
 def print_table(rows: Sequence[dict], columns: Sequence[str], title: str | None = None,
-                file=sys.stdout) -> None:
+                file=sys.stdout, markdown: bool = False) -> None:
     if title:
-        print(f"\n{title}", file=file)
-    print(format_table(rows, columns), file=file, flush=True)
+        print(f"\n{'#### ' if markdown else ''}{title}\n" if markdown else f"\n{title}", file=file)
+    print(format_table(rows, columns, markdown=markdown), file=file, flush=True)
 
 
 def save_json(obj: object, path: str) -> str:

@@ -282,6 +282,18 @@ def run_case(shape_name, shape, dtype_name, dtype, device, args, compile_times):
     return rows
 
 
+COLUMNS = ["impl", "layout", "ms", "GB/s", "x_copy", "posenc_speedup", "max_err", "ok"]
+
+
+def show(rows, shape_name, dtype_name, shape, markdown=False):
+    b, t, hq, hk, d, start = shape
+    shown = [r if "unavailable" not in r else
+             {"impl": r["impl"], "layout": r["layout"], "ms": "unavailable: " + r["unavailable"]} for r in rows]
+    print_table(shown, COLUMNS, markdown=markdown,
+                title=f"{shape_name} {dtype_name}: B{b} T{t} Hq{hq} Hk{hk} D{d} (positions from {start}); "
+                      f"{rows[0]['bytes'] / 2**20:.3g} MiB moved")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes and short timing (a smoke run)")
@@ -294,6 +306,8 @@ def main(argv=None) -> int:
                    "kept (default 3, quick 1)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/rope-<device>[-quick].json)")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    p.add_argument("--from-json", default=None, metavar="PATH", help="print the tables of a saved run; no timing")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of unavailable peers")
     args = p.parse_args(argv)
     if args.threads:
@@ -310,31 +324,37 @@ def main(argv=None) -> int:
         if s not in DTYPES:
             p.error(f"--dtypes: unknown dtype {s!r}; choose from {', '.join(DTYPES)}")
 
+    if args.from_json:
+        import json
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        for shape_name in dict.fromkeys(r["shape"] for r in saved["results"]):
+            for dtype_name in dict.fromkeys(r["dtype"] for r in saved["results"]):
+                rows = [r for r in saved["results"] if r["shape"] == shape_name and r["dtype"] == dtype_name]
+                if rows:
+                    dims = rows[0]["shape_dims"]
+                    show(rows, shape_name, dtype_name, tuple(dims.values()), args.markdown)
+        return 0
+
     env = environment(args.device)
     t0 = time.perf_counter()
     native = cpu_rope.native_info() if args.device == "cpu" else None
     if native is not None:
         native["first_use_seconds"] = time.perf_counter() - t0
-    print(f"posenc RoPE benchmark on {env.get('gpu', env['processor'])} ({env['cpu_count']} CPUs, "
+    print(f"posenc RoPE benchmark on {env.get('gpu', env['cpu_model'])} ({env['cpu_count']} CPUs, "
           f"{env['torch_threads']} torch threads), torch {env['torch']}")
     if native is not None:
+        built = "cached build" if native["build_seconds"] is None else f"built in {native['build_seconds']:.2f} s"
         print(f"native CPU kernel: {'available' if native['available'] else 'UNAVAILABLE: ' + native['reason']}"
-              f"; build {native['build_seconds'] if native['build_seconds'] is not None else '(cached)'} s, "
-              f"first use {native['first_use_seconds']:.2f} s")
+              f" ({built}; first use {native['first_use_seconds']:.3f} s)")
 
     results, compile_times = [], {}
-    columns = ["impl", "layout", "ms", "GB/s", "x_copy", "posenc_speedup", "max_err", "ok"]
     for shape_name in shapes:
         for dtype_name in dtypes:
             shape = table[shape_name]
             rows = run_case(shape_name, shape, dtype_name, DTYPES[dtype_name], args.device, args, compile_times)
             results += rows
-            b, t, hq, hk, d, start = shape
-            shown = [dict(r, ms=r.get("ms"), ok=r.get("ok")) if "unavailable" not in r
-                     else {"impl": r["impl"], "layout": r["layout"], "ms": "unavailable: " + r["unavailable"]}
-                     for r in rows]
-            print_table(shown, columns, title=f"{shape_name} {dtype_name}: B{b} T{t} Hq{hq} Hk{hk} D{d} "
-                                              f"(positions from {start}); {rows[0]['bytes'] / 2**20:.1f} MiB moved")
+            show(rows, shape_name, dtype_name, shape, args.markdown)
     if compile_times:
         print("\ntorch.compile first-call seconds: " +
               ", ".join(f"T{k.split(':')[0]} {k.split(':')[1].replace('torch.', '')}: {v:.1f}"

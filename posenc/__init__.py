@@ -34,6 +34,8 @@ _EXPORTS = {
     "ROPE_SCALING_FUNCTIONS": "posenc.rope.scaling",
     "register_rope_type": "posenc.rope.scaling",
     "frequency_bands": "posenc.rope.scaling",
+    "ntk_theta": "posenc.rope.scaling",
+    "dynamic_ntk_theta": "posenc.rope.scaling",
     "RopeConfig": "posenc.rope.config",
     "load_rope_config": "posenc.rope.config",
     "Rotary": "posenc.rope.module",

@@ -48,6 +48,8 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the raw command line, for subcommands that re-launch themselves (posenc lab --nproc N under torchrun)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

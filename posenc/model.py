@@ -35,6 +35,7 @@ class ModelConfig:
     rope_base: float = 10000.0
     rope_layout: str = "half"
     rope_scaling: dict | None = field(default=None)
+    scale_embeddings: bool = True  # token embeddings * sqrt(d_model), as in Vaswani et al. 2017 (sec. 3.4)
 
     def __post_init__(self):
         if self.scheme not in SCHEME_NAMES:
@@ -92,7 +93,10 @@ class TinyLM(nn.Module):
         if self.scheme.max_len is not None and past + tokens.shape[1] > self.scheme.max_len:
             raise ConfigError(f"sequence length {past + tokens.shape[1]}: the {self.cfg.scheme} scheme's table "
                               f"covers only max_len={self.scheme.max_len} positions")
-        x = self.scheme.embed(self.tok_emb(tokens), positions)
+        x = self.tok_emb(tokens)
+        if self.cfg.scale_embeddings:  # keeps token embeddings (init std 0.02) from drowning under a fixed PE
+            x = x * math.sqrt(self.cfg.d_model)
+        x = self.scheme.embed(x, positions)
         for block in self.blocks:
             x = block(x, self.scheme, positions, cache)
         return F.linear(self.ln_f(x), self.tok_emb.weight)

@@ -1,20 +1,24 @@
 """ALiBi attention without the [heads, N, N] bias tensor.
 
 The materialised path (``posenc.alibi_bias`` + SDPA) stores H * Tq * Tk floats: 4.3 GB at H=16, N=8192 in fp32.
-Two paths here compute the same attention while keeping the bias small:
+Two paths here compute the same attention without it:
 
-- ``"chunked"``: loop over blocks of queries; each block gets its own bias [H, block, keys it can see] and one SDPA
-  call. Extra memory O(H * block * Tk), with the block size chosen to keep it near a fixed budget (~32 MiB).
-  Under a causal mask a block only reads the keys up to its last query, so it also skips the masked half.
-- ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled) with a score_mod that adds -m_h * |i - j| inside the
-  kernel, and a block mask that skips key blocks above the causal diagonal. First call per shape compiles (tens of
-  seconds on CPU), later calls reuse the kernel.
+- ``"chunked"``: SDPA over blocks of queries. Each block's bias is a strided *view* of one small [H, Tq + Tk]
+  template (see the note above ``bias_template``), which SDPA's fused CPU kernel reads in place, so extra memory
+  is O(H * N + output). Under a causal mask a block only reads the keys up to its last query, so the masked half
+  is skipped too. Plain eager torch: no compiler, works on any device (elsewhere than CPU each block's bias is
+  copied out, its size bounded by BIAS_BUDGET_ELEMENTS).
+- ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled) with a score_mod adding -m_h * |i - j| inside the
+  kernel and a block mask that skips key blocks above the causal diagonal. The first call per shape compiles
+  (tens of seconds on CPU).
 
-``backend="auto"`` picks ``"flex"`` on CUDA (where it is fast) when it compiles, and ``"chunked"`` on CPU, where the
-measured times are equal (docs/performance-alibi.md) and the chunked path has no compile cost.
+``backend="auto"`` picks ``"flex"`` on CUDA when it compiles (falling back to ``"chunked"`` with a warning), and
+``"chunked"`` on CPU: it has no compile cost and, measured in docs/performance-alibi.md, is as fast.
 
 Positions: query i sits at absolute position i + q_offset (default Tk - Tq: queries are the last Tq of the Tk keys,
 the KV-cache convention of flash-attn and ``posenc.alibi_bias``); key j at position j.
+Under a causal mask the key-only form m_h * j gives the same softmax (shift invariance per row; tested), but its
+values grow with N and lose fp32 precision near the diagonal at long N; both paths use the exact -m_h * |i - j|.
 """
 
 from __future__ import annotations
@@ -160,10 +164,10 @@ def bias_template(slopes: torch.Tensor, q_len: int, k_len: int, offset: int, cau
     (last query, key 0). Bias: -m_h * |d| (bidirectional), or -m_h * d for d >= 0 and -inf for d < 0 (causal).
     """
     d = torch.arange(q_len + k_len - 1 + offset, device=slopes.device, dtype=torch.float64) - (k_len - 1 - offset)
-    bias = (-slopes.double().unsqueeze(1) * d.abs()).float()
+    bias = -slopes.double().unsqueeze(1) * d.abs()
     if causal:
         bias.masked_fill_(d < 0, float("-inf"))
-    return bias
+    return bias.float()
 
 
 def reversed_keys_bias(template: torch.Tensor, k_len: int, start: int, stop: int, visible: int) -> torch.Tensor:
@@ -177,8 +181,12 @@ def reversed_keys_bias(template: torch.Tensor, k_len: int, start: int, stop: int
 def _chunked(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
     Tq, Tk = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
-    cpu = q.device.type == "cpu"  # CPU SDPA reads the strided fp32 view directly, even for bf16/fp16 inputs
+    # CPU SDPA reads the strided view in place, in fp32 for bf16/fp16 inputs (the bias keeps its precision);
+    # other devices get a contiguous copy per block in q's dtype
+    cpu = q.device.type == "cpu"
     template = bias_template(slopes, Tq, Tk, offset, causal)
+    if q.dtype == torch.float64 or not cpu:
+        template = template.to(q.dtype)
     k_rev, v_rev = k.flip(2), v.flip(2)
     outs = []
     for s in range(0, Tq, block):
@@ -186,7 +194,7 @@ def _chunked(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
         kv = min(Tk, e + offset) if causal else Tk   # causal: keys past the block's last query are never read
         bias = reversed_keys_bias(template, Tk, s, e, kv)
         if not cpu:
-            bias = bias.to(q.dtype, memory_format=torch.contiguous_format)
+            bias = bias.contiguous()
         outs.append(F.scaled_dot_product_attention(q[:, :, s:e], k_rev[:, :, Tk - kv:], v_rev[:, :, Tk - kv:],
                                                    attn_mask=bias, scale=scale, enable_gqa=gqa))
     # one concatenation instead of a copy per block: on a busy CPU each small op costs a scheduler wait
@@ -196,7 +204,7 @@ def _chunked(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------- FlexAttention
 
 FLEX_BLOCK = 128
-_compiled_flex = None
+_compiled_flex: dict[str, object] = {}
 
 
 def flex_available() -> bool:
@@ -207,12 +215,18 @@ def flex_available() -> bool:
     return True
 
 
-def _flex_attention_fn():
-    global _compiled_flex
-    if _compiled_flex is None:
+def _flex_attention_fn(device_type: str):
+    """torch.compile(flex_attention), one per device type.
+
+    CPU compiles with static shapes: in torch 2.13 the CPU flex template fails to build once dynamo turns on
+    dynamic shapes for a second shape (inductor C++ error "'cur_kvSplitSize5' was not declared"), so every new
+    (Tq, Tk) compiles afresh (seconds). GPUs keep torch's default (dynamic after the first recompile), which KV-cache
+    decoding with a growing Tk needs.
+    """
+    if device_type not in _compiled_flex:
         from torch.nn.attention.flex_attention import flex_attention
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+        _compiled_flex[device_type] = torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
+    return _compiled_flex[device_type]
 
 
 def _flex(q, k, v, slopes, causal, offset, scale) -> torch.Tensor:
@@ -220,14 +234,14 @@ def _flex(q, k, v, slopes, causal, offset, scale) -> torch.Tensor:
         raise PosencError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5); "
                           "use backend='chunked'")
     Tq, Tk = q.shape[2], k.shape[2]
-    # offset as a tensor so a new KV-cache length does not specialise (and recompile) the kernel
+    # the offset enters as a tensor, not a Python int that dynamo would bake into the kernel and recompile for
     off = torch.tensor(offset, device=q.device, dtype=torch.int64)
 
     def alibi_score(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx + off - kv_idx).abs()
 
     block_mask = causal_block_mask(Tq, Tk, offset, str(q.device)) if causal else None
-    return _flex_attention_fn()(q, k, v, score_mod=alibi_score, block_mask=block_mask, scale=scale,
+    return _flex_attention_fn(q.device.type)(q, k, v, score_mod=alibi_score, block_mask=block_mask, scale=scale,
                                 enable_gqa=q.shape[1] != k.shape[1])
 
 

@@ -39,13 +39,14 @@ _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.flo
 _LAYOUT_CODES = {"interleaved": 0, "half": 1}
 _MAX_DIMS = 8                    # leading dims the C kernel takes after collapsing
 _GRAIN = 1 << 16                 # elements per thread below which extra threads cost more than they save
-_CHUNK = 1 << 17                 # elements per chunk in the eager fallback (~0.5 MiB fp32: stays in L2)
+_CHUNK = 1 << 18                 # elements per chunk in the eager fallback (1 MiB fp32: stays in L2)
 _TABLE_BLOCK_BYTES = 256 << 10   # cos + sin rows kept in L2 while every head uses them
 # -std=c11 (ISO C) keeps a*b+c unfused (no FMA contraction): results match torch's eager ops bit for bit
 _FLAGS = ["-O3", "-shared", "-fPIC", "-pthread", "-std=c11"]
 _ARCH_FLAGS = ["-march=native"]
 
 _lock = threading.Lock()
+_plans: dict = {}                # geometry -> kernel launches (see _plan)
 _state: dict = {"lib": None, "tried": False, "reason": None, "path": None, "build_seconds": None}
 
 
@@ -90,7 +91,16 @@ def _build(source: str, cc: str) -> tuple[str, float | None]:
     path = os.path.join(folder, f"posenc_rope_{key}.so")
     if os.path.exists(path):
         return path, None
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(folder)
+    except OSError:  # read-only home (some CI/containers): build into a per-user temp folder instead
+        folder = os.path.join(tempfile.gettempdir(), f"posenc-cache-{os.getuid() if hasattr(os, 'getuid') else 0}")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"posenc_rope_{key}.so")
+        if os.path.exists(path):
+            return path, None
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         src = os.path.join(tmp, "rope_native.c")
@@ -190,29 +200,51 @@ def _blocked(sizes, xs, os_, cs, block):
         yield n * block, sizes[:-1] + [t % block], xs, os_, cs
 
 
+def _plan(shape, x_strides, out_strides, cs_strides, dtype, layout, rotary_dim, inverse, in_place, nthreads):
+    """The kernel launches for one geometry: [(x/out element offset, table element offset, ctypes args)], or None
+    if the kernel cannot address it. Cached: a decode loop calls with the same geometry every step."""
+    key = (shape, x_strides, out_strides, cs_strides, dtype, layout, rotary_dim, inverse, in_place, nthreads)
+    plan = _plans.get(key, False)
+    if plan is not False:
+        return plan
+    sizes, xs, os_, cs = _collapse(list(shape[:-1]), list(x_strides[:-1]), list(out_strides[:-1]),
+                                   list(cs_strides[:-1]))
+    plan = None
+    if len(sizes) <= _MAX_DIMS:
+        csize = 8 if dtype == torch.float64 else 4
+        block = max(1, _TABLE_BLOCK_BYTES // (rotary_dim * csize))      # rows of cos + sin per block
+        plan = []
+        for t0, sz, xst, ost, cst in _blocked(sizes, xs, os_, cs, block):
+            arr = ctypes.c_int64 * len(sz)
+            args = (_DTYPE_CODES[dtype], _LAYOUT_CODES[layout], int(inverse), int(not in_place), len(sz), arr(*sz),
+                    arr(*xst), arr(*ost), arr(*cst), shape[-1], rotary_dim, nthreads)
+            plan.append((t0 * xs[-1], t0 * os_[-1], t0 * cs[-1], args))
+    if len(_plans) > 256:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
+
+
 def _native_into(x, cos, sin, out, layout, rotary_dim, inverse) -> bool:
     """Run the C kernel if it can take these tensors; return False (nothing written) if it cannot."""
-    lib = _load()
-    if lib is None or x.dtype not in _DTYPE_CODES or (x.dtype == torch.float16 and not _state.get("has_f16")):
+    lib = _state["lib"] if _state["tried"] else _load()
+    dtype = x.dtype
+    if lib is None or dtype not in _DTYPE_CODES or (dtype == torch.float16 and not _state.get("has_f16")):
         return False
-    if cos.dtype != (torch.float64 if x.dtype == torch.float64 else torch.float32) or sin.dtype != cos.dtype:
+    if cos.dtype != (torch.float64 if dtype == torch.float64 else torch.float32) or sin.dtype != cos.dtype:
         return False
-    if x.stride(-1) != 1 or out.stride(-1) != 1 or cos.stride(-1) != 1 or cos.stride() != sin.stride():
+    xst, ost, cst = x.stride(), out.stride(), cos.stride()
+    if xst[-1] != 1 or ost[-1] != 1 or cst[-1] != 1 or cst != sin.stride():
         return False
-    sizes, xs, os_, cs = _collapse(list(x.shape[:-1]), list(x.stride()[:-1]), list(out.stride()[:-1]),
-                                   list(cos.stride()[:-1]))
-    if len(sizes) > _MAX_DIMS:
-        return False
+    xp, op = x.data_ptr(), out.data_ptr()
     nthreads = max(1, min(torch.get_num_threads(), x.numel() // _GRAIN))
-    in_place = out.data_ptr() == x.data_ptr()
+    plan = _plan(x.shape, xst, ost, cst, dtype, layout, rotary_dim, inverse, xp == op, nthreads)
+    if plan is None:
+        return False
     esize, csize = x.element_size(), cos.element_size()
-    block = max(1, _TABLE_BLOCK_BYTES // (rotary_dim * csize))      # rows of cos + sin per block
-    for t0, sz, xst, ost, cst in _blocked(sizes, xs, os_, cs, block):
-        arr = ctypes.c_int64 * len(sz)
-        rc = lib.posenc_rope(x.data_ptr() + t0 * xs[-1] * esize, out.data_ptr() + t0 * os_[-1] * esize,
-                             cos.data_ptr() + t0 * cs[-1] * csize, sin.data_ptr() + t0 * cs[-1] * csize,
-                             _DTYPE_CODES[x.dtype], _LAYOUT_CODES[layout], int(inverse), int(not in_place),
-                             len(sz), arr(*sz), arr(*xst), arr(*ost), arr(*cst), x.shape[-1], rotary_dim, nthreads)
+    cp, sp = cos.data_ptr(), sin.data_ptr()
+    for xoff, ooff, coff, args in plan:
+        rc = lib.posenc_rope(xp + xoff * esize, op + ooff * esize, cp + coff * csize, sp + coff * csize, *args)
         if rc != 0:
             raise RuntimeError(f"posenc native RoPE kernel failed with code {rc}")
     return True

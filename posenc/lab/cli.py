@@ -32,6 +32,14 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "yes", "true", "on"):
+        return True
+    if text.lower() in ("0", "no", "false", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
+
+
 def _names(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     return [] if names == ["none"] else names
@@ -46,6 +54,7 @@ FLAGS = [
     ("--heads", "n_heads", int, "attention heads"),
     ("--rope-base", "rope_base", float, "RoPE theta"),
     ("--rope-layout", "rope_layout", str, "RoPE pair layout: half (HF) or interleaved"),
+    ("--scale-embeddings", "scale_embeddings", _bool, "multiply token embeddings by sqrt(d_model) (yes/no)"),
     ("--train-len", "train_len", int, "training sequence length"),
     ("--batch-size", "batch_size", int, "sequences per step"),
     ("--steps", "steps", int, "training steps"),
@@ -57,7 +66,7 @@ FLAGS = [
     ("--eval-lens", "eval_lens", _ints, "comma-separated evaluation lengths"),
     ("--eval-tokens", "eval_tokens", int, "tokens scored per LM evaluation length"),
     ("--sliding-stride", "sliding_stride", int, "stride of the sliding-window LM eval (0: off)"),
-    ("--sliding-lens", "sliding_lens", _ints, "lengths for the sliding-window eval"),
+    ("--sliding-lens", "sliding_lens", _ints, "lengths for the sliding-window eval (default: the longest eval length)"),
     ("--sliding-tokens", "sliding_tokens", int, "tokens scored per sliding-window length"),
     ("--extensions", "extensions", _names,
      f"RoPE extension methods evaluated on the rope model, from {','.join(ALL_EXTENSIONS)} (or none)"),
@@ -101,7 +110,6 @@ def run(args: argparse.Namespace) -> int:
     if status is not None:
         return status
     cfg = config_from_args(args)
-    with distributed.session(cfg.device) as (info, _):  # under torchrun: join the group, errors name the rank
-        distributed.check_batch_size(cfg.batch_size, info.world_size)
+    with distributed.session(cfg.device):  # under torchrun: join the process group; errors name the rank
         run_lab(cfg, resume=args.resume, progress=not args.quiet)
     return 0

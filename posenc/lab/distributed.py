@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import os
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def init_distributed(device: str | torch.device = "cpu", *,
     device = torch.device(device)
     if dist.is_available() and dist.is_initialized():
         info = current()
-        return info, _rank_device(device, info.local_rank)
+        return info, (_rank_device(device, info.local_rank) if info.distributed else device)
     if not under_torchrun():
         return DistInfo(), device
     rank, world_size, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
@@ -138,7 +139,8 @@ def init_distributed(device: str | torch.device = "cpu", *,
         torch.cuda.set_device(device)
     elif device.type != "cpu":
         raise ConfigError(f"--device: distributed runs support 'cpu' (gloo) and 'cuda' (NCCL), got {str(device)!r}")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds(timeout_s)))
+    bind = {"device_id": device} if device.type == "cuda" else {}  # NCCL: this process's GPU, known up front
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds(timeout_s)), **bind)
     return DistInfo(rank, world_size, local_rank, backend), device
 
 
@@ -173,6 +175,9 @@ def _rank_device(device: torch.device, local_rank: int) -> torch.device:
     """cuda -> cuda:LOCAL_RANK (one GPU per process); anything else unchanged."""
     if device.type != "cuda":
         return device
+    if device.index is not None:  # every process would use the same GPU
+        raise ConfigError(f"--device: {device} pins one GPU, but each process takes its own (cuda:LOCAL_RANK); "
+                          "use --device cuda or auto, and CUDA_VISIBLE_DEVICES to choose the GPUs")
     if not torch.cuda.is_available():
         raise ConfigError("--device: cuda was requested but no CUDA device is available")
     n = torch.cuda.device_count()
@@ -231,8 +236,6 @@ def ddp_wrap(model: torch.nn.Module, start_step: int = 0, run_settings: dict | N
                               "must train on the same data and settings (same --data and Python version per node)")
     device = next(model.parameters()).device
     # the models' buffers are constants (ALiBi slopes, sin/cos tables): no need to re-sync them every forward
-    import inspect
-
     no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                else {"broadcast_buffers": False})  # renamed in recent PyTorch
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **no_sync)
@@ -260,10 +263,10 @@ def sharded_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
 
 
 def check_batch_size(batch_size: int, world_size: int) -> None:
-    """Every rank needs at least one row of the global batch."""
+    """Every rank needs at least one row of the global batch (rank r takes rows r::world_size)."""
     if batch_size < world_size:
-        raise ConfigError(f"--batch-size: {batch_size} rows cannot be split across {world_size} processes; "
-                          f"use a batch size of at least {world_size} (ideally a multiple of it)")
+        raise ConfigError(f"--batch-size: a training batch of {batch_size} rows cannot be split across {world_size} "
+                          f"processes; use at least {world_size} rows per step (ideally a multiple of {world_size})")
 
 
 # ---------------------------------------------------------------- evaluation

@@ -31,6 +31,7 @@ class LabConfig:
     n_heads: int = 4
     rope_base: float = 10000.0
     rope_layout: str = "half"
+    scale_embeddings: bool = True  # token embeddings * sqrt(d_model) (Vaswani et al.): see docs/lab.md
     # training (identical for every scheme; same data order per seed)
     train_len: int = 128
     batch_size: int = 32
@@ -42,10 +43,10 @@ class LabConfig:
     seeds: list = field(default_factory=lambda: [0])
     # evaluation
     eval_lens: list = field(default_factory=lambda: [128, 256, 512, 1024])
-    eval_tokens: int = 32768  # tokens scored per LM eval length
-    sliding_stride: int = 0  # 0: no sliding-window eval; else stride S (context = eval_len - S)
-    sliding_lens: list = field(default_factory=list)  # lengths for the sliding eval (default: first and last)
-    sliding_tokens: int = 4096
+    eval_tokens: int = 65536  # tokens scored per LM eval length
+    sliding_stride: int = 128  # 0: no sliding-window eval; else stride S (context = eval_len - S)
+    sliding_lens: list = field(default_factory=list)  # lengths for the sliding eval (empty: the longest eval length)
+    sliding_tokens: int = 8192
     extensions: list = field(default_factory=lambda: list(ALL_EXTENSIONS))
     ext_factor: float = 0.0  # 0: max(eval_lens) / train_len
     finetune_steps: int = 0  # > 0: also fine-tune each method at finetune_len, then evaluate
@@ -109,13 +110,13 @@ PRESETS: dict[str, dict] = {
                   passkey_depths=[0.0, 1.0], passkey_trials=2, ckpt_every=5),
     "default": dict(),
     "ntk": dict(schemes=["rope"], d_model=128, n_layers=4, n_heads=4, train_len=256, batch_size=16, steps=1500,
-                eval_lens=[256, 512, 1024], sliding_stride=256, sliding_lens=[1024]),
+                eval_lens=[256, 512, 1024], sliding_stride=256),
     "copy": dict(tasks=["copy"], schemes=list(ALL_SCHEMES), d_model=128, n_layers=4, n_heads=4, train_len=512,
                  batch_size=16, steps=3000, lr=1e-3, warmup=200, eval_lens=[256, 512, 1024, 2048], extensions=[],
-                 copy_examples=64),
+                 sliding_stride=0, copy_examples=64),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
                     n_heads=4, train_len=256, batch_size=16, steps=1500, eval_lens=[256, 512, 1024],
-                    extensions=["ntk", "yarn"]),
+                    sliding_stride=0, extensions=["ntk", "yarn"]),
 }
 
 

@@ -145,13 +145,15 @@ def write_report(doc: dict, out: Path) -> Path:
         f"# posenc lab: preset `{meta['preset']}`",
         "",
         f"Measured wall time: **{meta['wall_s']:.0f} s** on {meta['device']} ({meta['threads']} threads), "
-        f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}.",
+        f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
+        f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",
         "## Settings (identical for every scheme)",
         "",
         f"- tasks: {', '.join(s['tasks'])}; schemes: {', '.join(s['schemes'])}; seeds: {s['seeds']}",
         f"- model: d_model {s['d_model']}, {s['n_layers']} layers, {s['n_heads']} heads "
-        f"(head dim {s['d_model'] // s['n_heads']}), byte vocab 256, RoPE base {s['rope_base']:g} ({s['rope_layout']})",
+        f"(head dim {s['d_model'] // s['n_heads']}), byte vocab 256, RoPE base {s['rope_base']:g} ({s['rope_layout']}), "
+        f"token embeddings scaled by sqrt(d_model): {'yes' if s.get('scale_embeddings', True) else 'no'}",
         f"- training: length {s['train_len']}, batch {s['batch_size']}, {s['steps']} AdamW steps, lr {s['lr']:g} "
         f"(warmup {s['warmup']}, cosine), weight decay {s['weight_decay']}, clip {s['grad_clip']}",
         f"- evaluation lengths: {s['eval_lens']}; LM tokens scored per length: {s['eval_tokens']}",

@@ -41,7 +41,8 @@ def out_dir(cfg: LabConfig) -> Path:
 
 def model_config(cfg: LabConfig, scheme: str) -> ModelConfig:
     return ModelConfig(scheme=scheme, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                       max_len=cfg.train_len, rope_base=cfg.rope_base, rope_layout=cfg.rope_layout)
+                       max_len=cfg.train_len, rope_base=cfg.rope_base, rope_layout=cfg.rope_layout,
+                       scale_embeddings=cfg.scale_embeddings)
 
 
 def train_settings(cfg: LabConfig, steps: int | None = None, lr: float | None = None) -> TrainSettings:
@@ -74,6 +75,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},
+        "loadavg_start": _loadavg(),
     }
     raw: list[dict] = []
     curves: dict[str, list[float]] = {}
@@ -92,6 +94,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
                     log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
                         f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    meta["loadavg_end"] = _loadavg()
     doc = {"meta": meta, "results": aggregate(raw), "curves": curves}
     if is_main_process():
         atomic_write_json(out / "results.json", doc)
@@ -99,6 +102,16 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         log(main_table(doc))
         log(f"wrote {out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
     return doc
+
+
+def _loadavg() -> list[float] | None:
+    """1/5/15-minute load averages: other work on the machine changes every timing."""
+    try:
+        import os
+
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def _ckpt_path(out: Path, task: str, scheme: str, seed: int, tag: str = "") -> Path:
@@ -170,7 +183,7 @@ def _evaluate(task, model, scheme, scaling, finetuned, seed, cfg, corpus, device
             if r is not None and L == max(cfg.eval_lens):
                 curves[f"{scheme}|{scaling}|{'ft' if finetuned else 'zs'}|{seed}"] = [round(x, 4) for x in r["per_position"]]
         if cfg.sliding_stride:
-            for L in cfg.sliding_lens or sorted({cfg.train_len, max(cfg.eval_lens)}):
+            for L in cfg.sliding_lens or [max(cfg.eval_lens)]:
                 r = lm_eval(model, corpus.val, L, n_tokens=cfg.sliding_tokens, stride=cfg.sliding_stride, device=device)
                 extra = dict(protocol=f"sliding (stride {cfg.sliding_stride})", **common)
                 if r is None:

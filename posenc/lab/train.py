@@ -84,8 +84,9 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         start = meta["step"]
     net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
     if world_size > 1:
-        from posenc.lab.distributed import ddp_wrap, sharded_lm_loss
+        from posenc.lab.distributed import check_batch_size, ddp_wrap, sharded_lm_loss
 
+        check_batch_size(sampler.batch_size, world_size)
         net = ddp_wrap(model, start, run_settings)
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     losses: list[float] = []

@@ -8,6 +8,9 @@ Forms accepted (all seen in real config.json files):
     per layer type     {"rope_parameters": {"full_attention": {...}, "sliding_attention": {...}}}   (Gemma 3)
     Phi-3              {"original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope", ...}}
     Gemma 3 on 4.x     {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {...}}
+    GPT-J / CodeGen    {"n_embd": 4096, "n_head": 16, "n_positions": 2048, "rotary_dim": 64}
+    GPT-NeoX           {"rotary_pct": 0.25, "rotary_emb_base": 10000}
+    DeepSeek-V2/V3 MLA {"qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "rope_scaling": {"type": "yarn", ...}}
 
     >>> cfg = load_rope_config({"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 5e5,
     ...                         "max_position_embeddings": 131072,
@@ -39,6 +42,8 @@ _FIELD_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "orig
 # legacy rope_type names -> current ones: transformers renamed Phi-3's "su" to "longrope"; Qwen2-VL's "mrope"
 # is default frequencies split into sections by the model (mrope_section), which transformers also reads as default
 _ALIASES = {"su": "longrope", "mrope": "default"}
+# GPT-J / CodeGen spell three config keys the GPT-2 way (transformers' attribute_map); the usual name wins if both
+KEY_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
 DEFAULT_THETA = 10000.0
 
 
@@ -162,10 +167,10 @@ def read_config_file(path: str | os.PathLike) -> dict:
     if path.is_dir():
         path = path / "config.json"
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {str(path)!r}") from None
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
     try:
         data = json.loads(text)
@@ -187,14 +192,17 @@ def _as_mapping(config) -> Mapping:
                       f"transformers config; got {type(config).__name__}")
 
 
-def _is_nested(scaling: Mapping) -> bool:
-    """Per-layer-type form: every value is a dict (or None for a NoPE layer type) and no rope_type key."""
-    return (bool(scaling) and "rope_type" not in scaling and "type" not in scaling
-            and all(v is None or isinstance(v, Mapping) for v in scaling.values()))
+def rope_section(config: Mapping) -> Mapping:
+    """The part of a config mapping holding its RoPE keys: the config itself, or its "text_config" (multimodal
+    configs such as Gemma 3 or Qwen2-VL) when the top level has none."""
+    if not any(k in config for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size",
+                                     "n_embd")) and isinstance(config.get("text_config"), Mapping):
+        return config["text_config"]
+    return config
 
 
-def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
-    """The flat scaling dict for ``layer_type`` and whether it came from a per-layer-type (nested) form."""
+def _scaling_of(cfg: Mapping) -> Mapping:
+    """rope_parameters (5.x), else rope_scaling (4.x), else {}."""
     scaling = cfg.get("rope_parameters")
     if scaling is None:
         scaling = cfg.get("rope_scaling")
@@ -202,6 +210,30 @@ def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
         scaling = {}
     if not isinstance(scaling, Mapping):
         raise ConfigError(f"rope_parameters / rope_scaling must be a JSON object or null, got {scaling!r}")
+    return scaling
+
+
+def _is_nested(scaling: Mapping) -> bool:
+    """Per-layer-type form: every value is a dict (or None for a NoPE layer type) and no rope_type key."""
+    return (bool(scaling) and "rope_type" not in scaling and "type" not in scaling
+            and all(v is None or isinstance(v, Mapping) for v in scaling.values()))
+
+
+def rope_layer_types(config) -> list[str] | None:
+    """The layer types of a per-layer-type config that use RoPE, in file order (Gemma 3: ["full_attention",
+    "sliding_attention"]; null entries, NoPE layers, left out); None for a config with one set of RoPE parameters.
+
+    Each is a valid ``layer_type`` for ``load_rope_config``. ``config``: any form ``load_rope_config`` accepts.
+    """
+    if isinstance(config, RopeConfig):
+        return None
+    scaling = _scaling_of(rope_section(_as_mapping(config)))
+    return [k for k, v in scaling.items() if v is not None] if _is_nested(scaling) else None
+
+
+def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
+    """The flat scaling dict for ``layer_type`` and whether it came from a per-layer-type (nested) form."""
+    scaling = _scaling_of(cfg)
     if _is_nested(scaling):
         if layer_type is None:
             raise ConfigError(f"this config has per-layer-type RoPE parameters for {sorted(scaling)}; "
@@ -214,26 +246,67 @@ def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
         return dict(scaling[layer_type]), True
     if layer_type is not None:
         layer_types = cfg.get("layer_types")
-        if layer_types and layer_type not in layer_types:
+        if isinstance(layer_types, list) and layer_types and layer_type not in layer_types:
             raise ConfigError(f"layer_type {layer_type!r} not among the config's layer_types "
-                              f"{sorted(set(layer_types))}")
+                              f"{sorted({str(t) for t in layer_types})}")
         # Gemma 3 saved by transformers 4.x: sliding layers use rope_local_base_freq and no scaling
         if layer_type == "sliding_attention" and "rope_local_base_freq" in cfg:
             return {"rope_type": "default", "rope_theta": cfg["rope_local_base_freq"]}, False
     return dict(scaling), False
 
 
+def _get(cfg: Mapping, key: str):
+    """cfg[key], or its GPT-J alias (n_embd, n_head, n_positions) when the usual key is absent or null."""
+    value = cfg.get(key)
+    return cfg.get(KEY_ALIASES[key]) if value is None and key in KEY_ALIASES else value
+
+
+def _pos_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
 def _head_dim(cfg: Mapping) -> int:
     head_dim = cfg.get("head_dim")
-    if head_dim:
+    if head_dim:  # 0 / null fall back to the ratio, as in transformers (`head_dim or hidden // heads`)
+        if not _pos_int(head_dim):
+            raise ConfigError(f"head_dim must be a positive integer, got {head_dim!r}")
         return head_dim
-    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    hidden, heads = _get(cfg, "hidden_size"), _get(cfg, "num_attention_heads")
     if hidden is None or heads is None:
         raise ConfigError("config must give head_dim, or hidden_size and num_attention_heads; missing "
-                          f"{[k for k in ('hidden_size', 'num_attention_heads') if cfg.get(k) is None]}")
-    if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
+                          f"{[k for k in ('hidden_size', 'num_attention_heads') if _get(cfg, k) is None]}")
+    if not _pos_int(hidden) or not _pos_int(heads):
         raise ConfigError(f"hidden_size and num_attention_heads must be positive integers, got {hidden!r}, {heads!r}")
     return hidden // heads
+
+
+def _rotary_geometry(cfg: Mapping, prf: float, prf_given: bool) -> tuple[int, int | None, float]:
+    """(head_dim, rotary_dim or None to derive it, partial_rotary_factor) from the config's own keys.
+
+    qk_rope_head_dim (DeepSeek-V2/V3 MLA): q and k carry a separate qk_rope_head_dim-wide RoPE part, and
+    transformers' configs set head_dim = qk_rope_head_dim for the rope init, so the whole (RoPE) head rotates.
+    rotary_dim (GPT-J, CodeGen): the first rotary_dim dims of each head rotate; partial = rotary_dim / head_dim.
+    Either wins over head_dim x partial_rotary_factor, with a warning when those say otherwise (Mistral 4 and
+    DeepSeek-V4 write head_dim = nope + rope with partial_rotary_factor = rope / head_dim: consistent, silent).
+    """
+    for key in ("qk_rope_head_dim", "rotary_dim"):
+        dim = cfg.get(key)
+        if dim is None:
+            continue
+        if not _pos_int(dim):
+            raise ConfigError(f"{key} must be a positive integer (dims rotated per head), got {dim!r}")
+        if key == "qk_rope_head_dim":
+            head_dim, full = dim, cfg.get("head_dim") if _pos_int(cfg.get("head_dim")) else None
+        else:
+            head_dim = _head_dim(cfg)
+            full = head_dim if prf_given else None  # GPT-J has no partial_rotary_factor: only check a given one
+        if dim > head_dim:
+            raise ConfigError(f"rotary_dim must be <= head_dim={head_dim}, got {dim}")
+        if full is not None and int(full * prf) != dim:
+            warnings.warn(f"{key} {dim} disagrees with partial_rotary_factor {prf:g} x head_dim {full} = "
+                          f"{int(full * prf)}; using {key}", UserWarning, stacklevel=_user_stacklevel())
+        return head_dim, dim, dim / head_dim
+    return _head_dim(cfg), None, prf
 
 
 def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
@@ -243,23 +316,30 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
         config: a mapping in config.json form, a path to a config.json (or a folder holding one), a transformers
             ``PretrainedConfig``, or a ``RopeConfig`` (returned unchanged). Multimodal configs whose RoPE lives
             under "text_config" are read from there.
-        layer_type: for per-layer-type configs (Gemma 3: "full_attention" / "sliding_attention"), which one.
+        layer_type: for per-layer-type configs (Gemma 3: "full_attention" / "sliding_attention"), which one
+            (``rope_layer_types`` lists them).
+    Geometry: head_dim, else hidden_size // num_attention_heads (GPT-J's n_embd / n_head also read, as is
+    n_positions for max_position_embeddings); rotary dim = qk_rope_head_dim (MLA), else rotary_dim (GPT-J),
+    else int(head_dim * partial_rotary_factor) (or rotary_pct, GPT-NeoX).
     Raises:
         ConfigError: unreadable file, missing keys (named, with the rope type), unknown rope_type (lists the
-            known ones), odd rotary dim.
+            known ones), a rope_type that is not a string, odd rotary dim, malformed values (named).
     Warns:
         UserWarning for unknown keys and suspicious values (factor < 1, beta_fast < beta_slow, wrong longrope
-        list length, llama3 high_freq_factor <= low_freq_factor, yarn factor != Lmax / L0).
+        list length, llama3 high_freq_factor <= low_freq_factor, yarn factor != Lmax / L0, rotary_dim or
+        qk_rope_head_dim disagreeing with head_dim x partial_rotary_factor).
     """
     if isinstance(config, RopeConfig):
         return config
-    cfg = _as_mapping(config)
-    if not any(k in cfg for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size")) \
-            and isinstance(cfg.get("text_config"), Mapping):
-        cfg = cfg["text_config"]
+    cfg = rope_section(_as_mapping(config))
     entry, nested = _select_entry(cfg, layer_type)
 
-    rope_type = entry.get("rope_type", entry.get("type", "default"))
+    key = "rope_type" if entry.get("rope_type") is not None else "type"
+    rope_type = entry.get(key)
+    if rope_type is None:
+        rope_type = "default"
+    if not isinstance(rope_type, str):
+        raise ConfigError(f"{key} must be a string naming a rope type such as 'yarn', got {rope_type!r}")
     rope_type = _ALIASES.get(rope_type, rope_type)
     if rope_type == "yarn" and cfg.get("model_type") == "phi3" and "short_factor" in entry:
         rope_type = "longrope"  # Phi-3 configs once called LongRoPE "yarn"; transformers' Phi3Config remaps it
@@ -269,11 +349,12 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
         theta = cfg.get("rope_theta", cfg.get("rotary_emb_base", DEFAULT_THETA))
     prf = entry.get("partial_rotary_factor")
     if prf is None:
-        prf = cfg.get("partial_rotary_factor", cfg.get("rotary_pct", 1.0))
-    if prf is None:
-        prf = 1.0
+        prf = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
+    prf_given = prf is not None
+    head_dim, rotary_dim, prf = _rotary_geometry(cfg, _to_float(1.0 if prf is None else prf,
+                                                                 "partial_rotary_factor"), prf_given)
 
-    max_len = cfg.get("max_position_embeddings")
+    max_len = _get(cfg, "max_position_embeddings")
     orig = entry.get("original_max_position_embeddings")
     top = cfg.get("original_max_position_embeddings")
     if top is not None and not nested:
@@ -289,8 +370,8 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
         orig = max_len  # transformers' standardisation: L0 defaults to max_position_embeddings
 
     params = {k: v for k, v in entry.items() if k not in _FIELD_KEYS}
-    return RopeConfig(rope_type=rope_type, theta=_to_float(theta, "rope_theta"), head_dim=_head_dim(cfg),
-                      partial_rotary_factor=_to_float(prf, "partial_rotary_factor"),
+    return RopeConfig(rope_type=rope_type, theta=_to_float(theta, "rope_theta"), head_dim=head_dim,
+                      rotary_dim=rotary_dim, partial_rotary_factor=prf,
                       max_position_embeddings=max_len, original_max_position_embeddings=orig, params=params)
 
 

@@ -8,7 +8,8 @@ Types following transformers 5.x exactly (the parity suite checks thousands of r
 ``transformers.modeling_rope_utils``): default, linear, dynamic, yarn, longrope, llama3, proportional.
 Types transformers lacks: ntk (static NTK-aware, the lesson's formula), and vLLM's variants whose numbers differ
 from transformers' types of the same name: vllm_dynamic, vllm_dynamic_alpha, vllm_ntk, vllm_longrope.
-See docs/scaling.md for every formula and the semantics it follows.
+See docs/scaling.md for every formula and the semantics it follows. The NTK family (ntk, dynamic, vllm_dynamic,
+vllm_dynamic_alpha) all change the base through ``ntk_theta(theta, factor, rotary_dim)`` = theta * s^(d/(d-2)).
 
     >>> inv_freq, attention_scaling = rope_parameters("path/to/config.json")
     >>> inv_freq, attention_scaling = rope_parameters({"head_dim": 64, "rope_scaling": {"type": "linear", "factor": 4}})
@@ -97,6 +98,10 @@ def rope_parameters(config, seq_len: int | None = None, *, layer_type: str | Non
     if inv_freq.dim() != 1:
         raise ConfigError(f"rope_type {cfg.rope_type!r} returned inv_freq of shape {tuple(inv_freq.shape)}, "
                           "expected 1-D [rotary_dim // 2]")
+    # extreme values (factor 1e-300, huge thetas) overflow fp32: refuse rather than hand on inf / NaN angles
+    if not bool(inv_freq.isfinite().all()) or bool((inv_freq < 0).any()) or not math.isfinite(scaling):
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: these parameters give non-finite or negative frequencies "
+                          f"or attention scaling ({scaling!r}); check factor and rope_theta: {cfg.params!r:.200}")
     return inv_freq, float(scaling)
 
 
@@ -109,31 +114,70 @@ def _lookup(rope_type: str) -> ScalingFn:
 
 # ----------------------------------------------------------------------------------------------- helpers
 
-def _number(cfg: RopeConfig, key: str, default=None) -> float:
-    """A numeric scaling key, or a ConfigError naming it."""
+def _number(cfg: RopeConfig, key: str, default=None, *, positive: bool = False) -> float:
+    """A numeric scaling key (``default`` when absent or null), or a ConfigError naming it."""
     value = cfg.params.get(key)
     if value is None:
         value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a number, got {cfg.params.get(key)!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a finite number, got {cfg.params.get(key)!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be > 0, got {value!r}")
     return value
+
+
+def _factor(cfg: RopeConfig, key: str = "factor", default=None) -> float:
+    """A scaling factor: a number > 0 (below 1 only warns, when the config is loaded)."""
+    return _number(cfg, key, default, positive=True)
 
 
 def _factor_or_ratio(cfg: RopeConfig) -> float:
     """params["factor"], or Lmax / L0 when it is null (transformers' yarn and longrope fallback)."""
     if cfg.params.get("factor") is not None:
-        return _number(cfg, "factor")
+        return _factor(cfg)
     if cfg.max_position_embeddings is None or cfg.original_max_position_embeddings is None:
         raise ConfigError(f"rope_type {cfg.rope_type!r}: factor is null, so max_position_embeddings and "
                           "original_max_position_embeddings are both needed to infer it")
     return cfg.max_position_embeddings / cfg.original_max_position_embeddings
 
 
-def _ntk_exponent(cfg: RopeConfig) -> float:
-    d = cfg.rotary_dim
-    if d <= 2:
-        raise ConfigError(f"rope_type {cfg.rope_type!r} needs rotary_dim > 2 (its base exponent is d/(d-2)), got {d}")
-    return d / (d - 2)
+def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
+    """Static NTK-aware base theta' = theta * s^(d/(d-2)) for factor s and rotary dim d (bloc97; the lesson).
+
+    With this base the lowest frequency is exactly default / s and the highest is unchanged.
+    facts.md §6: theta 1e4, d = 32: s = 4 -> ~43,873; s = 8 -> ~91,896.
+    """
+    for name, value in (("theta", theta), ("factor", factor)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 2 or rotary_dim % 2:
+        raise ConfigError(f"rotary_dim must be an even integer > 2 (the exponent is d/(d-2)), got {rotary_dim!r}")
+    try:
+        base = float(theta) * float(factor) ** (rotary_dim / (rotary_dim - 2))
+    except OverflowError:
+        base = math.inf
+    if not math.isfinite(base):
+        raise ConfigError(f"theta * factor^(d/(d-2)) = {theta!r} * {factor!r}^({rotary_dim}/{rotary_dim - 2}) "
+                          "overflows: the factor is far too large")
+    return base
+
+
+def dynamic_ntk_theta(theta: float, factor: float, rotary_dim: int, seq_len: int | None,
+                      max_position_embeddings: int) -> float:
+    """Dynamic NTK's base at ``seq_len`` (transformers' rule): ``ntk_theta`` with the length-dependent factor
+    s * L / Lmax - (s - 1), L = max(seq_len, Lmax) (seq_len None: Lmax). Equals theta up to Lmax, then grows.
+    """
+    if isinstance(max_position_embeddings, bool) or not isinstance(max_position_embeddings, int) \
+            or max_position_embeddings <= 0:
+        raise ConfigError(f"max_position_embeddings must be a positive integer, got {max_position_embeddings!r}")
+    length = max_position_embeddings if seq_len is None else max(seq_len, max_position_embeddings)
+    return ntk_theta(theta, factor * length / max_position_embeddings - (factor - 1), rotary_dim)
+
+
+def _factor_if_number(cfg: RopeConfig) -> float | None:
+    """params["factor"] when it is a number (for labelling only; the scaling functions validate it)."""
+    factor = cfg.params.get("factor")
+    return None if isinstance(factor, bool) or not isinstance(factor, (int, float)) else factor
 
 
 def _ratio_labels(cfg: RopeConfig, inv_freq: torch.Tensor, factor: float | None) -> list[str]:
@@ -168,7 +212,7 @@ def default_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Ten
 @register_rope_type("linear", required=("factor",))
 def linear_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Position interpolation (PI, Chen et al. 2023): inv = default / s, i.e. positions squeezed by s."""
-    return default_inv_freq(cfg.rotary_dim, cfg.theta) / _number(cfg, "factor"), 1.0
+    return default_inv_freq(cfg.rotary_dim, cfg.theta) / _factor(cfg), 1.0
 
 
 @register_rope_type("dynamic", required=("factor", "max_position_embeddings"), seq_len_rule="dynamic")
@@ -178,15 +222,19 @@ def dynamic_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Ten
     Uses Lmax (max_position_embeddings), not L0; at seq_len <= Lmax it is plain RoPE. ``posenc.Rotary``
     re-evaluates it as sequences grow, exactly as transformers' ``dynamic_rope_update`` does.
     """
-    s, lmax = _number(cfg, "factor"), cfg.max_position_embeddings
-    length = lmax if seq_len is None else max(seq_len, lmax)
-    base = cfg.theta * (s * length / lmax - (s - 1)) ** _ntk_exponent(cfg)
+    base = dynamic_ntk_theta(cfg.theta, _factor(cfg), cfg.rotary_dim, seq_len, cfg.max_position_embeddings)
     return default_inv_freq(cfg.rotary_dim, base), 1.0
 
 
 def _yarn_get_mscale(s: float, m: float = 1.0) -> float:
     """YaRN's attention temperature g(s, m) = 0.1 m ln s + 1 (1 when s <= 1)."""
     return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+def _yarn_betas(cfg: RopeConfig) -> tuple[float, float]:
+    """(beta_fast, beta_slow), rotations over L0; transformers treats 0 / null as the defaults 32 and 1."""
+    return (_number(cfg, "beta_fast", cfg.params.get("beta_fast") or 32, positive=True),
+            _number(cfg, "beta_slow", cfg.params.get("beta_slow") or 1, positive=True))
 
 
 def _yarn_ramp(cfg: RopeConfig) -> torch.Tensor:
@@ -198,8 +246,7 @@ def _yarn_ramp(cfg: RopeConfig) -> torch.Tensor:
     d = cfg.rotary_dim
     if cfg.theta <= 1:
         raise ConfigError(f"rope_type 'yarn' needs rope_theta > 1, got {cfg.theta}")
-    beta_fast = cfg.params.get("beta_fast") or 32   # transformers treats 0 / null as the default
-    beta_slow = cfg.params.get("beta_slow") or 1
+    beta_fast, beta_slow = _yarn_betas(cfg)
     orig = cfg.original_max_position_embeddings
 
     def dim_for(rotations):  # dimension index whose wavelength fits `rotations` times into L0
@@ -216,7 +263,7 @@ def _yarn_ramp(cfg: RopeConfig) -> torch.Tensor:
 
 def _yarn_check(cfg: RopeConfig) -> list[str]:
     reasons = []
-    fast, slow = cfg.params.get("beta_fast") or 32, cfg.params.get("beta_slow") or 1
+    fast, slow = _yarn_betas(cfg)
     if fast < slow:
         reasons.append(f"beta_fast ({fast}) should be >= beta_slow ({slow}): the ramp runs backwards")
     factor, lmax, orig = cfg.params.get("factor"), cfg.max_position_embeddings, cfg.original_max_position_embeddings
@@ -245,11 +292,13 @@ def yarn_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor
     s = _factor_or_ratio(cfg)
     attention = cfg.params.get("attention_factor")
     if attention is None:
-        mscale, mscale_all_dim = cfg.params.get("mscale"), cfg.params.get("mscale_all_dim")
+        mscale, mscale_all_dim = _number(cfg, "mscale", 0), _number(cfg, "mscale_all_dim", 0)
         if mscale and mscale_all_dim:
             attention = _yarn_get_mscale(s, mscale) / _yarn_get_mscale(s, mscale_all_dim)
         else:
             attention = _yarn_get_mscale(s)
+    else:
+        attention = _number(cfg, "attention_factor")
     keep = 1 - _yarn_ramp(cfg)
     extrapolated = default_inv_freq(cfg.rotary_dim, cfg.theta)
     interpolated = extrapolated / s
@@ -269,15 +318,27 @@ def _longrope_check(cfg: RopeConfig) -> list[str]:
 def _longrope_ext(cfg: RopeConfig, key: str) -> torch.Tensor:
     value = cfg.params.get(key)
     if not isinstance(value, (list, tuple)) or len(value) != cfg.rotary_dim // 2 or \
-            not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+            not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf for x in value):
         raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a list of rotary_dim // 2 = "
-                          f"{cfg.rotary_dim // 2} numbers, got {value!r:.80}")
+                          f"{cfg.rotary_dim // 2} positive numbers (frequencies are divided by them), "
+                          f"got {value!r:.80}")
     return torch.tensor(value, dtype=torch.float32)
+
+
+def _longrope_mscale(cfg: RopeConfig, s: float) -> float:
+    """LongRoPE's default attention scaling sqrt(1 + ln s / ln L0) for s > 1, else 1."""
+    orig = cfg.original_max_position_embeddings
+    if s <= 1:
+        return 1.0
+    if orig < 2:
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: original_max_position_embeddings must be >= 2 for the "
+                          f"attention scaling sqrt(1 + ln s / ln L0), got {orig}")
+    return math.sqrt(1 + math.log(s) / math.log(orig))
 
 
 def _longrope_bands(cfg: RopeConfig, seq_len: int | None) -> list[str]:
     inv, _ = ROPE_SCALING_FUNCTIONS[cfg.rope_type](cfg, seq_len)
-    factor = cfg.params.get("factor")
+    factor = _factor_if_number(cfg)
     if factor is None and cfg.max_position_embeddings and cfg.original_max_position_embeddings:
         factor = cfg.max_position_embeddings / cfg.original_max_position_embeddings
     return _ratio_labels(cfg, inv, factor)
@@ -293,9 +354,8 @@ def longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Te
     """
     orig = cfg.original_max_position_embeddings
     s = _factor_or_ratio(cfg)
-    attention = cfg.params.get("attention_factor")
-    if attention is None:
-        attention = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(orig))
+    given = cfg.params.get("attention_factor") is not None
+    attention = _number(cfg, "attention_factor") if given else _longrope_mscale(cfg, s)
     ext = _longrope_ext(cfg, "long_factor" if seq_len and seq_len > orig else "short_factor")
     return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(attention)
 
@@ -314,7 +374,7 @@ def _llama3_check(cfg: RopeConfig) -> list[str]:
 def _llama3_wavelengths(cfg: RopeConfig) -> tuple[torch.Tensor, float, float]:
     """(wavelength of each pair, shortest wavelength interpolated fully, longest kept) in positions."""
     orig = cfg.original_max_position_embeddings
-    low, high = _number(cfg, "low_freq_factor"), _number(cfg, "high_freq_factor")
+    low, high = _factor(cfg, "low_freq_factor"), _factor(cfg, "high_freq_factor")
     wavelen = 2 * math.pi / default_inv_freq(cfg.rotary_dim, cfg.theta)
     return wavelen, orig / low, orig / high
 
@@ -332,8 +392,8 @@ def llama3_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tens
     lambda < L0/high kept; lambda > L0/low divided by s; between, sigma = (L0/lambda - low)/(high - low) and
     inv = (1 - sigma) * default / s + sigma * default. Attention scaling 1.
     """
-    s = _number(cfg, "factor")
-    low, high = _number(cfg, "low_freq_factor"), _number(cfg, "high_freq_factor")
+    s = _factor(cfg)
+    low, high = _factor(cfg, "low_freq_factor"), _factor(cfg, "high_freq_factor")
     orig = cfg.original_max_position_embeddings
     inv = default_inv_freq(cfg.rotary_dim, cfg.theta)
     wavelen, long_wl, short_wl = _llama3_wavelengths(cfg)
@@ -355,7 +415,7 @@ def proportional_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torc
     rotated = int(cfg.partial_rotary_factor * head_dim // 2)
     inv = torch.zeros(head_dim // 2, dtype=torch.float32)
     inv[:rotated] = default_inv_freq(head_dim, cfg.theta)[:rotated]
-    return inv / _number(cfg, "factor", default=1.0), 1.0
+    return inv / _factor(cfg, default=1.0), 1.0
 
 
 # ------------------------------------------------------------------------------------ methods transformers lacks
@@ -367,8 +427,7 @@ def ntk_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor,
     The lowest pair is then divided by exactly s while the highest frequency is kept. transformers has this only
     inside some model files; its "dynamic" type is the length-dependent version.
     """
-    base = cfg.theta * _number(cfg, "factor") ** _ntk_exponent(cfg)
-    return default_inv_freq(cfg.rotary_dim, base), 1.0
+    return default_inv_freq(cfg.rotary_dim, ntk_theta(cfg.theta, _factor(cfg), cfg.rotary_dim)), 1.0
 
 
 @register_rope_type("vllm_dynamic", required=("factor",))
@@ -379,8 +438,8 @@ def vllm_dynamic_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torc
     (After that PR vLLM evaluates transformers' formula once at the served length: that is
     ``rope_parameters(cfg with rope_type "dynamic", seq_len=served_length)``.)
     """
-    s = _number(cfg, "factor")
-    base = cfg.theta * (s * s - (s - 1)) ** _ntk_exponent(cfg)
+    s = _factor(cfg)
+    base = ntk_theta(cfg.theta, s * s - (s - 1), cfg.rotary_dim)
     return default_inv_freq(cfg.rotary_dim, base), 1.0
 
 
@@ -390,7 +449,7 @@ def vllm_dynamic_alpha_rope(cfg: RopeConfig, seq_len: int | None = None) -> tupl
 
     Numerically the static "ntk" type with s = alpha.
     """
-    base = cfg.theta * _number(cfg, "alpha") ** _ntk_exponent(cfg)
+    base = ntk_theta(cfg.theta, _factor(cfg, "alpha"), cfg.rotary_dim)
     return default_inv_freq(cfg.rotary_dim, base), 1.0
 
 
@@ -401,14 +460,14 @@ def vllm_ntk_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Te
     fixed (no mixed_b): inv_j = (theta*s)^(-2j/d) / s^(2/d) = default_j * s^(-(2j+2)/d): every pair is scaled,
     the lowest by exactly 1/s.  mixed: inv_j = default_j / exp(a (j+1)^b), a = ln s / (d/2)^b, b = mixed_b.
     """
-    s, d = _number(cfg, "factor"), cfg.rotary_dim
+    s, d = _factor(cfg), cfg.rotary_dim
     mixed_b = cfg.params.get("mixed_b")
     if mixed_b is None:
         return default_inv_freq(d, cfg.theta * s) / s ** (2 / d), 1.0
-    b = _number(cfg, "mixed_b")
-    a = math.log(s) / (d / 2) ** b
+    b = _number(cfg, "mixed_b", positive=True)
     j = torch.arange(1, d // 2 + 1, dtype=torch.float64)
-    return default_inv_freq(d, cfg.theta) / torch.exp(a * j ** b).float(), 1.0
+    # a (j+1)^b with a = ln s / (d/2)^b, written as ln s * ((j+1) / (d/2))^b so large b cannot overflow
+    return default_inv_freq(d, cfg.theta) / torch.exp(math.log(s) * (j / (d / 2)) ** b).float(), 1.0
 
 
 @register_rope_type("vllm_longrope", required=("short_factor", "long_factor", "original_max_position_embeddings",
@@ -424,11 +483,8 @@ def vllm_longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[tor
     orig, lmax = cfg.original_max_position_embeddings, cfg.max_position_embeddings
     served = lmax if seq_len is None else seq_len
     use_long = served > orig
-    scale = lmax / orig
-    default_mscale = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(orig))
     key = "long_mscale" if use_long else "short_mscale"
-    mscale = cfg.params.get(key)
-    mscale = default_mscale if mscale is None else _number(cfg, key)
+    mscale = _longrope_mscale(cfg, lmax / orig) if cfg.params.get(key) is None else _number(cfg, key)
     ext = _longrope_ext(cfg, "long_factor" if use_long else "short_factor")
     return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(mscale)
 
@@ -451,9 +507,6 @@ def frequency_bands(config, seq_len: int | None = None, *, layer_type: str | Non
         labels = fn.bands(cfg, seq_len)
     else:
         inv, _ = rope_parameters(cfg, seq_len)
-        factor = cfg.params.get("factor")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-            factor = None
-        labels = _ratio_labels(cfg, inv, factor)
+        labels = _ratio_labels(cfg, inv, _factor_if_number(cfg))
     counts = {name: labels.count(name) for name in BAND_NAMES}
     return {**counts, "labels": labels}

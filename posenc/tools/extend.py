@@ -30,11 +30,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from posenc.errors import ConfigError
+from posenc.rope.config import KEY_ALIASES, load_rope_config
 from posenc.tools._io import read_config, write_json_atomic
 
 HELP = "Write a config.json extended to a longer context with a RoPE scaling method (linear, ntk, yarn, ...)."
 
 METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+# transformers' GPT-J and CodeGen build their sin/cos table from rotary_dim with base 10000 and read no RoPE keys
+IGNORES_ROPE_KEYS = {"gptj", "codegen"}
 LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}  # Llama 3.1's published values
 
 # What each method expects after the config change (evidence in facts.md §4 / the lesson).
@@ -91,23 +94,7 @@ def _load_factor_list(value, name: str, n_pairs: int) -> list[float]:
 
 def _geometry(rc) -> dict[str, Any]:
     """A minimal config mapping with rc's geometry, for asking the registry about another rope type."""
-    return {"head_dim": rc.head_dim, "partial_rotary_factor": rc.partial_rotary_factor}
-
-
-def _base_of(inv, rotary_dim: int) -> float:
-    """The base theta' of plain-RoPE frequencies inv [d/2], read from the lowest one (theta'^(-(d-2)/d))."""
-    d = rotary_dim
-    theta = float(inv[-1].double()) ** (-d / (d - 2))
-    return float(f"{theta:.7g}")  # fp32 frequencies carry ~7 significant digits
-
-
-def _ntk_theta(rc, s: float) -> float:
-    """theta' of static NTK for factor s, read back from the registry's "ntk" type."""
-    from posenc.rope.scaling import rope_parameters
-
-    inv, _ = rope_parameters({**_geometry(rc), "rope_parameters": {"rope_type": "ntk", "factor": s,
-                                                                   "rope_theta": rc.theta}})
-    return _base_of(inv, rc.rotary_dim)
+    return {"head_dim": rc.head_dim, "rotary_dim": rc.rotary_dim}
 
 
 def _derived_longrope_long_factor(rc, s: float, original: int) -> list[float]:
@@ -133,7 +120,9 @@ def _scaling_dict(method: str, s: float, original: int, rc, short_factor, long_f
         return {"rope_type": "llama3", "factor": s, **LLAMA3_DEFAULTS,
                 "original_max_position_embeddings": original}, notes
     if method == "ntk":
-        theta = _ntk_theta(rc, s)
+        from posenc.rope.scaling import ntk_theta
+
+        theta = ntk_theta(rc.theta, s, rc.rotary_dim)
         notes.append(f"transformers has no 'ntk' rope_type: static NTK is written as rope_type 'default' with "
                      f"rope_theta {rc.theta:g} -> {theta:g} (theta * s^(d/(d-2)), d = {rc.rotary_dim})")
         return {"rope_type": "default", "rope_theta": theta}, notes
@@ -167,8 +156,8 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     Raises ConfigError (a ValueError) for a non-RoPE config, an unknown method, a target not longer than the
     original context, or a result the registry rejects.
     """
-    from posenc.rope.scaling import frequency_bands, rope_parameters
-    from posenc.tools.inspect import _original_context, _rope_view, detect_scheme, load_rope
+    from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
+    from posenc.tools.inspect import _original_context, detect_scheme
 
     if method not in METHODS:
         raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -185,7 +174,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                              if scheme == "alibi" else "its positions cannot be rescaled by a config edit"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rc = load_rope(_rope_view(cfg))
+        rc = load_rope_config(cfg)
     old_warnings = {str(w.message) for w in caught}
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"the config already uses rope_type {rc.rope_type!r} (original context "
@@ -204,7 +193,10 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     scaling, notes = _scaling_dict(method, s, original, rc, short_factor, long_factor)
     theta = scaling.pop("rope_theta", rc.theta)
     new = dict(cfg)
-    new["max_position_embeddings"] = original if method == "dynamic" else target_length
+    lmax_key = "max_position_embeddings"
+    if cfg.get(lmax_key) is None and cfg.get(KEY_ALIASES[lmax_key]) is not None:
+        lmax_key = KEY_ALIASES[lmax_key]  # GPT-J's n_positions: update the key the file uses
+    new[lmax_key] = original if method == "dynamic" else target_length
     if "original_max_position_embeddings" in cfg:  # Phi-3 keeps L0 at the top level, and it wins over the dict's
         new["original_max_position_embeddings"] = original
     partial = cfg.get("partial_rotary_factor")
@@ -226,7 +218,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     # check the result through the registry: it must load, give finite frequencies, and the rope type must be right
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        new_rc = load_rope(_rope_view(new))
+        new_rc = load_rope_config(new)
         inv, attention = rope_parameters(new_rc, target_length)
         bands = frequency_bands(new_rc, target_length)
     new_warnings = [str(w.message) for w in caught if str(w.message) not in old_warnings]
@@ -244,10 +236,11 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     if factor is not None and not math.isclose(s, target_length / original):
         notes.append(f"factor {s:g} given explicitly (target / original would be {target_length / original:g})")
     if method == "dynamic":
-        at_target, static = _base_of(inv, new_rc.rotary_dim), _ntk_theta(rc, target_length / original)
-        notes.append(f"max_position_embeddings stays {original}: dynamic NTK rescales relative to it from there on. "
-                     f"At {target_length} tokens its base is {at_target:g} (transformers' rule with factor {s:g}); "
-                     f"static NTK sized for this target would use {static:g}. --factor 1 makes dynamic reach "
+        at_target = dynamic_ntk_theta(rc.theta, s, rc.rotary_dim, target_length, original)
+        static = ntk_theta(rc.theta, target_length / original, rc.rotary_dim)
+        notes.append(f"{lmax_key} stays {original}: dynamic NTK rescales relative to it from there on. "
+                     f"At {target_length} tokens its base is {at_target:.7g} (transformers' rule with factor {s:g}); "
+                     f"static NTK sized for this target would use {static:.7g}. --factor 1 makes dynamic reach "
                      "exactly that at the target (gentler); larger factors interpolate more")
     if rc.rope_type != "default":
         notes.append(f"replaced the existing {rc.rope_type!r} scaling; the model was trained with that one, so "
@@ -255,6 +248,10 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     if transformers_version == 4:
         notes.append("written as rope_scaling with key 'rope_type' (transformers >= 4.45; older releases read "
                      "'type', and yarn/llama3 need >= 4.43/4.45)")
+    if cfg.get("model_type") in IGNORES_ROPE_KEYS:
+        notes.insert(0, f"WARNING: transformers' {cfg['model_type']} code reads no rope_theta / RoPE scaling keys "
+                        "(base 10000 is hard-coded), so this config changes nothing there; it takes effect only in "
+                        "code that reads these keys (posenc, some serving runtimes)")
     notes.append(FINE_TUNING[method])
     return ExtendResult(config=new, method=method, factor=s, original_context=original, target_length=target_length,
                         transformers_version=transformers_version, changes=changes, notes=notes, check=check)

@@ -84,53 +84,8 @@ def detect_scheme(cfg: Mapping) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------------------------------- RoPE
 
-def _rope_view(cfg: Mapping) -> dict[str, Any]:
-    """Map GPT-J / GPT-2 style key names (and DeepSeek's qk_rope_head_dim) onto the names the RoPE loader reads."""
-    view = dict(cfg)
-    if "qk_rope_head_dim" in view and "head_dim" not in view:
-        view["head_dim"] = view["qk_rope_head_dim"]  # DeepSeek MLA: RoPE acts on the qk_rope part only
-    if "hidden_size" not in view and "n_embd" in view:
-        view["hidden_size"] = view["n_embd"]
-    if "num_attention_heads" not in view and _n_heads(view) is not None:
-        view["num_attention_heads"] = _n_heads(view)
-    if "max_position_embeddings" not in view and "n_positions" in view:
-        view["max_position_embeddings"] = view["n_positions"]
-    if "rotary_dim" in view and "partial_rotary_factor" not in view and _pos_int(view.get("rotary_dim")):
-        head_dim = view.get("head_dim")
-        if not _pos_int(head_dim) and _pos_int(view.get("hidden_size")) and _pos_int(view.get("num_attention_heads")):
-            head_dim = view["hidden_size"] // view["num_attention_heads"]
-        if _pos_int(head_dim):
-            view["partial_rotary_factor"] = view["rotary_dim"] / head_dim
-    return view
-
-
 def _pos_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-
-def load_rope(view: Mapping, layer_type: str | None = None):
-    """posenc.load_rope_config, with malformed values (a list where a name belongs...) as a one-line ConfigError."""
-    from posenc.rope.config import load_rope_config
-
-    scaling = view.get("rope_parameters") or view.get("rope_scaling")
-    if isinstance(scaling, Mapping) and layer_type is not None:
-        scaling = scaling.get(layer_type)
-    if isinstance(scaling, Mapping):
-        for key in ("rope_type", "type"):
-            if key in scaling and not isinstance(scaling[key], str):
-                raise ConfigError(f"{key} must be a string such as 'yarn', got {scaling[key]!r}")
-    try:
-        return load_rope_config(view, layer_type=layer_type)
-    except (TypeError, AttributeError, ArithmeticError) as exc:
-        raise ConfigError(f"malformed RoPE settings in the config: {exc}") from None
-
-
-def _layer_types(cfg: Mapping) -> list[str | None]:
-    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling")
-    if isinstance(scaling, Mapping) and scaling and "rope_type" not in scaling and "type" not in scaling \
-            and all(v is None or isinstance(v, Mapping) for v in scaling.values()):
-        return [k for k, v in scaling.items() if v is not None]
-    return [None]
 
 
 def _claimed_context(rc) -> tuple[int | None, str]:
@@ -161,29 +116,25 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
     import torch
 
     from posenc.rope.apply import default_inv_freq
+    from posenc.rope.config import load_rope_config
     from posenc.rope.scaling import frequency_bands, rope_parameters
 
-    view = _rope_view(cfg)
-    caught: list[str] = []
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        rc = load_rope(view, layer_type)
+        rc = load_rope_config(cfg, layer_type)
         claimed, claimed_from = _claimed_context(rc)
         original = _original_context(rc)
         at = seq_len or claimed or (2 * rc.max_position_embeddings if rc.max_position_embeddings else None)
-        try:
-            inv, attention_scaling = rope_parameters(rc, at)
-            bands = frequency_bands(rc, at)
-        except (TypeError, AttributeError, ArithmeticError) as exc:
-            raise ConfigError(f"malformed RoPE parameters for rope_type {rc.rope_type!r}: {exc}") from None
-    caught += [str(w.message) for w in record]
+        inv, attention_scaling = rope_parameters(rc, at)
+        bands = frequency_bands(rc, at)
+    caught = [str(w.message) for w in record]
 
     base = default_inv_freq(rc.rotary_dim, rc.theta).double()
     inv = inv.double()
     longest, longest_default = float(2 * math.pi / inv.min()), float(2 * math.pi / base.min())
     shortest = float(2 * math.pi / inv.max())
     warn = [*dict.fromkeys(caught)]  # unique, in order
-    warn += _rope_consistency(cfg, view, rc, claimed, original, longest, at)
+    warn += _rope_consistency(cfg, rc, claimed, original, longest, at)
     params = {k: (f"[{len(v)} values {min(v):g}..{max(v):g}]" if isinstance(v, list) else v)
               for k, v in rc.params.items()}
     return {
@@ -212,7 +163,7 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
     }
 
 
-def _rope_consistency(cfg, view, rc, claimed, original, longest, at) -> list[str]:
+def _rope_consistency(cfg, rc, claimed, original, longest, at) -> list[str]:
     """Checks transformers does not make: lengths that disagree, partial-rotary mismatches, aliasing."""
     out = []
     lmax, l0, s = rc.max_position_embeddings, rc.original_max_position_embeddings, rc.params.get("factor")
@@ -236,11 +187,6 @@ def _rope_consistency(cfg, view, rc, claimed, original, longest, at) -> list[str
     if prf < 1 and not math.isclose(rc.head_dim * prf, rc.rotary_dim, abs_tol=1e-9):
         out.append(f"partial_rotary_factor {prf:g} x head_dim {rc.head_dim} = {rc.head_dim * prf:g} is not an "
                    f"integer; int() truncates it to rotary_dim {rc.rotary_dim}")
-    if _pos_int(cfg.get("rotary_dim")) and isinstance(cfg.get("partial_rotary_factor"), (int, float)):
-        implied = cfg["partial_rotary_factor"] * rc.head_dim
-        if not math.isclose(implied, cfg["rotary_dim"]):
-            out.append(f"rotary_dim {cfg['rotary_dim']} disagrees with partial_rotary_factor "
-                       f"{cfg['partial_rotary_factor']} x head_dim {rc.head_dim} = {implied:g}")
     if isinstance(cfg.get("rope_parameters"), Mapping) and isinstance(cfg.get("rope_scaling"), Mapping) \
             and cfg["rope_parameters"] != cfg["rope_scaling"]:
         out.append("both rope_parameters (5.x) and rope_scaling (4.x) are set and differ; rope_parameters is used")
@@ -248,11 +194,11 @@ def _rope_consistency(cfg, view, rc, claimed, original, longest, at) -> list[str
     if "rope_theta" in inner and "rope_theta" in cfg and inner["rope_theta"] != cfg["rope_theta"]:
         out.append(f"rope_theta is {cfg['rope_theta']} at the top level but {inner['rope_theta']} inside "
                    "rope_parameters; the inner value is used")
-    head_dim = cfg.get("head_dim")
-    if _pos_int(head_dim) and _pos_int(view.get("hidden_size")) and _pos_int(view.get("num_attention_heads")) \
-            and head_dim != view["hidden_size"] // view["num_attention_heads"]:
+    head_dim, hidden, heads = cfg.get("head_dim"), cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    if _pos_int(head_dim) and _pos_int(hidden) and _pos_int(heads) and head_dim != hidden // heads \
+            and "qk_rope_head_dim" not in cfg:
         out.append(f"head_dim {head_dim} differs from hidden_size / num_attention_heads = "
-                   f"{view['hidden_size']}/{view['num_attention_heads']} (fine if intended, e.g. Gemma)")
+                   f"{hidden}/{heads} (fine if intended, e.g. Gemma)")
     if at and longest < at:
         out.append(f"the longest wavelength ({longest:,.0f} tokens) is shorter than the length evaluated "
                    f"({at:,}): every pair wraps around, so far positions alias onto nearer ones")
@@ -315,14 +261,13 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
         "detected_by": why,
     }
     if scheme == "rope":
-        rope_cfg = cfg
-        if not any(k in cfg for k in _ROPE_KEYS + ("hidden_size", "head_dim")) \
-                and isinstance(cfg.get("text_config"), Mapping):
-            rope_cfg = cfg["text_config"]
-        layer_types = _layer_types(rope_cfg)
-        if not layer_types:
+        from posenc.rope.config import rope_layer_types, rope_section
+
+        rope_cfg = rope_section(cfg)
+        layer_types = rope_layer_types(rope_cfg)
+        if layer_types == []:
             raise ConfigError("every layer type has null RoPE parameters: nothing uses RoPE")
-        report["rope"] = [_inspect_rope(rope_cfg, lt, seq_len) for lt in layer_types]
+        report["rope"] = [_inspect_rope(rope_cfg, lt, seq_len) for lt in layer_types or [None]]
         report["warnings"] = [w for entry in report["rope"] for w in entry["warnings"]]
     elif scheme == "alibi":
         report["alibi"] = _inspect_alibi(cfg)

@@ -19,7 +19,7 @@ HELP = "Recommend a positional encoding / context-extension method for a target 
 BUDGETS = ("none", "finetune", "pretrain")
 TASKS = ("lm", "code", "retrieval", "encoder")
 
-# Evidence, quoted from docs (facts.md = /work/shared/docs/facts.md, copied to docs/ by the lead; lesson = the spec).
+# Evidence, quoted from the project reference facts (facts.md) and the spec (lesson); see docs/picker.md.
 EVIDENCE = {
     "alibi_table2": "ALiBi paper Table 2 (facts.md §4): trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 at 15512, "
                     "while rotary reaches 79.25 and sinusoidal 406.01",

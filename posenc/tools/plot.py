@@ -152,14 +152,14 @@ def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor
                   original: int | None, max_position_embeddings: int | None) -> dict[str, Any]:
     """A config mapping from a file / mapping, or from flags."""
     from posenc.tools._io import read_config
-    from posenc.tools.inspect import _rope_view, detect_scheme
+    from posenc.tools.inspect import detect_scheme
 
     if config is not None:
         cfg = read_config(config)
         scheme, why = detect_scheme(cfg)
         if scheme != "rope":
             raise PosencError(f"config does not use RoPE ({scheme}: {why}); nothing to plot")
-        return _rope_view(cfg)
+        return cfg
     params: dict[str, Any] = {"rope_type": rope_type, "rope_theta": _positive_float(theta, "theta")}
     if factor is not None:
         params["factor"] = _positive_float(factor, "factor")
@@ -187,11 +187,12 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
     """
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.scaling import frequency_bands, rope_parameters
-    from posenc.tools.inspect import _claimed_context, _original_context, load_rope
+    from posenc.rope.config import load_rope_config
+    from posenc.tools.inspect import _claimed_context, _original_context
 
     mapping = _rope_mapping(config, head_dim=head_dim, theta=theta, rope_type=rope_type, factor=factor,
                             original=original, max_position_embeddings=max_position_embeddings)
-    rc = load_rope(mapping)
+    rc = load_rope_config(mapping)
     claimed, _ = _claimed_context(rc)
     l0 = _original_context(rc)
     at = seq_len or claimed or (2 * l0 if l0 else None)
@@ -290,10 +291,11 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     partial = 1.0
     longrope = None
     if config is not None:
-        from posenc.tools.inspect import _claimed_context, _original_context, load_rope
+        from posenc.rope.config import load_rope_config
+        from posenc.tools.inspect import _claimed_context, _original_context
 
-        rc = load_rope(_rope_mapping(config, head_dim=head_dim, theta=theta, rope_type="default",
-                                     factor=None, original=None, max_position_embeddings=None))
+        rc = load_rope_config(_rope_mapping(config, head_dim=head_dim, theta=theta, rope_type="default",
+                                            factor=None, original=None, max_position_embeddings=None))
         head_dim, theta, partial = rc.head_dim, rc.theta, rc.partial_rotary_factor
         original = _original_context(rc) or original
         claimed, _ = _claimed_context(rc)
@@ -420,10 +422,10 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
     for b in bases:
         freqs[f"base {_positive_float(b, 'base'):g} (d={head_dim})"] = default_inv_freq(head_dim, float(b))
     for c in configs:
-        from posenc.tools.inspect import load_rope
+        from posenc.rope.config import load_rope_config
 
-        rc = load_rope(_rope_mapping(c, head_dim=head_dim, theta=1e4, rope_type="default", factor=None,
-                                     original=None, max_position_embeddings=None))
+        rc = load_rope_config(_rope_mapping(c, head_dim=head_dim, theta=1e4, rope_type="default",
+                                            factor=None, original=None, max_position_embeddings=None))
         claimed, _ = _claimed_context(rc)
         inv, _ = rope_parameters(rc, claimed)
         name = Path(os.fspath(c)).stem if isinstance(c, (str, os.PathLike)) else "config"

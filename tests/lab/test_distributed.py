@@ -164,19 +164,22 @@ def test_error_on_one_rank_ends_the_job_with_its_message(tmp_path):
 
 LAB_ARGS = ["--tasks", "copy", "--schemes", "rope", "--steps", "4", "--warmup", "1", "--train-len", "16",
             "--batch-size", "5", "--d-model", "16", "--layers", "1", "--heads", "2", "--eval-lens", "16,32",
-            "--extensions", "none", "--copy-examples", "4", "--device", "cpu", "--quiet"]
+            "--extensions", "none", "--copy-examples", "4", "--quiet"]
 
 
 @pytest.mark.slow
-def test_posenc_lab_nproc_2_trains_like_one_process(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (NCCL)")])])
+def test_posenc_lab_nproc_2_trains_like_one_process(tmp_path, device):
     from safetensors.torch import load_file
 
     from posenc.cli import main
 
-    proc = subprocess.run([sys.executable, "-m", "posenc", "lab", *LAB_ARGS, "--out", str(tmp_path / "two"),
+    args = [*LAB_ARGS, "--device", device]
+    proc = subprocess.run([sys.executable, "-m", "posenc", "lab", *args, "--out", str(tmp_path / "two"),
                            "--nproc", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert main(["lab", *LAB_ARGS, "--out", str(tmp_path / "one")]) == 0
+    assert main(["lab", *args, "--out", str(tmp_path / "one")]) == 0
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     one = json.loads((tmp_path / "one" / "results.json").read_text())
     assert [r["eval_len"] for r in two["results"]] == [r["eval_len"] for r in one["results"]]
@@ -242,10 +245,15 @@ def test_bad_environment_and_settings_are_named(monkeypatch):
         D.init_distributed("cpu")
     with pytest.raises(ConfigError, match="positive"):
         D.timeout_seconds(0)
-    with pytest.raises(ConfigError, match="--batch-size: 1 rows cannot be split across 2"):
+    with pytest.raises(ConfigError, match="--batch-size: a training batch of 1 rows cannot be split across 2"):
         D.check_batch_size(1, 2)
     with pytest.raises(ConfigError, match="process group"):
         D.ddp_wrap(_model(0))
+    with pytest.raises(ConfigError, match="--device: cuda:1 pins one GPU"):
+        D._rank_device(torch.device("cuda:1"), 0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device: cuda was requested but no CUDA device"):
+            D._rank_device(torch.device("cuda"), 0)
 
 
 def test_without_torchrun_everything_is_one_process(monkeypatch):

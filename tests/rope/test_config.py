@@ -7,6 +7,7 @@ import json
 import warnings
 
 import pytest
+import torch
 
 from posenc.errors import ConfigError
 from posenc.rope.config import RopeConfig, load_rope_config
@@ -253,3 +254,154 @@ def test_path_and_mapping_read_the_same(tmp_path):
     raw = json.load(open(f"{FIXTURES}/llama-3.1-8b.json"))
     (tmp_path / "config.json").write_text(json.dumps(raw))
     assert load_rope_config(raw) == load_rope_config(tmp_path / "config.json") == load_rope_config(tmp_path)
+
+
+# ----------------------------------------------------------------------------- rope_type of the wrong kind
+
+@pytest.mark.parametrize("key", ["rope_type", "type"])
+@pytest.mark.parametrize("value", [["yarn"], {"name": "yarn"}, 3])
+def test_non_string_rope_type_is_a_named_config_error(key, value):
+    with pytest.raises(ConfigError, match=rf"^{key} must be a string naming a rope type"):
+        load_rope_config({"head_dim": 64, "rope_scaling": {key: value, "factor": 2.0}})
+
+
+def test_null_rope_type_falls_back_to_type_then_default():
+    assert load_rope_config({"head_dim": 64, "rope_scaling": {"rope_type": None, "type": "linear",
+                                                              "factor": 2.0}}).rope_type == "linear"
+    assert load_rope_config({"head_dim": 64, "rope_scaling": {"rope_type": None}}).rope_type == "default"
+
+
+# ---------------------------------------------------------------------------------- GPT-J / CodeGen keys
+
+GPTJ = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_positions": 2048, "rotary_dim": 64}
+
+
+def test_gptj_keys_match_transformers():
+    from transformers import GPTJConfig
+    from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+
+    from posenc.rope.scaling import rope_parameters
+
+    cfg = no_warnings(load_rope_config, GPTJ)
+    hf = GPTJConfig(**GPTJ)
+    assert cfg.head_dim == hf.hidden_size // hf.num_attention_heads == 256
+    assert cfg.rotary_dim == hf.rotary_dim == 64 and cfg.partial_rotary_factor == 0.25
+    assert cfg.max_position_embeddings == hf.max_position_embeddings == 2048
+    assert (cfg.rope_type, cfg.theta) == ("default", 10000.0)
+    # transformers' GPT-J table: [sin | cos] of position * inv_freq over the first rotary_dim dims
+    inv, _ = rope_parameters(GPTJ)
+    table = create_sinusoidal_positions(2048, hf.rotary_dim)
+    angles = torch.arange(2048, dtype=torch.float32)[:, None] * inv
+    torch.testing.assert_close(torch.sin(angles), table[:, :32], rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.cos(angles), table[:, 32:], rtol=0, atol=1e-6)
+
+
+def test_usual_key_wins_over_gptj_alias_as_in_transformers():
+    from transformers import GPTJConfig
+
+    raw = {**GPTJ, "max_position_embeddings": 4096}
+    assert load_rope_config(raw).max_position_embeddings == GPTJConfig(**raw).max_position_embeddings == 4096
+
+
+def test_codegen_style_rotary_dim_without_head_keys_uses_hidden_ratio():
+    cfg = load_rope_config({"n_embd": 1024, "n_head": 16, "rotary_dim": 32, "n_positions": 2048})
+    assert (cfg.head_dim, cfg.rotary_dim, cfg.partial_rotary_factor) == (64, 32, 0.5)
+
+
+def test_rotary_dim_wins_over_partial_rotary_factor_and_warns():
+    raw = {"hidden_size": 4096, "num_attention_heads": 16, "partial_rotary_factor": 0.5, "rotary_dim": 64}
+    with pytest.warns(UserWarning, match=r"rotary_dim 64 disagrees with partial_rotary_factor 0.5 x head_dim 256 "
+                                         r"= 128; using rotary_dim"):
+        assert load_rope_config(raw).rotary_dim == 64
+    no_warnings(load_rope_config, {**raw, "partial_rotary_factor": 0.25})   # consistent: silent
+
+
+@pytest.mark.parametrize("key", ["rotary_dim", "qk_rope_head_dim"])
+@pytest.mark.parametrize("value, match", [
+    ("64", "must be a positive integer"), (0, "must be a positive integer"), (64.0, "must be a positive integer"),
+    (True, "must be a positive integer"), (63, "positive even number"),
+])
+def test_bad_rotary_dims(key, value, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        load_rope_config({"hidden_size": 4096, "num_attention_heads": 16, key: value})
+    if "integer" in match:
+        assert key in str(info.value)
+
+
+def test_rotary_dim_larger_than_head_dim():
+    with pytest.raises(ConfigError, match=r"rotary_dim must be <= head_dim=256, got 512"):
+        load_rope_config({**GPTJ, "rotary_dim": 512})
+
+
+def test_bad_alias_values_are_named():
+    with pytest.raises(ConfigError, match="hidden_size and num_attention_heads must be positive integers"):
+        load_rope_config({"n_embd": "4096", "n_head": 16})
+    with pytest.raises(ConfigError, match="max_position_embeddings must be a positive integer"):
+        load_rope_config({**GPTJ, "n_positions": -1})
+
+
+# ------------------------------------------------------------------------------------- DeepSeek MLA keys
+
+def _deepseek_raw():
+    return {k: v for k, v in json.load(open(f"{FIXTURES}/deepseek-v3.json")).items() if not k.startswith("_")}
+
+
+def test_deepseek_v3_rotary_head_is_qk_rope_head_dim_as_in_transformers():
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from posenc.rope.scaling import rope_parameters
+
+    raw = _deepseek_raw()
+    cfg = no_warnings(load_rope_config, raw)
+    hf = DeepseekV3Config(**raw)
+    assert cfg.head_dim == hf.head_dim == 64 and cfg.rotary_dim == 64          # not hidden / heads = 56
+    assert (cfg.rope_type, cfg.factor, cfg.original_max_position_embeddings) == ("yarn", 40, 4096)
+    for seq_len in (None, 4096, 163840):
+        inv, att = rope_parameters(raw, seq_len)
+        inv_hf, att_hf = ROPE_INIT_FUNCTIONS["yarn"](hf, None, seq_len)
+        torch.testing.assert_close(inv, inv_hf.float(), rtol=2e-6, atol=0)
+        assert att == pytest.approx(att_hf, rel=1e-12)
+
+
+def test_qk_rope_head_dim_wins_over_a_disagreeing_head_dim_with_a_warning():
+    # (transformers would take the file's head_dim here and build 96 frequencies for a 64-dim RoPE part)
+    raw = {**_deepseek_raw(), "head_dim": 192}
+    with pytest.warns(UserWarning, match=r"qk_rope_head_dim 64 disagrees with partial_rotary_factor 1 x head_dim "
+                                         r"192 = 192; using qk_rope_head_dim"):
+        cfg = load_rope_config(raw)
+    assert (cfg.head_dim, cfg.rotary_dim) == (64, 64)
+    no_warnings(load_rope_config, {**raw, "head_dim": 64})     # transformers 5 saves head_dim = qk_rope_head_dim
+
+
+def test_mistral4_style_partial_factor_agrees_with_qk_rope_head_dim():
+    # Mistral 4 keeps head_dim = nope + rope and partial_rotary_factor = rope / head_dim: same rotary dim, silent
+    raw = {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128, "qk_rope_head_dim": 64,
+           "qk_nope_head_dim": 64, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}
+    assert no_warnings(load_rope_config, raw).rotary_dim == 64
+    raw["rope_parameters"]["partial_rotary_factor"] = 0.25
+    with pytest.warns(UserWarning, match="qk_rope_head_dim 64 disagrees"):
+        assert load_rope_config(raw).rotary_dim == 64
+
+
+# ----------------------------------------------------------------------------- sections and layer types
+
+def test_rope_section_and_layer_types():
+    from posenc.rope.config import rope_layer_types, rope_section
+
+    text = {"head_dim": 256, "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0},
+                                                 "sliding_attention": {"rope_type": "default"}, "nope": None}}
+    outer = {"model_type": "gemma3", "text_config": text}
+    assert rope_section(outer) is text and rope_section(text) is text
+    assert rope_layer_types(outer) == ["full_attention", "sliding_attention"]
+    assert rope_layer_types({"head_dim": 64, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}) is None
+    assert rope_layer_types({"head_dim": 64}) is None
+    for layer_type in rope_layer_types(outer):
+        assert load_rope_config(outer, layer_type).head_dim == 256
+
+
+def test_junk_layer_types_list_is_not_a_type_error():
+    cfg = load_rope_config({"head_dim": 64, "layer_types": 5}, layer_type="full_attention")
+    assert cfg.rope_type == "default"
+    with pytest.raises(ConfigError, match="not among the config's layer_types"):
+        load_rope_config({"head_dim": 64, "layer_types": [["x"], "a"]}, layer_type="b")

@@ -307,14 +307,125 @@ def test_bad_seq_len(seq_len):
 
 
 def test_bad_values_raise_named_errors():
-    with pytest.raises(ConfigError, match="factor must be a number"):
+    with pytest.raises(ConfigError, match="factor must be a finite number"):
         rope_parameters(cfg("linear", factor="four"))
     with pytest.raises(ConfigError, match=r"long_factor must be a list of rotary_dim // 2 = 64"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rope_parameters(cfg("longrope", short_factor=[1.0] * 64, long_factor=[1.0] * 3,
                                 original_max_position_embeddings=1024), seq_len=4096)
-    with pytest.raises(ConfigError, match="rotary_dim > 2"):
+    with pytest.raises(ConfigError, match="rotary_dim must be an even integer > 2"):
         rope_parameters(cfg("ntk", head_dim=2, factor=2.0))
     with pytest.raises(ConfigError, match="factor is null"):
         rope_parameters(cfg("yarn", lmax=None, factor=None, original_max_position_embeddings=1024))
+
+
+# ------------------------------------------------------------------------------------------ NTK base helpers
+
+def test_ntk_theta_published_values():
+    from posenc.rope.scaling import ntk_theta
+
+    assert ntk_theta(1e4, 4, 32) == pytest.approx(43873, abs=1)    # facts.md §6: head_dim 32
+    assert ntk_theta(1e4, 8, 32) == pytest.approx(91896, abs=1)
+    assert ntk_theta(1e4, 1, 128) == 1e4                            # s = 1 changes nothing
+
+
+@FAST
+@given(d=st.integers(2, 128).map(lambda x: 2 * x), theta=st.floats(100.0, 1e6), s=st.floats(1.0, 64.0))
+def test_ntk_theta_closed_form_and_registry_use_it(d, theta, s):
+    from posenc.rope.apply import default_inv_freq
+    from posenc.rope.scaling import ntk_theta
+
+    assert ntk_theta(theta, s, d) == pytest.approx(theta * s ** (d / (d - 2)), rel=1e-12)
+    inv, _ = rope_parameters(cfg("ntk", head_dim=d, theta=theta, factor=s))
+    torch.testing.assert_close(inv, default_inv_freq(d, ntk_theta(theta, s, d)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("args,match", [
+    ((0.0, 2.0, 64), "theta must be a positive"), ((1e4, -1.0, 64), "factor must be a positive"),
+    ((1e4, float("inf"), 64), "factor must be a positive"), ((1e4, "2", 64), "factor must be a positive"),
+    ((1e4, 2.0, 2), "rotary_dim must be an even integer > 2"), ((1e4, 2.0, 63), "rotary_dim must be an even"),
+    ((1e4, 2.0, 64.0), "rotary_dim must be an even"),
+])
+def test_ntk_theta_bad_arguments(args, match):
+    from posenc.rope.scaling import ntk_theta
+
+    with pytest.raises(ConfigError, match=match):
+        ntk_theta(*args)
+
+
+@pytest.mark.parametrize("seq_len", [None, 100, 2048, 4096, 9999])
+def test_dynamic_ntk_theta_matches_transformers(seq_len):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from posenc.rope.apply import default_inv_freq
+    from posenc.rope.scaling import dynamic_ntk_theta
+
+    hf = LlamaConfig(hidden_size=512, num_attention_heads=8, max_position_embeddings=2048,
+                     rope_parameters={"rope_type": "dynamic", "factor": 3.0, "rope_theta": 1e4})
+    inv_hf, _ = ROPE_INIT_FUNCTIONS["dynamic"](hf, None, seq_len)
+    ours = default_inv_freq(64, dynamic_ntk_theta(1e4, 3.0, 64, seq_len, 2048))
+    torch.testing.assert_close(ours, inv_hf.float(), rtol=2e-6, atol=0)
+    if seq_len is None or seq_len <= 2048:
+        assert dynamic_ntk_theta(1e4, 3.0, 64, seq_len, 2048) == 1e4   # plain RoPE up to Lmax
+
+
+# ------------------------------------------------------------------------------- malformed scaling values
+
+@pytest.mark.parametrize("rope_type,scaling,match", [
+    ("yarn", {"factor": 4.0, "beta_fast": "x"}, "beta_fast must be a finite number"),
+    ("yarn", {"factor": 4.0, "beta_slow": -1}, "beta_slow must be > 0"),
+    ("yarn", {"factor": 4.0, "mscale": [1], "mscale_all_dim": 1.0}, "mscale must be a finite number"),
+    ("yarn", {"factor": 4.0, "attention_factor": "big"}, "attention_factor must be a finite number"),
+    ("yarn", {"factor": 0}, "factor must be > 0"),
+    ("linear", {"factor": -2.0}, "factor must be > 0"),
+    ("linear", {"factor": float("inf")}, "factor must be a finite number"),
+    ("llama3", {"factor": 8.0, "low_freq_factor": 0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 512}, "low_freq_factor must be > 0"),
+    ("longrope", {"short_factor": [1.0] * 64, "long_factor": [1.0] * 64, "original_max_position_embeddings": 1},
+     "original_max_position_embeddings must be >= 2"),
+    ("longrope", {"short_factor": [1.0] * 64, "long_factor": [1.0] * 64, "original_max_position_embeddings": 512,
+                  "attention_factor": {}}, "attention_factor must be a finite number"),
+    ("vllm_dynamic_alpha", {"alpha": 0.0}, "alpha must be > 0"),
+])
+def test_malformed_scaling_values_are_config_errors(rope_type, scaling, match):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ConfigError, match=match):
+            rope_parameters(cfg(rope_type, **scaling), seq_len=4096)
+
+
+_VALID = {  # one loadable entry per registered type (head_dim 16, Lmax 2048)
+    "default": {}, "linear": {"factor": 2.0}, "dynamic": {"factor": 2.0}, "ntk": {"factor": 2.0},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": 512, "beta_fast": 32, "beta_slow": 1,
+             "mscale": 1.0, "mscale_all_dim": 1.0},
+    "longrope": {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "original_max_position_embeddings": 512,
+                 "factor": 4.0, "attention_factor": 1.1},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 512},
+    "proportional": {"factor": 1.0}, "vllm_dynamic": {"factor": 2.0}, "vllm_dynamic_alpha": {"alpha": 2.0},
+    "vllm_ntk": {"factor": 2.0, "mixed_b": 0.5},
+    "vllm_longrope": {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "original_max_position_embeddings": 512,
+                      "short_mscale": 1.0, "long_mscale": 1.2},
+}
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True),
+                  st.text(max_size=3), st.lists(st.floats(-2, 4), max_size=9), st.just({}))
+
+
+@settings(max_examples=250, deadline=None, derandomize=True)
+@given(rope_type=st.sampled_from(sorted(_VALID)), junk=st.dictionaries(
+    st.sampled_from(sorted({k for v in _VALID.values() for k in v} | {"rope_theta", "truncate"})), _JUNK,
+    min_size=1, max_size=2), seq_len=st.sampled_from([None, 100, 4096]))
+def test_any_malformed_value_is_a_config_error(rope_type, junk, seq_len):
+    """One or two keys of a valid entry replaced by junk: it raises ConfigError, or gives finite frequencies >= 0
+    and a finite attention scaling (never a TypeError, never NaN / inf passed on silently)."""
+    raw = cfg(rope_type, head_dim=16, **{**_VALID[rope_type], **junk})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            inv, attention = rope_parameters(raw, seq_len)
+            frequency_bands(raw, seq_len)
+        except ConfigError:
+            return
+    assert bool(inv.isfinite().all()) and bool((inv >= 0).all()) and math.isfinite(attention), (inv, attention)

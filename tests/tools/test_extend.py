@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -175,3 +176,38 @@ def test_bad_longrope_factor_file(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps([1.0] * 10))
     with pytest.raises(ConfigError, match="64 numbers"):
         extend_config(QWEN, 65536, "longrope", short_factor=tmp_path / "s.json", long_factor=tmp_path / "s.json")
+
+
+GPTJ = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_positions": 2048, "rotary_dim": 64}
+
+
+def test_gptj_keys_extend_the_key_the_file_uses():
+    from transformers import GPTJConfig
+
+    result = extend_config(GPTJ, 8192, "linear")
+    assert result.config["n_positions"] == 8192 and "max_position_embeddings" not in result.config
+    assert GPTJConfig(**result.config).max_position_embeddings == 8192
+    assert result.config["rope_parameters"] == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+    assert result.check["bands"]["interpolated"] == 32            # rotary_dim 64 -> 32 pairs, all divided by 4
+    assert result.notes[0].startswith("WARNING: transformers' gptj code reads no rope_theta")
+
+
+def test_ntk_uses_the_rotary_dim_not_the_head_dim():
+    from posenc.rope.scaling import ntk_theta
+
+    theta = extend_config(GPTJ, 8192, "ntk").config["rope_parameters"]["rope_theta"]
+    assert theta == ntk_theta(1e4, 4.0, 64) == pytest.approx(1e4 * 4 ** (64 / 62), rel=1e-12)
+
+
+def test_dynamic_note_gives_the_base_at_the_target():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    result = extend_config(QWEN, 131072, "dynamic")
+    hf = LlamaConfig(**{k: v for k, v in result.config.items() if k != "architectures"})
+    inv_hf, _ = ROPE_INIT_FUNCTIONS["dynamic"](hf, None, 131072)
+    base_hf = float(inv_hf[-1].double()) ** (-128 / 126)          # lowest frequency = base^(-(d-2)/d)
+    note = next(n for n in result.notes if "stays 32768" in n)
+    base, static = (float(x) for x in re.search(r"its base is (\S+) .* would use (\S+)\.", note).groups())
+    assert base == pytest.approx(base_hf, rel=1e-5)                  # fp32 frequencies: ~6 digits
+    assert static == pytest.approx(1e6 * 4 ** (128 / 126), rel=1e-6)  # static NTK at s = 131072 / 32768

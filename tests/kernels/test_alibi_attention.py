@@ -1,0 +1,223 @@
+"""ALiBi attention without the N^2 bias: the chunked and FlexAttention paths against a float64 oracle.
+
+Oracle: softmax(q k^T * scale - m_h * |(i + offset) - j| [causal: -inf for j > i + offset]) v, written out in
+float64 with the slopes from the lesson's reference loops (posenc.reference), not from the code under test.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc import reference
+from posenc.errors import PosencError
+from posenc.kernels.alibi_attention import (alibi_attention, bias_template, default_block_size, flex_available,
+                                            reversed_keys_bias)
+
+
+def oracle(q, k, v, slopes=None, causal=True, offset=None, scale=None):
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    offset = Tk - Tq if offset is None else offset
+    m = torch.tensor(reference.alibi_slopes(H) if slopes is None else slopes, dtype=torch.float64)
+    i = torch.arange(Tq, dtype=torch.float64).unsqueeze(1) + offset
+    j = torch.arange(Tk, dtype=torch.float64).unsqueeze(0)
+    bias = -m.view(H, 1, 1) * (i - j).abs()
+    if causal:
+        bias = bias.masked_fill(j > i, float("-inf"))
+    kk = k.double().repeat_interleave(H // Hkv, dim=1)
+    vv = v.double().repeat_interleave(H // Hkv, dim=1)
+    scores = q.double() @ kk.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(D)) + bias
+    return torch.softmax(scores, dim=-1) @ vv
+
+
+def qkv(B, H, Hkv, Tq, Tk, D=16, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, Tq, D, generator=g).to(dtype), torch.randn(B, Hkv, Tk, D, generator=g).to(dtype),
+            torch.randn(B, Hkv, Tk, D, generator=g).to(dtype))
+
+
+@st.composite
+def cases(draw):
+    Hkv = draw(st.sampled_from([1, 2, 3]))
+    H = Hkv * draw(st.sampled_from([1, 2, 4]))
+    Tk = draw(st.integers(1, 96))
+    Tq = draw(st.integers(1, Tk))
+    explicit = draw(st.booleans())
+    offset = draw(st.integers(0, 2 * Tk)) if explicit else None
+    if explicit and not draw(st.booleans()):
+        Tq = draw(st.integers(1, 96))  # explicit offsets may place more queries than keys
+    return dict(B=draw(st.integers(1, 2)), H=H, Hkv=Hkv, Tq=Tq, Tk=Tk, offset=offset,
+                causal=draw(st.booleans()), block=draw(st.one_of(st.none(), st.integers(1, 40))),
+                seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases())
+def test_chunked_matches_materialised_oracle(c):
+    q, k, v = qkv(c["B"], c["H"], c["Hkv"], c["Tq"], c["Tk"], seed=c["seed"])
+    out = alibi_attention(q, k, v, causal=c["causal"], q_offset=c["offset"], block_size=c["block"],
+                          backend="chunked")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), oracle(q, k, v, causal=c["causal"], offset=c["offset"]),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_chunked_matches_sdpa_with_posenc_alibi_bias():
+    # the materialised path users would write: posenc.alibi_bias (queries at the end of the keys) + SDPA
+    from posenc.alibi import alibi_bias
+    q, k, v = qkv(2, 8, 8, 40, 100, D=32)
+    bias = alibi_bias(8, 40, 100).masked_fill(torch.ones(40, 100, dtype=torch.bool).triu(61), float("-inf"))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(alibi_attention(q, k, v, block_size=16, backend="chunked"), ref,
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_bf16_close_to_fp32_oracle(causal):
+    q, k, v = qkv(1, 4, 2, 70, 150, D=32, dtype=torch.bfloat16)
+    out = alibi_attention(q, k, v, causal=causal, block_size=32, backend="chunked")
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), oracle(q, k, v, causal=causal), atol=3e-2, rtol=3e-2)
+
+
+def test_auto_on_cpu_is_the_chunked_path():
+    q, k, v = qkv(1, 4, 4, 30, 30)
+    torch.testing.assert_close(alibi_attention(q, k, v), alibi_attention(q, k, v, backend="chunked"),
+                               atol=0, rtol=0)
+
+
+def test_custom_slopes_and_scale():
+    q, k, v = qkv(1, 3, 3, 20, 20)
+    slopes = [0.7, 0.0, 2.0]
+    out = alibi_attention(q, k, v, torch.tensor(slopes), scale=0.3, causal=False, block_size=6)
+    torch.testing.assert_close(out.double(), oracle(q, k, v, slopes, causal=False, scale=0.3),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_gradients_match_oracle():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 24, 24))
+    out = alibi_attention(q, k, v, block_size=8, backend="chunked")
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = torch.autograd.grad(oracle(q64, k64, v64).square().sum(), (q64, k64, v64))
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g.double(), e, atol=1e-4, rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 64), st.integers(0, 2**16))
+def test_key_only_shortcut_equals_symmetric_form_under_causal_mask(H, T, seed):
+    # softmax is shift invariant per row: m*j and -m*|i-j| = m*j - m*i (for j <= i) differ by a row constant
+    q, k, v = qkv(1, H, H, T, T, seed=seed)
+    m = torch.tensor(reference.alibi_slopes(H), dtype=torch.float64).view(H, 1, 1)
+    i, j = torch.arange(T).unsqueeze(1), torch.arange(T).unsqueeze(0)
+    future = (j > i).expand(H, T, T)
+    key_only = (m * j).masked_fill(future, float("-inf"))
+    symmetric = (-m * (i - j).abs()).masked_fill(future, float("-inf"))
+    q, k, v = q.double(), k.double(), v.double()
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=key_only)
+    b = F.scaled_dot_product_attention(q, k, v, attn_mask=symmetric)
+    torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(b, alibi_attention(q, k, v, backend="chunked"), atol=1e-10, rtol=1e-10)
+
+
+def test_key_only_shortcut_is_wrong_without_causal_mask():
+    q, k, v = qkv(1, 2, 2, 16, 16, D=8)
+    m = torch.tensor(reference.alibi_slopes(2)).view(2, 1, 1)
+    j = torch.arange(16)
+    shortcut = F.scaled_dot_product_attention(q, k, v, attn_mask=(m * j).expand(2, 16, 16))
+    assert not torch.allclose(shortcut, alibi_attention(q, k, v, causal=False), atol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------- memory
+
+def test_block_bias_is_a_view_of_the_small_template():
+    slopes = torch.tensor(reference.alibi_slopes(4))
+    template = bias_template(slopes, 50, 80, 30, causal=True)
+    assert template.shape == (4, 50 + 80 - 1 + 30)
+    view = reversed_keys_bias(template, 80, 10, 30, 70)
+    assert view.shape == (1, 4, 20, 70)
+    assert view.untyped_storage().data_ptr() == template.untyped_storage().data_ptr()
+    # the view holds the right numbers: query 10 + r at position 40 + r, reversed key c is key 69 - c
+    r, c = torch.arange(20).unsqueeze(1), torch.arange(70).unsqueeze(0)
+    d = (40 + r - (69 - c)).double()
+    expected = (-torch.tensor(reference.alibi_slopes(4), dtype=torch.float64).view(4, 1, 1) * d)
+    expected = expected.masked_fill((d < 0).expand(4, 20, 70), float("-inf"))
+    torch.testing.assert_close(view[0].double(), expected)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_never_allocates_the_full_bias(causal):
+    B, H, N, D = 1, 8, 1024, 16
+    q, k, v = qkv(B, H, H, N, N, D=D)
+    full_bias = H * N * N * 4
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        alibi_attention(q, k, v, causal=causal, backend="chunked")
+    biggest_op = max(e.self_cpu_memory_usage for e in prof.key_averages())
+    total = sum(e.self_cpu_memory_usage for e in prof.key_averages() if e.self_cpu_memory_usage > 0)
+    assert biggest_op < full_bias / 16, (biggest_op, full_bias)
+    assert total < full_bias / 4, (total, full_bias)
+
+
+def test_default_block_size_bounds_memory():
+    # CPU: 16 blocks for long inputs (one block's scores <= 1/16 of the full bias even on SDPA's unfused path)
+    assert default_block_size(16, 8192, 8192, "cpu") == 512
+    assert default_block_size(16, 100, 100, "cpu") == 100
+    # elsewhere each block's bias is materialised: it stays near 8 Mi elements
+    blk = default_block_size(16, 8192, 8192, "cuda")
+    assert 16 * blk * 8192 <= 8 * 2**20 and blk >= 16
+
+
+# ----------------------------------------------------------------------------------------------- FlexAttention
+
+flex = pytest.mark.skipif(not flex_available(), reason="torch without flex_attention")
+
+
+@flex
+@pytest.mark.parametrize("causal,dtype", [(True, torch.float32), (False, torch.bfloat16)])
+def test_flex_matches_oracle(causal, dtype):
+    # one compile per case (seconds on CPU): a GQA, KV-cache shape with ragged lengths covers the index maths
+    q, k, v = qkv(2, 4, 2, 70, 200, D=16, dtype=dtype)
+    out = alibi_attention(q, k, v, causal=causal, backend="flex")
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out.double(), oracle(q, k, v, causal=causal), **tol)
+    if causal:  # another offset reuses the compiled kernel (the offset is a tensor input): same answer as the oracle
+        torch.testing.assert_close(alibi_attention(q, k, v, q_offset=100, backend="flex").double(),
+                                   oracle(q, k, v, offset=100), **tol)
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kwargs,shapes,match", [
+    ({}, ((1, 4, 8, 16), (1, 4, 8, 8), (1, 4, 8, 8)), "k must have shape"),
+    ({}, ((1, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)), "k must have shape"),
+    ({}, ((1, 4, 8, 16), (1, 4, 8, 16), (1, 4, 9, 16)), "v must have shape"),
+    ({}, ((1, 4, 8, 16), (1, 3, 8, 16), (1, 3, 8, 16)), "multiple of k's"),
+    ({}, ((4, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16)), "q must be a 4-D tensor"),
+    ({}, ((1, 4, 9, 16), (1, 4, 8, 16), (1, 4, 8, 16)), "pass q_offset"),
+    ({"slopes": torch.ones(3)}, None, r"slopes must have shape \[H\] = \[4\]"),
+    ({"slopes": torch.tensor([1.0, float("nan"), 1.0, 1.0])}, None, "slopes must be finite"),
+    ({"block_size": 0}, None, "block_size must be a positive integer"),
+    ({"block_size": -4}, None, "block_size must be a positive integer"),
+    ({"block_size": 2.5}, None, "block_size must be a positive integer"),
+    ({"q_offset": -1}, None, "q_offset must be a non-negative integer"),
+    ({"scale": 0.0}, None, "scale must be a positive"),
+    ({"backend": "cuda"}, None, "backend must be one of"),
+])
+def test_bad_input_names_the_argument(kwargs, shapes, match):
+    shapes = shapes or ((1, 4, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16))
+    q, k, v = (torch.randn(s) for s in shapes)
+    kwargs = dict(kwargs)
+    slopes = kwargs.pop("slopes", None)
+    with pytest.raises(PosencError, match=match):
+        alibi_attention(q, k, v, slopes, **kwargs)
+
+
+def test_mixed_dtypes_rejected():
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(PosencError, match="share one floating dtype"):
+        alibi_attention(q, q.double(), q)
