@@ -42,6 +42,7 @@ _EXPORTS = {
     # ALiBi
     "alibi_slopes": "posenc.alibi",
     "alibi_bias": "posenc.alibi",
+    "alibi_attention": "posenc.kernels.alibi_attention",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -5,7 +5,7 @@ Why C through ctypes (see docs/performance.md for the measurements):
   (mul, addcmul per half) and, for bf16, fp32 temporaries; one fused pass needs a compiled loop.
 - ``rope_native.c`` uses no Python or torch headers, so it builds in about a second with any C compiler (``cc``,
   ``gcc`` or ``clang``; ``$CC`` wins) and needs no ninja. torch.compile needs a compiler too and compiles per
-  shape/dtype (seconds each); a torch C++ extension takes ~a minute to build against torch's headers.
+  shape/dtype (seconds each); a torch C++ extension compiles against torch's large headers and needs ninja.
 - Built with -march=native (AVX-512/AVX2 speed up the bf16/fp16 conversions ~1.6x; a portable build if the
   compiler refuses) and cached in ``$POSENC_CACHE_DIR`` (default ``~/.cache/posenc``) under a hash of the source,
   compiler, flags and CPU model/features, written atomically so concurrent processes are safe.
@@ -37,10 +37,12 @@ import torch
 
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}
 _LAYOUT_CODES = {"interleaved": 0, "half": 1}
+_DTYPE_BYTES = {torch.float32: 4, torch.float64: 8, torch.bfloat16: 2, torch.float16: 2}
 _MAX_DIMS = 8                    # leading dims the C kernel takes after collapsing
 _GRAIN = 1 << 16                 # elements per thread below which extra threads cost more than they save
 _CHUNK = 1 << 18                 # elements per chunk in the eager fallback (1 MiB fp32: stays in L2)
 _TABLE_BLOCK_BYTES = 256 << 10   # cos + sin rows kept in L2 while every head uses them
+_STREAM_BYTES = 8 << 20          # outputs at least this big bypass the cache (non-temporal stores)
 # -std=c11 (ISO C) keeps a*b+c unfused (no FMA contraction): results match torch's eager ops bit for bit
 _FLAGS = ["-O3", "-shared", "-fPIC", "-pthread", "-std=c11"]
 _ARCH_FLAGS = ["-march=native"]
@@ -135,7 +137,7 @@ def _load():
             lib = ctypes.CDLL(path)
             lib.posenc_rope.restype = ctypes.c_int
             i64p = ctypes.POINTER(ctypes.c_int64)
-            lib.posenc_rope.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5 + [i64p] * 4 + \
+            lib.posenc_rope.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 6 + [i64p] * 4 + \
                 [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
             lib.posenc_rope_has_f16.restype = ctypes.c_int
             _state.update(lib=lib, path=path, build_seconds=seconds, has_f16=bool(lib.posenc_rope_has_f16()))
@@ -212,12 +214,17 @@ def _plan(shape, x_strides, out_strides, cs_strides, dtype, layout, rotary_dim, 
     plan = None
     if len(sizes) <= _MAX_DIMS:
         csize = 8 if dtype == torch.float64 else 4
+        numel = 1
+        for n in shape:
+            numel *= n
+        # an output far bigger than the cache: non-temporal stores (see rope_native.c)
+        stream = not in_place and numel * _DTYPE_BYTES[dtype] >= _STREAM_BYTES
         block = max(1, _TABLE_BLOCK_BYTES // (rotary_dim * csize))      # rows of cos + sin per block
         plan = []
         for t0, sz, xst, ost, cst in _blocked(sizes, xs, os_, cs, block):
             arr = ctypes.c_int64 * len(sz)
-            args = (_DTYPE_CODES[dtype], _LAYOUT_CODES[layout], int(inverse), int(not in_place), len(sz), arr(*sz),
-                    arr(*xst), arr(*ost), arr(*cst), shape[-1], rotary_dim, nthreads)
+            args = (_DTYPE_CODES[dtype], _LAYOUT_CODES[layout], int(inverse), int(not in_place), int(stream),
+                    len(sz), arr(*sz), arr(*xst), arr(*ost), arr(*cst), shape[-1], rotary_dim, nthreads)
             plan.append((t0 * xs[-1], t0 * os_[-1], t0 * cs[-1], args))
     if len(_plans) > 256:
         _plans.clear()

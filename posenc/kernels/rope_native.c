@@ -9,6 +9,9 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +22,7 @@ enum { LAYOUT_INTERLEAVED = 0, LAYOUT_HALF = 1 };
 
 typedef struct {
     const char *x; char *out; const char *cos; const char *sin;
-    int dtype, layout, inverse, copy_tail, ndim;
+    int dtype, layout, inverse, copy_tail, stream, ndim;
     int64_t sizes[MAX_DIMS], xs[MAX_DIMS], os[MAX_DIMS], cs[MAX_DIMS];
     int64_t dim, rdim, row_begin, row_end;
 } job_t;
@@ -77,6 +80,44 @@ DEFINE_ROW(row_bf16, uint16_t, float, LOAD_BF16, STORE_BF16)
 DEFINE_ROW(row_f16, _Float16, float, LOAD_F16, STORE_F16)
 #endif
 
+/* bf16, interleaved, little-endian: one 32-bit word holds a whole pair (x[2j] in its low half), so widening and
+ * narrowing are shifts and masks on 32-bit lanes instead of 16-bit shuffles (~2x faster than the generic row). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define HAVE_BF16_PAIRS 1
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static void row_bf16_pairs(const char *x, char *o, const float *c, const float *s, int64_t h, float sg) {
+    NO_ALIAS_LOOP
+    for (int64_t j = 0; j < h; j++) {
+        uint32_t u;
+        memcpy(&u, x + 4 * j, 4);
+        float a = bits_f32(u << 16), b = bits_f32(u & 0xffff0000u), cj = c[j], sj = sg * s[j];
+        uint32_t w = (uint32_t)f32_to_bf16(a * cj - b * sj) | ((uint32_t)f32_to_bf16(a * sj + b * cj) << 16);
+        memcpy(o + 4 * j, &w, 4);
+    }
+}
+#endif
+
+/* ---- streaming stores ----------------------------------------------------------------------------------- */
+/* An output much larger than the cache is written with non-temporal stores: a normal store first reads the
+ * destination line from memory (read-for-ownership), so out-of-place RoPE would move 3 bytes per byte instead of
+ * the copy's 2. Rows are rotated into a small aligned buffer, then streamed out. */
+static void stream_row(char *dst, const char *src, size_t n) {
+#if defined(__SSE2__)
+    if (((uintptr_t)dst & 15) == 0 && (n & 15) == 0) {
+        for (size_t i = 0; i < n; i += 16)
+            _mm_stream_si128((__m128i *)(dst + i), _mm_load_si128((const __m128i *)(src + i)));
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+static void stream_fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
 /* ---- one thread's share of rows ------------------------------------------------------------------------- */
 static void *run_rows(void *arg) {
     const job_t *jb = (const job_t *)arg;
@@ -84,6 +125,12 @@ static void *run_rows(void *arg) {
     const int esize = jb->dtype == DT_F64 ? 8 : (jb->dtype == DT_F32 ? 4 : 2);
     const int csize = jb->dtype == DT_F64 ? 8 : 4;
     const int layout = jb->layout;
+
+    char *buf = NULL;                              /* the row before it is streamed out */
+    if (jb->stream) {
+        buf = (char *)aligned_alloc(64, (size_t)((dim * esize + 63) / 64 * 64));
+        if (!buf) return (void *)1;
+    }
 
     /* multi-index of the first row, then advanced like an odometer */
     int64_t idx[MAX_DIMS] = {0}, rem = jb->row_begin;
@@ -93,7 +140,8 @@ static void *run_rows(void *arg) {
         int64_t xo = 0, oo = 0, co = 0;
         for (int d = 0; d < jb->ndim; d++) { xo += idx[d] * jb->xs[d]; oo += idx[d] * jb->os[d]; co += idx[d] * jb->cs[d]; }
         const char *xr = jb->x + xo * esize;
-        char *orow = jb->out + oo * esize;
+        char *dest = jb->out + oo * esize;
+        char *orow = buf ? buf : dest;
         const char *cr = jb->cos + co * csize, *sr = jb->sin + co * csize;
 
         switch (jb->dtype) {
@@ -106,6 +154,12 @@ static void *run_rows(void *arg) {
                     jb->inverse ? -1.0 : 1.0);
             break;
         case DT_BF16:
+#ifdef HAVE_BF16_PAIRS
+            if (layout == LAYOUT_INTERLEAVED) {
+                row_bf16_pairs(xr, orow, (const float *)cr, (const float *)sr, h, jb->inverse ? -1.0f : 1.0f);
+                break;
+            }
+#endif
             row_bf16((const uint16_t *)xr, (uint16_t *)orow, (const float *)cr, (const float *)sr, h, layout,
                      jb->inverse ? -1.0f : 1.0f);
             break;
@@ -118,11 +172,17 @@ static void *run_rows(void *arg) {
         }
         if (jb->copy_tail && dim > rdim)
             memcpy(orow + rdim * esize, xr + rdim * esize, (size_t)(dim - rdim) * esize);
+        if (buf)
+            stream_row(dest, buf, (size_t)(jb->copy_tail ? dim : rdim) * esize);
 
         for (int d = jb->ndim - 1; d >= 0; d--) {   /* next row */
             if (++idx[d] < jb->sizes[d]) break;
             idx[d] = 0;
         }
+    }
+    if (buf) {
+        stream_fence();
+        free(buf);
     }
     return (void *)0;
 }
@@ -138,7 +198,7 @@ int posenc_rope_has_f16(void) {
 
 /* Entry point. Returns 0 on success, nonzero on a bad argument or failed allocation. */
 int posenc_rope(const void *x, void *out, const void *cos, const void *sin, int dtype, int layout, int inverse,
-                int copy_tail, int ndim, const int64_t *sizes, const int64_t *x_strides, const int64_t *out_strides,
+                int copy_tail, int stream, int ndim, const int64_t *sizes, const int64_t *x_strides, const int64_t *out_strides,
                 const int64_t *cs_strides, int64_t dim, int64_t rdim, int nthreads) {
     if (ndim < 1 || ndim > MAX_DIMS || rdim % 2 || rdim > dim || rdim <= 0 || dtype < 0 || dtype > 3) return 2;
     if (dtype == DT_F16 && !posenc_rope_has_f16()) return 2;
@@ -146,6 +206,7 @@ int posenc_rope(const void *x, void *out, const void *cos, const void *sin, int 
     memset(&base, 0, sizeof base);
     base.x = (const char *)x; base.out = (char *)out; base.cos = (const char *)cos; base.sin = (const char *)sin;
     base.dtype = dtype; base.layout = layout; base.inverse = inverse; base.copy_tail = copy_tail; base.ndim = ndim;
+    base.stream = stream && out != x;
     base.dim = dim; base.rdim = rdim;
     int64_t rows = 1;
     for (int d = 0; d < ndim; d++) {

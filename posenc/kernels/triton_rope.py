@@ -44,26 +44,48 @@ def available() -> bool:
     return triton is not None and (torch.cuda.is_available() or _interpret())
 
 
+_INT_ARGS = ["blocks_q", "k_x_delta", "k_o_delta",
+             "nq", "q_s1", "q_s2", "q_s3", "xq0", "xq1", "xq2", "xq3", "oq0", "oq1", "oq2", "oq3",
+             "tq0", "tq1", "tq2", "tq3",
+             "nk", "k_s1", "k_s2", "k_s3", "xk0", "xk1", "xk2", "xk3", "ok0", "ok1", "ok2", "ok3",
+             "tk0", "tk1", "tk2", "tk3"]
+
+
 def _rope_kernel(
-    XQ, OQ, XK, OK, C, S,
-    blocks_q, sign,
+    XQ, OQ, C, S,
+    blocks_q, k_x_delta, k_o_delta, sign,
     nq, q_s1, q_s2, q_s3, xq0, xq1, xq2, xq3, oq0, oq1, oq2, oq3, tq0, tq1, tq2, tq3,
     nk, k_s1, k_s2, k_s3, xk0, xk1, xk2, xk3, ok0, ok1, ok2, ok3, tk0, tk1, tk2, tk3,
     DIM: tl.constexpr, ROT: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    # pick q's or k's description (scalars only: both branches define the same names)
-    if pid < blocks_q:
-        X, O, n, s1, s2, s3 = XQ, OQ, nq, q_s1, q_s2, q_s3
-        x0, x1, x2, x3, o0, o1, o2, o3, t0, t1, t2, t3 = xq0, xq1, xq2, xq3, oq0, oq1, oq2, oq3, tq0, tq1, tq2, tq3
-        blk = pid
-    else:
-        X, O, n, s1, s2, s3 = XK, OK, nk, k_s1, k_s2, k_s3
-        x0, x1, x2, x3, o0, o1, o2, o3, t0, t1, t2, t3 = xk0, xk1, xk2, xk3, ok0, ok1, ok2, ok3, tk0, tk1, tk2, tk3
-        blk = pid - blocks_q
+    # programs [0, blocks_q) take q, the rest k. Selection is arithmetic (no branch), so q's and k's integer
+    # arguments never need matching types; k's data is addressed from q's pointers plus an element delta.
+    is_k = pid >= blocks_q
+    which = is_k.to(tl.int64)
+    blk = pid.to(tl.int64) - which * blocks_q
+    X = XQ + which * k_x_delta
+    O = OQ + which * k_o_delta
 
-    rows = blk.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)          # [M] row ids
+    n = tl.where(is_k, nk.to(tl.int64), nq.to(tl.int64))
+    s1 = tl.where(is_k, k_s1.to(tl.int64), q_s1.to(tl.int64))
+    s2 = tl.where(is_k, k_s2.to(tl.int64), q_s2.to(tl.int64))
+    s3 = tl.where(is_k, k_s3.to(tl.int64), q_s3.to(tl.int64))
+    x0 = tl.where(is_k, xk0.to(tl.int64), xq0.to(tl.int64))
+    x1 = tl.where(is_k, xk1.to(tl.int64), xq1.to(tl.int64))
+    x2 = tl.where(is_k, xk2.to(tl.int64), xq2.to(tl.int64))
+    x3 = tl.where(is_k, xk3.to(tl.int64), xq3.to(tl.int64))
+    o0 = tl.where(is_k, ok0.to(tl.int64), oq0.to(tl.int64))
+    o1 = tl.where(is_k, ok1.to(tl.int64), oq1.to(tl.int64))
+    o2 = tl.where(is_k, ok2.to(tl.int64), oq2.to(tl.int64))
+    o3 = tl.where(is_k, ok3.to(tl.int64), oq3.to(tl.int64))
+    t0 = tl.where(is_k, tk0.to(tl.int64), tq0.to(tl.int64))
+    t1 = tl.where(is_k, tk1.to(tl.int64), tq1.to(tl.int64))
+    t2 = tl.where(is_k, tk2.to(tl.int64), tq2.to(tl.int64))
+    t3 = tl.where(is_k, tk3.to(tl.int64), tq3.to(tl.int64))
+
+    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)                         # [M] row ids
     rmask = rows < n
     r = rows
     i3 = r % s3
@@ -100,7 +122,9 @@ def _rope_kernel(
 def _kernel():
     mode = _interpret()
     if mode not in _kernels:
-        _kernels[mode] = triton.jit(_rope_kernel)
+        # integers are not specialised (a stride or size of 1 would otherwise become a compile-time constant,
+        # and every new geometry a recompile)
+        _kernels[mode] = triton.jit(_rope_kernel, do_not_specialize=_INT_ARGS)
     return _kernels[mode]
 
 
@@ -166,9 +190,12 @@ def rope_into(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], cos: tor
     if blocks_q + blocks_k == 0:
         return
     copy_tail = rotary_dim < dim and not all(w[2] for w in work)
-    args = [work[0][0], work[0][1], work[1][0], work[1][1], cos, sin, blocks_q, -1.0 if inverse else 1.0]
-    for n, s, xst, ost, tst in descs:
-        args += [n, *s, *xst, *ost, *tst]
+    (xq, oq, _), (xk, ok, _) = work[0], work[1]
+    esize = xq.element_size()
+    args = [xq, oq, cos, sin, blocks_q, (xk.data_ptr() - xq.data_ptr()) // esize,
+            (ok.data_ptr() - oq.data_ptr()) // esize, -1.0 if inverse else 1.0]
+    for n, sz, xst, ost, tst in descs:
+        args += [n, *sz, *xst, *ost, *tst]
     _kernel()[(blocks_q + blocks_k,)](
         *args, DIM=dim, ROT=rotary_dim, HALF_PAD=half_pad, TAIL_PAD=tail_pad,
         INTERLEAVED=layout == "interleaved", COPY_TAIL=copy_tail, BLOCK_M=block_m)

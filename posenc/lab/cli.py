@@ -77,7 +77,7 @@ FLAGS = [
     ("--passkey-depths", "passkey_depths", _floats, "comma-separated key depths in [0, 1]"),
     ("--passkey-trials", "passkey_trials", int, "passkey episodes per length x depth cell"),
     ("--device", "device", str, "auto (CUDA when present), cpu, cuda, cuda:N"),
-    ("--threads", "threads", int, "torch CPU threads (0: torch's default)"),
+    ("--threads", "threads", int, "torch CPU threads (0: auto, the idle cores up to torch's default)"),
     ("--data", "data", str, "a text file or folder to use instead of the CPython stdlib corpus"),
     ("--out", "out", str, "output folder (default: runs/<preset>)"),
     ("--ckpt-every", "ckpt_every", int, "checkpoint every N steps (0: only at the end)"),

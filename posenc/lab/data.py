@@ -194,7 +194,8 @@ def passkey_min_len() -> int:
     return len(_needle("0" * KEY_DIGITS)) + len(QUESTION) + KEY_DIGITS
 
 
-def _encode(text: str) -> list[int]:
+def encode(text: str) -> list[int]:
+    """ASCII text -> byte tokens."""
     return list(text.encode("ascii"))
 
 
@@ -211,10 +212,10 @@ class PasskeySampler:
         for _ in range(self.batch_size):
             key = "".join(rng.choice("0123456789") for _ in range(KEY_DIGITS))
             prompt, answer = passkey_example(self.seq_len, rng.random(), key)
-            seq = _encode(prompt + answer)
+            seq = encode(prompt + answer)
             inputs.append(seq[:-1] + [ord(" ")])  # pad to seq_len; the final position is not scored
             tgt = [IGNORE] * self.seq_len
-            for i, t in enumerate(_encode(answer)):  # position len(prompt)-1+i predicts answer[i]
+            for i, t in enumerate(encode(answer)):  # position len(prompt)-1+i predicts answer[i]
                 tgt[len(prompt) - 1 + i] = t
             targets.append(tgt)
         return torch.tensor(inputs[rank::world_size]), torch.tensor(targets[rank::world_size])

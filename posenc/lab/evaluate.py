@@ -13,7 +13,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from posenc.lab.data import (IGNORE, KEY_DIGITS, copy_example, copy_len, passkey_example, _encode)
+from posenc.lab.data import (IGNORE, KEY_DIGITS, copy_example, copy_len, encode, passkey_example)
 
 EXTENSION_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
 
@@ -104,7 +104,7 @@ def passkey_eval(model, length: int, depth: float, *, n_trials: int, seed: int, 
         return None
     rng = random.Random(seed * 104729 + length * 1009 + round(depth * 1000))
     keys = ["".join(rng.choice("0123456789") for _ in range(KEY_DIGITS)) for _ in range(n_trials)]
-    prompts = torch.tensor([_encode(passkey_example(length, depth, k)[0]) for k in keys], device=device)
+    prompts = torch.tensor([encode(passkey_example(length, depth, k)[0]) for k in keys], device=device)
     out = model.generate(prompts, KEY_DIGITS).cpu()
     got = ["".join(chr(c) for c in row.tolist()) for row in out]
     return sum(g == k for g, k in zip(got, keys)) / n_trials

@@ -34,7 +34,7 @@ class LabConfig:
     scale_embeddings: bool = True  # token embeddings * sqrt(d_model) (Vaswani et al.): see docs/lab.md
     # training (identical for every scheme; same data order per seed)
     train_len: int = 128
-    batch_size: int = 32
+    batch_size: int = 24
     steps: int = 800
     lr: float = 3e-3
     warmup: int = 50
@@ -56,7 +56,7 @@ class LabConfig:
     passkey_trials: int = 20
     # run
     device: str = "auto"
-    threads: int = 0  # 0: torch's default
+    threads: int = 0  # 0: auto (torch's default, capped at the cores left idle by other work)
     data: str | None = None
     out: str | None = None
     ckpt_every: int = 200

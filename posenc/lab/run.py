@@ -35,6 +35,21 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def auto_threads() -> int:
+    """CPU threads to use: torch's default, but no more than the cores other work leaves idle.
+
+    Oversubscribed OpenMP threads wait on each other: on a shared 2-core machine 2 threads ran 2-3x slower than 1.
+    """
+    import os
+
+    default = torch.get_num_threads()
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return default
+    return max(1, min(default, (os.cpu_count() or 1) - int(round(busy))))
+
+
 def out_dir(cfg: LabConfig) -> Path:
     return Path(cfg.out) if cfg.out else Path("runs") / cfg.preset
 
@@ -65,9 +80,9 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
 
     cfg.validate()
     t_start = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
+    if cfg.threads or device == "cpu":
+        torch.set_num_threads(cfg.threads or auto_threads())
     out = out_dir(cfg)
     corpus = load_corpus(cfg.data) if "lm" in cfg.tasks else None
     meta = {

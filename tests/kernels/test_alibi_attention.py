@@ -163,10 +163,11 @@ def test_chunked_never_allocates_the_full_bias(causal):
     assert total < full_bias / 4, (total, full_bias)
 
 
-def test_default_block_size_bounds_memory():
-    # CPU: 16 blocks for long inputs (one block's scores <= 1/16 of the full bias even on SDPA's unfused path)
-    assert default_block_size(16, 8192, 8192, "cpu") == 512
+def test_default_block_size():
+    # CPU: the bias is a view, so blocks only serve to skip masked keys: 8 causal blocks, one bidirectional call
+    assert default_block_size(16, 8192, 8192, "cpu") == 1024
     assert default_block_size(16, 100, 100, "cpu") == 100
+    assert default_block_size(16, 8192, 8192, "cpu", causal=False) == 8192
     # elsewhere each block's bias is materialised: it stays near 8 Mi elements
     blk = default_block_size(16, 8192, 8192, "cuda")
     assert 16 * blk * 8192 <= 8 * 2**20 and blk >= 16

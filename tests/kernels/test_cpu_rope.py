@@ -96,6 +96,24 @@ def test_native_and_eager_agree_on_a_real_shape():
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_large_outputs_stream_past_the_cache(layout):
+    # outputs >= 8 MiB are written with non-temporal stores from a row buffer (partial rotary: the tail too);
+    # an output that is not 16-byte aligned takes the plain-copy branch
+    x = torch.randn(1, 17, 1000, 128)
+    positions = torch.arange(1000) + 5
+    _, cos, sin = table(positions, 96, torch.float32)
+    ref = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout=layout, rotary_dim=96, native=False)
+    aligned = cpu_rope.rope_into(x, cos, sin, torch.full_like(x, float("nan")), layout=layout, rotary_dim=96,
+                                 native=True)
+    unaligned = torch.full((x.numel() + 1,), float("nan"))[1:].view(x.shape)
+    cpu_rope.rope_into(x, cos, sin, unaligned, layout=layout, rotary_dim=96, native=True)
+    for got in (aligned, unaligned):
+        assert torch.allclose(got, ref, atol=1e-6, rtol=1e-6)
+        assert torch.equal(got[..., 96:], x[..., 96:])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_multithreaded_split_covers_every_row(dtype):
     # big enough for several threads: every row written exactly as the single-row path would
