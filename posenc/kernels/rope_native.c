@@ -136,9 +136,12 @@ static void *run_rows(void *arg) {
     int64_t idx[MAX_DIMS] = {0}, rem = jb->row_begin;
     for (int d = jb->ndim - 1; d >= 0; d--) { idx[d] = rem % jb->sizes[d]; rem /= jb->sizes[d]; }
 
+    int64_t xo = 0, oo = 0, co = 0;                /* element offsets of the current row */
+    for (int d = 0; d < jb->ndim; d++) { xo += idx[d] * jb->xs[d]; oo += idx[d] * jb->os[d]; co += idx[d] * jb->cs[d]; }
+    const float sgf = jb->inverse ? -1.0f : 1.0f;
+    const double sgd = jb->inverse ? -1.0 : 1.0;
+
     for (int64_t r = jb->row_begin; r < jb->row_end; r++) {
-        int64_t xo = 0, oo = 0, co = 0;
-        for (int d = 0; d < jb->ndim; d++) { xo += idx[d] * jb->xs[d]; oo += idx[d] * jb->os[d]; co += idx[d] * jb->cs[d]; }
         const char *xr = jb->x + xo * esize;
         char *dest = jb->out + oo * esize;
         char *orow = buf ? buf : dest;
@@ -146,27 +149,23 @@ static void *run_rows(void *arg) {
 
         switch (jb->dtype) {
         case DT_F32:
-            row_f32((const float *)xr, (float *)orow, (const float *)cr, (const float *)sr, h, layout,
-                    jb->inverse ? -1.0f : 1.0f);
+            row_f32((const float *)xr, (float *)orow, (const float *)cr, (const float *)sr, h, layout, sgf);
             break;
         case DT_F64:
-            row_f64((const double *)xr, (double *)orow, (const double *)cr, (const double *)sr, h, layout,
-                    jb->inverse ? -1.0 : 1.0);
+            row_f64((const double *)xr, (double *)orow, (const double *)cr, (const double *)sr, h, layout, sgd);
             break;
         case DT_BF16:
 #ifdef HAVE_BF16_PAIRS
             if (layout == LAYOUT_INTERLEAVED) {
-                row_bf16_pairs(xr, orow, (const float *)cr, (const float *)sr, h, jb->inverse ? -1.0f : 1.0f);
+                row_bf16_pairs(xr, orow, (const float *)cr, (const float *)sr, h, sgf);
                 break;
             }
 #endif
-            row_bf16((const uint16_t *)xr, (uint16_t *)orow, (const float *)cr, (const float *)sr, h, layout,
-                     jb->inverse ? -1.0f : 1.0f);
+            row_bf16((const uint16_t *)xr, (uint16_t *)orow, (const float *)cr, (const float *)sr, h, layout, sgf);
             break;
 #ifdef __FLT16_MAX__
         case DT_F16:
-            row_f16((const _Float16 *)xr, (_Float16 *)orow, (const float *)cr, (const float *)sr, h, layout,
-                    jb->inverse ? -1.0f : 1.0f);
+            row_f16((const _Float16 *)xr, (_Float16 *)orow, (const float *)cr, (const float *)sr, h, layout, sgf);
             break;
 #endif
         }
@@ -175,8 +174,10 @@ static void *run_rows(void *arg) {
         if (buf)
             stream_row(dest, buf, (size_t)(jb->copy_tail ? dim : rdim) * esize);
 
-        for (int d = jb->ndim - 1; d >= 0; d--) {   /* next row */
-            if (++idx[d] < jb->sizes[d]) break;
+        for (int d = jb->ndim - 1; d >= 0; d--) {   /* next row: step the offsets, carrying like an odometer */
+            if (++idx[d] < jb->sizes[d]) { xo += jb->xs[d]; oo += jb->os[d]; co += jb->cs[d]; break; }
+            xo -= (jb->sizes[d] - 1) * jb->xs[d]; oo -= (jb->sizes[d] - 1) * jb->os[d];
+            co -= (jb->sizes[d] - 1) * jb->cs[d];
             idx[d] = 0;
         }
     }

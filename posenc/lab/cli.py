@@ -65,7 +65,7 @@ FLAGS = [
     ("--seeds", "seeds", _ints, "comma-separated seeds; several are reported as mean +- std"),
     ("--eval-lens", "eval_lens", _ints, "comma-separated evaluation lengths"),
     ("--eval-tokens", "eval_tokens", int, "tokens scored per LM evaluation length"),
-    ("--sliding-stride", "sliding_stride", int, "stride of the sliding-window LM eval (0: off)"),
+    ("--sliding-stride", "sliding_stride", int, "stride of the sliding-window LM eval (-1: half the window, 0: off)"),
     ("--sliding-lens", "sliding_lens", _ints, "lengths for the sliding-window eval (default: the longest eval length)"),
     ("--sliding-tokens", "sliding_tokens", int, "tokens scored per sliding-window length"),
     ("--extensions", "extensions", _names,

@@ -34,8 +34,8 @@ class LabConfig:
     scale_embeddings: bool = True  # token embeddings * sqrt(d_model) (Vaswani et al.): see docs/lab.md
     # training (identical for every scheme; same data order per seed)
     train_len: int = 128
-    batch_size: int = 24
-    steps: int = 800
+    batch_size: int = 20
+    steps: int = 600
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.1
@@ -43,10 +43,10 @@ class LabConfig:
     seeds: list = field(default_factory=lambda: [0])
     # evaluation
     eval_lens: list = field(default_factory=lambda: [128, 256, 512, 1024])
-    eval_tokens: int = 65536  # tokens scored per LM eval length
-    sliding_stride: int = 128  # 0: no sliding-window eval; else stride S (context = eval_len - S)
+    eval_tokens: int = 49152  # tokens scored per LM eval length
+    sliding_stride: int = -1  # -1: half the sliding length; 0: no sliding eval; S: stride (context = L - S)
     sliding_lens: list = field(default_factory=list)  # lengths for the sliding eval (empty: the longest eval length)
-    sliding_tokens: int = 8192
+    sliding_tokens: int = 49152  # = eval_tokens: both protocols score the same text
     extensions: list = field(default_factory=lambda: list(ALL_EXTENSIONS))
     ext_factor: float = 0.0  # 0: max(eval_lens) / train_len
     finetune_steps: int = 0  # > 0: also fine-tune each method at finetune_len, then evaluate
@@ -83,9 +83,10 @@ class LabConfig:
             raise ConfigError(f"--d-model: must split into {self.n_heads} heads of even size, got {self.d_model}")
         if not all(0.0 <= d <= 1.0 for d in self.passkey_depths):
             raise ConfigError(f"--passkey-depths: expected fractions in [0, 1], got {self.passkey_depths}")
-        if self.sliding_stride < 0 or self.sliding_stride > min(self.sliding_lens or self.eval_lens):
-            raise ConfigError(f"--sliding-stride: expected 0 (off) or 1..{min(self.sliding_lens or self.eval_lens)}, "
-                              f"got {self.sliding_stride}")
+        shortest = min(self.sliding_lens or [max(self.eval_lens)])
+        if self.sliding_stride < -1 or ("lm" in self.tasks and self.sliding_stride > shortest):
+            raise ConfigError(f"--sliding-stride: expected -1 (auto), 0 (off) or 1..{shortest} (the sliding-window "
+                              f"length), got {self.sliding_stride}")
         if "passkey" in self.tasks:
             from posenc.lab.data import passkey_min_len
 

@@ -199,8 +199,9 @@ def _evaluate(task, model, scheme, scaling, finetuned, seed, cfg, corpus, device
                 curves[f"{scheme}|{scaling}|{'ft' if finetuned else 'zs'}|{seed}"] = [round(x, 4) for x in r["per_position"]]
         if cfg.sliding_stride:
             for L in cfg.sliding_lens or [max(cfg.eval_lens)]:
-                r = lm_eval(model, corpus.val, L, n_tokens=cfg.sliding_tokens, stride=cfg.sliding_stride, device=device)
-                extra = dict(protocol=f"sliding (stride {cfg.sliding_stride})", **common)
+                stride = cfg.sliding_stride if cfg.sliding_stride > 0 else max(1, L // 2)
+                r = lm_eval(model, corpus.val, L, n_tokens=cfg.sliding_tokens, stride=stride, device=device)
+                extra = dict(protocol=f"sliding (stride {stride})", **common)
                 if r is None:
                     extra["note"] = _na(model)
                 rows.append(_row(*args, L, "ppl", r and r["ppl"], **extra))

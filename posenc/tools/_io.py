@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from posenc.errors import ConfigError
-from posenc.lab.io import atomic_write_json
+from posenc._atomic import atomic_write_json
 from posenc.rope.config import read_config_file
 
 
@@ -34,7 +34,5 @@ def write_json_atomic(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:
         raise ConfigError(f"output path {path} is a folder; give a file name such as {path / 'config.json'}")
     if not path.parent.exists():
         raise FileNotFoundError(f"output folder does not exist: {path.parent}")
-    mode = (path.stat().st_mode & 0o777) if path.exists() else 0o644
-    atomic_write_json(path, data)
-    os.chmod(path, mode)  # the temp file was created 0600
-    return path
+    mode = (path.stat().st_mode & 0o777) if path.exists() else None  # keep a replaced file's mode
+    return atomic_write_json(path, data, make_parents=False, mode=mode)

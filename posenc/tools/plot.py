@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
+from posenc._atomic import atomic_path
 from posenc.errors import PosencError
 
 HELP = "Draw positional-encoding plots: sinusoidal, rope, scaling, alibi, decay."
@@ -51,16 +51,8 @@ def _save(fig, out: str | os.PathLike) -> Path:
         raise PosencError(f"out must be a .png file name, got {str(out)!r}")
     if not out.parent.exists():
         raise FileNotFoundError(f"output folder does not exist: {out.parent}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out, make_parents=False) as tmp:
         fig.savefig(tmp, format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return out
 
 
@@ -196,11 +188,8 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
     claimed, _ = _claimed_context(rc)
     l0 = _original_context(rc)
     at = seq_len or claimed or (2 * l0 if l0 else None)
-    try:
-        inv, attention = rope_parameters(rc, at)
-        labels = frequency_bands(rc, at)["labels"]
-    except (TypeError, AttributeError, ArithmeticError) as exc:
-        raise PosencError(f"malformed RoPE parameters for rope_type {rc.rope_type!r}: {exc}") from None
+    inv, attention = rope_parameters(rc, at)  # malformed values raise ConfigError naming the key
+    labels = frequency_bands(rc, at)["labels"]
     base = default_inv_freq(rc.rotary_dim, rc.theta).double()
     wl = (2 * math.pi / inv.double()).tolist()                # inf for removed pairs (inv 0)
     wl0 = (2 * math.pi / base).tolist()

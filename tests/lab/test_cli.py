@@ -106,3 +106,15 @@ def test_several_seeds_report_mean_and_std(tmp_path):
         mean = sum(r["values"]) / 2
         assert r["value"] == pytest.approx(mean) and r["std"] == pytest.approx(abs(r["values"][0] - mean) * 2 ** 0.5)
     assert " ± " in (tmp_path / "report.md").read_text()
+
+
+def test_sliding_stride_defaults_to_half_the_window_and_is_validated(tmp_path):
+    from posenc.lab.run import run_lab
+
+    cfg = get_preset("smoke", tasks=["lm"], schemes=["nope"], extensions=[], sliding_stride=-1, sliding_lens=[],
+                     eval_lens=[32, 64], out=str(tmp_path), steps=1)
+    rows = run_lab(cfg, progress=False, log=lambda *a: None)["results"]
+    assert {r["protocol"] for r in rows} == {"non-overlapping", "sliding (stride 32)"}
+    get_preset("default", tasks=["copy"], eval_lens=[16, 32])  # no LM task: the LM-only stride is not checked
+    with pytest.raises(ConfigError, match="--sliding-stride"):
+        get_preset("default", eval_lens=[16, 32], sliding_stride=64)

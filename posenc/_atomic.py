@@ -1,0 +1,57 @@
+"""Atomic file writes: write a temporary sibling, then ``os.replace`` it over the target.
+
+An interrupted run never leaves a half-written results file, plot or config. Files get mode 0644 less the
+process umask (mkstemp alone would leave them 0600).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, make_parents: bool = True, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success move it into place, on error delete it.
+
+    For writers that need a file name (matplotlib's savefig, safetensors). ``mode`` defaults to 0644 & ~umask.
+    """
+    path = Path(path)
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, (0o644 & ~_umask()) if mode is None else mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, **kwargs) -> Path:
+    """Write ``data`` to ``path`` atomically; returns the path."""
+    with atomic_path(path, **kwargs) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, **kwargs) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), **kwargs)
+
+
+def atomic_write_json(path: str | os.PathLike, obj, **kwargs) -> Path:
+    """Indented JSON; NaN/inf are refused (not valid JSON)."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n", **kwargs)
