@@ -6,15 +6,15 @@ Used by benchmarks/rope.py and benchmarks/alibi.py. Scripts, not tests: run them
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
-import tempfile
 from typing import Callable, Sequence
 
 import torch
 import torch.utils.benchmark as benchmark
+
+from posenc._atomic import atomic_write_json
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -102,19 +102,8 @@ def print_table(rows: Sequence[dict], columns: Sequence[str], title: str | None 
 
 
 def save_json(obj: object, path: str) -> str:
-    """Write ``obj`` as JSON atomically (temp file in the same folder + os.replace); return the path."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``obj`` as JSON atomically (posenc's shared writer: temp file + os.replace); return the path."""
+    atomic_write_json(path, obj)
     return path
 
 

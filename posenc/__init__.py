@@ -10,7 +10,7 @@ Public names are loaded lazily so that ``import posenc`` stays cheap (no matplot
 
 from __future__ import annotations
 
-import importlib
+from posenc._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -43,19 +43,15 @@ _EXPORTS = {
     "alibi_slopes": "posenc.alibi",
     "alibi_bias": "posenc.alibi",
     "alibi_attention": "posenc.kernels.alibi_attention",
+    # the lab's model pieces
+    "make_scheme": "posenc.schemes",
+    "SCHEME_NAMES": "posenc.schemes",
+    "CausalSelfAttention": "posenc.attention",
+    "KVCache": "posenc.attention",
+    "ModelConfig": "posenc.model",
+    "TinyLM": "posenc.model",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'posenc' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # cache: the next access skips __getattr__
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

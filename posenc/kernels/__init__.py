@@ -10,18 +10,11 @@ Submodules load lazily so that importing posenc never imports triton or builds a
 
 from __future__ import annotations
 
-import importlib
+from posenc._lazy import lazy_exports
 
 _EXPORTS = {
     "rope": "posenc.kernels.rope_dispatch",
     "native_info": "posenc.kernels.cpu_rope",
 }
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'posenc.kernels' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from posenc.errors import CheckpointError
-from posenc.lab.io import atomic_tmp_path
+from posenc._atomic import atomic_path
 
 FORMAT = "posenc-lab-checkpoint/1"
 
@@ -41,13 +41,8 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     meta = {"format": FORMAT, "step": str(int(step)), "param_groups": json.dumps(groups),
             "settings": json.dumps(settings or {}, sort_keys=True)}
     path = Path(path)
-    tmp = atomic_tmp_path(path)
-    try:
+    with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 

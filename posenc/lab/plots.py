@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posenc.lab.io import atomic_tmp_path
+from posenc._atomic import atomic_path
 from posenc.lab.report import _sort_key, model_label
 
 COLORS = {"nope": "tab:gray", "sinusoidal": "tab:orange", "learned": "tab:brown", "rope": "tab:blue",
@@ -30,13 +30,8 @@ def _series(results, task, metric, **match):
 
 
 def _save(fig, path: Path) -> None:
-    tmp = atomic_tmp_path(path)
-    try:
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-        tmp.replace(path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _log_axes(ax, ticks, ticker, logy=False):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posenc.lab.io import atomic_write_text
+from posenc._atomic import atomic_write_text
 
 SCHEME_ORDER = ["nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi"]
 SCALING_ORDER = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]

@@ -18,8 +18,10 @@ from pathlib import Path
 import torch
 
 from posenc.lab.data import CopySampler, LMSampler, PasskeySampler, load_corpus
+from posenc.lab.distributed import current, map_across_ranks
 from posenc.lab.evaluate import band_counts, copy_eval, extension_scaling, lm_eval, passkey_eval
-from posenc.lab.io import atomic_write_json, atomic_write_text, is_main_process
+from posenc._atomic import atomic_write_json
+from posenc.lab.io import is_main_process
 from posenc.lab.presets import LabConfig
 from posenc.lab.train import TrainSettings, train
 from posenc.model import ModelConfig, TinyLM
@@ -155,7 +157,8 @@ def _extensions(task, model, seed, cfg, corpus, device, curves, out, resume, pro
     model.scheme.set_scaling(None)
     if cfg.finetune_steps:
         ft_len = cfg.finetune_len or max(cfg.eval_lens)
-        batch = max(1, cfg.batch_size * cfg.train_len // ft_len)  # same tokens per step as pre-training
+        # same tokens per step as pre-training, but at least one row per rank
+        batch = max(current().world_size, cfg.batch_size * cfg.train_len // ft_len)
         for method in ["none"] + list(cfg.extensions):
             ft = copy.deepcopy(model)
             if method != "none":
@@ -184,13 +187,16 @@ def _na(model) -> str:
 
 
 def _evaluate(task, model, scheme, scaling, finetuned, seed, cfg, corpus, device, curves, bands=None) -> list[dict]:
+    """Score one trained model. Under torchrun each rank evaluates a share of the lengths (balanced by length, the
+    cost) and every rank receives all results (``map_across_ranks``); in one process it is a plain loop."""
     rows = []
     common = dict(bands=bands) if bands is not None else {}
     args = (task, scheme, scaling, finetuned, seed, cfg)
     model.to(device).eval()
     if task == "lm":
-        for L in cfg.eval_lens:
-            r = lm_eval(model, corpus.val, L, n_tokens=cfg.eval_tokens, device=device)
+        lm = map_across_ranks(lambda L: lm_eval(model, corpus.val, L, n_tokens=cfg.eval_tokens, device=device),
+                              cfg.eval_lens, cost=lambda L: L)
+        for L, r in zip(cfg.eval_lens, lm):
             extra = dict(protocol="non-overlapping", **common)
             if r is None:
                 extra["note"] = _na(model)
@@ -198,25 +204,31 @@ def _evaluate(task, model, scheme, scaling, finetuned, seed, cfg, corpus, device
             if r is not None and L == max(cfg.eval_lens):
                 curves[f"{scheme}|{scaling}|{'ft' if finetuned else 'zs'}|{seed}"] = [round(x, 4) for x in r["per_position"]]
         if cfg.sliding_stride:
-            for L in cfg.sliding_lens or [max(cfg.eval_lens)]:
+            lens = cfg.sliding_lens or [max(cfg.eval_lens)]
+
+            def sliding(L):
                 stride = cfg.sliding_stride if cfg.sliding_stride > 0 else max(1, L // 2)
-                r = lm_eval(model, corpus.val, L, n_tokens=cfg.sliding_tokens, stride=stride, device=device)
+                return stride, lm_eval(model, corpus.val, L, n_tokens=cfg.sliding_tokens, stride=stride, device=device)
+
+            for L, (stride, r) in zip(lens, map_across_ranks(sliding, lens, cost=lambda L: L)):
                 extra = dict(protocol=f"sliding (stride {stride})", **common)
                 if r is None:
                     extra["note"] = _na(model)
                 rows.append(_row(*args, L, "ppl", r and r["ppl"], **extra))
     elif task == "copy":
-        for L in cfg.eval_lens:
-            r = copy_eval(model, L, n_examples=cfg.copy_examples, seed=seed, device=device)
+        accs = map_across_ranks(lambda L: copy_eval(model, L, n_examples=cfg.copy_examples, seed=seed, device=device),
+                                cfg.eval_lens, cost=lambda L: L)
+        for L, r in zip(cfg.eval_lens, accs):
             for metric in ("exact_match", "token_accuracy"):
                 extra = dict(common, note=_na(model)) if r is None else common
                 rows.append(_row(*args, L, metric, r and r[metric], **extra))
     elif task == "passkey":
-        for L in cfg.eval_lens:
-            for depth in cfg.passkey_depths:
-                v = passkey_eval(model, L, depth, n_trials=cfg.passkey_trials, seed=seed, device=device)
-                extra = dict(common, note=_na(model)) if v is None else common
-                rows.append(_row(*args, L, "exact_match", v, depth=depth, **extra))
+        grid = [(L, depth) for L in cfg.eval_lens for depth in cfg.passkey_depths]
+        values = map_across_ranks(lambda item: passkey_eval(model, item[0], item[1], n_trials=cfg.passkey_trials,
+                                                            seed=seed, device=device), grid, cost=lambda item: item[0])
+        for (L, depth), v in zip(grid, values):
+            extra = dict(common, note=_na(model)) if v is None else common
+            rows.append(_row(*args, L, "exact_match", v, depth=depth, **extra))
     return rows
 
 

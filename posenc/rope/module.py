@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from posenc.errors import PosencError
-from posenc.rope.apply import LAYOUTS, _rotate, rope_cos_sin
+from posenc.rope.apply import LAYOUTS, _rotate_fast, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.scaling import _lookup
 
@@ -175,7 +175,7 @@ class Rotary(nn.Module):
         if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         cos, sin = cos.to(q.device), sin.to(q.device)
-        return _rotate(q, cos, sin, self.layout, self.rotary_dim), _rotate(k, cos, sin, self.layout, self.rotary_dim)
+        return _rotate_fast((q, k), cos, sin, self.layout, self.rotary_dim, False, None)
 
     def extra_repr(self) -> str:
         c = self.config

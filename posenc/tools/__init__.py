@@ -11,7 +11,7 @@ submodule's name, so import the function as ``from posenc.tools.pick import pick
 
 from __future__ import annotations
 
-import importlib
+from posenc._lazy import lazy_exports
 
 _EXPORTS = {
     "inspect_config": "posenc.tools.inspect",
@@ -27,15 +27,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'posenc.tools' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -114,6 +114,50 @@ def test_large_outputs_stream_past_the_cache(layout):
         assert torch.equal(got[..., 96:], x[..., 96:])
 
 
+def _unfused_rope(x, cos, sin, layout, rotary_dim, inverse):
+    """The kernel's arithmetic spelled out in torch ops (fp32, a*c - b*s unfused, one rounding at the end)."""
+    xf, out = x.float(), x.float().clone()
+    s = -sin if inverse else sin
+    if layout == "half":
+        ia, ib = slice(0, rotary_dim // 2), slice(rotary_dim // 2, rotary_dim)
+    else:
+        ia, ib = slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    a, b = xf[..., ia], xf[..., ib]
+    out[..., ia], out[..., ib] = a * cos - b * s, a * s + b * cos
+    return out.to(x.dtype)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [32, 96, 128])
+def test_vector_rows_are_bit_exact(layout, dtype, rotary_dim, monkeypatch):
+    # rows of 16k pairs take the AVX-512 rows where the CPU has them: same rounding as torch, bit for bit, over
+    # magnitudes from subnormal to near overflow, inverse and in place; small table blocks force the blocked
+    # launch order with a leftover block
+    monkeypatch.setattr(cpu_rope, "_TABLE_BLOCK_BYTES", 7 * rotary_dim * 4)
+    cpu_rope._plans.clear()
+    g = torch.Generator().manual_seed(rotary_dim)
+    t = 37
+    scale = torch.logspace(-42, 36, t * 128, dtype=torch.float64).view(t, 128)[torch.randperm(t, generator=g)]
+    x = (torch.randn(2, 3, t, 128, generator=g, dtype=torch.float64) * scale).to(dtype)
+    angles = torch.randn(t, rotary_dim // 2, generator=g) * 50
+    cos, sin = angles.cos(), angles.sin()
+    try:
+        for inverse in (False, True):
+            ref = _unfused_rope(x, cos, sin, layout, rotary_dim, inverse)
+            new = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout=layout, rotary_dim=rotary_dim,
+                                     inverse=inverse, native=True)
+            y = x.clone()
+            cpu_rope.rope_into(y, cos, sin, y, layout=layout, rotary_dim=rotary_dim, inverse=inverse, native=True)
+            bits = torch.int32 if dtype == torch.float32 else torch.int16
+            assert not ref.isnan().any()
+            for got in (new, y):
+                assert torch.equal(got.view(bits), ref.view(bits))
+    finally:
+        cpu_rope._plans.clear()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_multithreaded_split_covers_every_row(dtype):
     # big enough for several threads: every row written exactly as the single-row path would
