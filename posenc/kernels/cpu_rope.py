@@ -41,7 +41,7 @@ _DTYPE_BYTES = {torch.float32: 4, torch.float64: 8, torch.bfloat16: 2, torch.flo
 _MAX_DIMS = 8                    # leading dims the C kernel takes after collapsing
 _GRAIN = 1 << 16                 # elements per thread below which extra threads cost more than they save
 _CHUNK = 1 << 18                 # elements per chunk in the eager fallback (1 MiB fp32: stays in L2)
-_TABLE_BLOCK_BYTES = 1 << 20      # cos + sin rows kept in cache while every head uses them (256 KiB blocks were
+_TABLE_BLOCK_BYTES = 1 << 20     # cos + sin rows kept in cache while every head uses them (256 KiB blocks were
                                  # 1.4x slower here: each head restarts the prefetcher every block)
 _STREAM_BYTES = 8 << 20          # outputs at least this big bypass the cache (non-temporal stores)
 # -std=c11 (ISO C) keeps a*b+c unfused (no FMA contraction): results match torch's eager ops bit for bit
