@@ -29,7 +29,10 @@ def atomic_path(path: str | os.PathLike, *, make_parents: bool = True, mode: int
     path = Path(path)
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    except OSError as exc:  # name the file the user asked for, not our temporary
+        raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}") from None
     os.close(fd)
     try:
         yield Path(tmp)

@@ -10,6 +10,7 @@ from torch import nn
 
 from posenc._validate import positive_float, positive_int
 from posenc.errors import PosencError
+from posenc.rope.apply import check_position_dtype
 
 
 def sinusoidal_at(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -47,7 +48,7 @@ def _positions_for(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Ten
     seq = x.shape[-2]
     if positions is None:
         return torch.arange(seq, device=x.device)
-    positions = torch.as_tensor(positions, device=x.device)
+    positions = check_position_dtype(torch.as_tensor(positions, device=x.device))
     if positions.shape[-1:] != (seq,):
         raise PosencError(f"positions must have shape [seq] or [batch, seq] with seq={seq}, "
                           f"got {tuple(positions.shape)}")

@@ -50,6 +50,8 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None, *, slopes: to
                           f"got q_len={q_len}, k_len={k_len}")
     if slopes is None:
         slopes = alibi_slopes(n_heads)
+    if device is None and isinstance(slopes, torch.Tensor):
+        device = slopes.device  # build the distances where the slopes live
     slopes = torch.as_tensor(slopes, dtype=torch.float32, device=device)
     if slopes.shape != (n_heads,):
         raise PosencError(f"slopes must have shape [n_heads] = [{n_heads}], got {tuple(slopes.shape)}")

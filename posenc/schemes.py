@@ -25,9 +25,6 @@ from posenc.errors import ConfigError
 
 SCHEME_NAMES = ("nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi")
 
-# rope types whose frequencies depend on the sequence length: keys must be cached before rotation
-_LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
-
 
 class Scheme(nn.Module):
     """Base class: a scheme that adds nothing (NoPE behaves exactly like this)."""
@@ -123,9 +120,12 @@ class RoPEScheme(Scheme):
         if scaling:
             config["rope_scaling"] = copy.deepcopy(dict(scaling))
         self.config = config
-        rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-        self.rope_type = rope_type
-        self.length_dependent = rope_type in _LENGTH_DEPENDENT_ROPE_TYPES
+        from posenc.rope.config import load_rope_config
+        from posenc.rope.scaling import ROPE_SCALING_FUNCTIONS
+
+        self.rope_type = load_rope_config(config).rope_type
+        # the registry says whether frequencies depend on the length: then keys are cached before rotation
+        self.length_dependent = getattr(ROPE_SCALING_FUNCTIONS[self.rope_type], "seq_len_rule", None) is not None
         self._cache: dict = {}
         self.frequencies(self.config["max_position_embeddings"])  # validate the config now, not mid-run
 
@@ -168,7 +168,7 @@ class ALiBiScheme(Scheme):
         if self._bias_cache is None or self._bias_cache[0] != key:
             from posenc import alibi_bias
 
-            b = alibi_bias(len(self.slopes), q_len, k_len, slopes=self.slopes).to(device=device, dtype=torch.float32)
+            b = alibi_bias(len(self.slopes), q_len, k_len, slopes=self.slopes.to(device), device=device)
             self._bias_cache = (key, b)
         return self._bias_cache[1]
 

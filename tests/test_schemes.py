@@ -114,3 +114,31 @@ def test_alibi_bias_matches_the_reference_loop(name):
     torch.testing.assert_close(s.bias(7, 7, "cpu"), want)
     # with a cache: the last 2 queries of 7 keys are the last 2 rows
     torch.testing.assert_close(s.bias(2, 7, "cpu"), want[:, 5:])
+
+
+def test_alibi_and_rope_models_run_off_the_cpu_device():
+    """Every buffer the schemes build must follow the model's device (meta stands in for a GPU here)."""
+    from posenc.model import ModelConfig, TinyLM
+
+    for scheme in ("alibi", "rope+alibi", "rope", "sinusoidal"):
+        model = TinyLM(ModelConfig(scheme=scheme, d_model=32, n_layers=1, n_heads=2)).to("meta")
+        logits = model(torch.zeros(2, 16, dtype=torch.long, device="meta"))
+        assert logits.device.type == "meta" and logits.shape == (2, 16, 256)
+
+
+def test_length_dependence_comes_from_the_registry():
+    """A rope type registered with a seq_len_rule is length dependent (keys cached before rotation); aliases too."""
+    from posenc.rope.apply import default_inv_freq
+    from posenc.rope.scaling import ROPE_SCALING_FUNCTIONS, register_rope_type
+
+    @register_rope_type("test_grows_with_length", seq_len_rule="dynamic")
+    def _grows(cfg, seq_len):
+        return default_inv_freq(cfg.rotary_dim, cfg.theta) / max(1, (seq_len or 1) // 16), 1.0
+
+    try:
+        assert _scheme("rope", rope_scaling={"rope_type": "test_grows_with_length"}).length_dependent
+        assert _scheme("rope", rope_scaling={"rope_type": "dynamic", "factor": 2.0}).length_dependent
+        assert not _scheme("rope", rope_scaling={"rope_type": "linear", "factor": 2.0}).length_dependent
+        assert not _scheme("rope").length_dependent
+    finally:
+        del ROPE_SCALING_FUNCTIONS["test_grows_with_length"]

@@ -77,6 +77,10 @@ class LabConfig:
                 raise ConfigError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)}")
         if not self.eval_lens or min(self.eval_lens) < 2:
             raise ConfigError(f"--eval-lens: expected lengths >= 2, got {self.eval_lens}")
+        if self.rope_layout not in ("half", "interleaved"):
+            raise ConfigError(f"--rope-layout: expected half or interleaved, got {self.rope_layout!r}")
+        if self.ext_factor and self.ext_factor < 1:
+            raise ConfigError(f"--ext-factor: expected 0 (auto) or a factor >= 1, got {self.ext_factor}")
         if not self.seeds:
             raise ConfigError("--seeds: expected at least one seed")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:

@@ -15,6 +15,7 @@ even hold position 257, and fp32 angles drift by ~pos * 6e-8 rad.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -45,9 +46,9 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     Both are multiplied by ``attention_scaling`` (transformers' convention: logits then scale by its square).
     The angle is formed in float64 so that large positions (1e5 and beyond) keep full precision.
     """
-    positions = torch.as_tensor(positions)
-    if positions.is_complex():
-        raise PosencError("positions must be real (integer or floating point)")
+    positions = check_position_dtype(torch.as_tensor(positions))
+    if not math.isfinite(attention_scaling):
+        raise PosencError(f"attention_scaling must be a finite number, got {attention_scaling!r}")
     inv_freq = torch.as_tensor(inv_freq, device=positions.device)
     if inv_freq.dim() != 1:
         raise PosencError(f"inv_freq must be 1-D [rotary_dim // 2], got shape {tuple(inv_freq.shape)}")
@@ -56,6 +57,16 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     if attention_scaling != 1.0:
         cos, sin = cos * attention_scaling, sin * attention_scaling
     return cos.to(dtype), sin.to(dtype)
+
+
+def check_position_dtype(positions: torch.Tensor) -> torch.Tensor:
+    """Reject position dtypes that cannot hold positions exactly (bf16 rounds 257 to 256; fp16 stops at 65504)."""
+    if positions.is_complex() or positions.dtype == torch.bool:
+        raise PosencError(f"positions must be integers or real numbers, got dtype {positions.dtype}")
+    if positions.dtype in (torch.float16, torch.bfloat16):
+        raise PosencError(f"positions must be integers, float32 or float64, got {positions.dtype}: half precision "
+                          "cannot represent positions exactly (bf16 rounds 257 to 256)")
+    return positions
 
 
 def math_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -91,9 +102,9 @@ def _check_positions(positions, x: torch.Tensor) -> torch.Tensor:
     """positions as a tensor broadcastable to x.shape[:-1] ([seq], [batch, 1, seq], ...)."""
     if x.dim() < 2:
         raise PosencError(f"x must have shape [..., seq, dim], got {tuple(x.shape)}")
-    positions = torch.as_tensor(positions, device=x.device)
-    if positions.is_complex() or positions.dtype == torch.bool:
-        raise PosencError(f"positions must be integers or real numbers, got dtype {positions.dtype}")
+    if not x.is_floating_point():
+        raise PosencError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    positions = check_position_dtype(torch.as_tensor(positions, device=x.device))
     if positions.dim() == 0:
         positions = positions.reshape(1)
     lead = x.shape[:-1]

@@ -19,9 +19,12 @@ import torch
 from torch import nn
 
 from posenc.errors import PosencError
-from posenc.rope.apply import LAYOUTS, _rotate_fast, rope_cos_sin
+from posenc.rope.apply import LAYOUTS, _rotate_fast, check_position_dtype, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.scaling import _lookup
+
+# cos/sin tables grow (doubling) up to this many positions; beyond it each call computes its own rows
+_MAX_CACHED_POSITIONS = 1 << 20
 
 
 class Rotary(nn.Module):
@@ -138,13 +141,14 @@ class Rotary(nn.Module):
         positions = torch.as_tensor(positions, device=self.inv_freq.device)
         if positions.numel() == 0:
             raise PosencError("positions must not be empty")
-        if positions.is_complex() or positions.dtype == torch.bool:
-            raise PosencError(f"positions must be integers or real numbers, got dtype {positions.dtype}")
+        check_position_dtype(positions)
         if positions.min() < 0:
             raise PosencError(f"positions must be >= 0, got min {positions.min().item()}")
         seq_len = int(positions.max().ceil()) + 1 if positions.is_floating_point() else int(positions.max()) + 1
         self.update(seq_len)
-        if not self.use_cache or positions.is_floating_point():
+        # fractional positions, or a table past _MAX_CACHED_POSITIONS rows (a lone far position must not allocate
+        # gigabytes): compute exactly what is asked, uncached
+        if not self.use_cache or positions.is_floating_point() or seq_len > _MAX_CACHED_POSITIONS:
             return rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
         if seq_len > self.cos_cached.shape[0]:
             n = max(seq_len, 2 * self.cos_cached.shape[0])
@@ -158,6 +162,8 @@ class Rotary(nn.Module):
 
         Returns (q, k) rotated, in their input dtypes. Only the first rotary_dim dims are rotated.
         """
+        if not (q.is_floating_point() and k.is_floating_point()):
+            raise PosencError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
         if q.dim() != 4 or k.dim() != 4:
             raise PosencError(f"q and k must be [batch, heads, seq, head_dim]; got q {list(q.shape)}, "
                               f"k {list(k.shape)}")

@@ -88,8 +88,19 @@ def _pos_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
+def _validate(rc) -> None:
+    """Raise ConfigError (naming the key) for malformed parameters, e.g. a non-numeric factor, before any
+    arithmetic here touches them; the registry's own validation runs, its warnings are left to the real call."""
+    from posenc.rope.scaling import rope_parameters
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rope_parameters(rc, None)
+
+
 def _claimed_context(rc) -> tuple[int | None, str]:
     """The longest context this RoPE config claims, and where that number comes from."""
+    _validate(rc)
     lmax, l0, s = rc.max_position_embeddings, rc.original_max_position_embeddings, rc.params.get("factor")
     if rc.rope_type == "dynamic":
         return None, "dynamic NTK has no fixed limit: frequencies are rescaled for any length past " \
@@ -104,6 +115,7 @@ def _claimed_context(rc) -> tuple[int | None, str]:
 
 
 def _original_context(rc) -> int | None:
+    _validate(rc)
     if rc.original_max_position_embeddings:
         return rc.original_max_position_embeddings
     lmax, s = rc.max_position_embeddings, rc.params.get("factor")
@@ -129,10 +141,24 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
         bands = frequency_bands(rc, at)
     caught = [str(w.message) for w in record]
 
-    base = default_inv_freq(rc.rotary_dim, rc.theta).double()
     inv = inv.double()
-    longest, longest_default = float(2 * math.pi / inv.min()), float(2 * math.pi / base.min())
-    shortest = float(2 * math.pi / inv.max())
+    if rc.rope_type == "proportional":
+        # Gemma 4: head_dim // 2 frequencies theta^(-2j/head_dim), zeros past the rotated pairs
+        base = default_inv_freq(rc.head_dim, rc.theta).double()[: inv.numel()]
+    else:
+        base = default_inv_freq(rc.rotary_dim, rc.theta).double()
+    if base.numel() != inv.numel():
+        raise ConfigError(f"rope_type {rc.rope_type!r} gave {inv.numel()} frequencies for rotary_dim "
+                          f"{rc.rotary_dim} (expected {base.numel()})")
+    rotated = inv > 0                               # removed / unrotated pairs have inv 0: no wavelength
+    base_rot = base[: rc.rotary_dim // 2] if rc.rope_type == "proportional" else base
+    longest_default = _finite(2 * math.pi / base_rot.min()) if base_rot.numel() else None
+    if rotated.any():
+        longest = _finite(2 * math.pi / inv[rotated].min())
+        shortest = _finite(2 * math.pi / inv[rotated].max())
+        mean_interp = _finite(torch.exp(torch.log(base[rotated] / inv[rotated]).mean()))
+    else:
+        longest = shortest = mean_interp = None
     warn = [*dict.fromkeys(caught)]  # unique, in order
     warn += _rope_consistency(cfg, rc, claimed, original, longest, at)
     params = {k: (f"[{len(v)} values {min(v):g}..{max(v):g}]" if isinstance(v, list) else v)
@@ -156,11 +182,29 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
         "logit_scaling": float(attention_scaling) ** 2,
         "longest_wavelength": longest,
         "longest_wavelength_unscaled": longest_default,
-        "longest_wavelength_over_original_context": (longest_default / original) if original else None,
+        "longest_wavelength_over_original_context": (longest_default / original)
+        if original and longest_default else None,
         "shortest_wavelength": shortest,
-        "mean_interpolation": float(torch.exp(torch.log(base / inv).mean())),
+        "mean_interpolation": mean_interp,
         "warnings": warn,
     }
+
+
+def _finite(x) -> float | None:
+    """float(x), or None when it is inf / nan (JSON has no Infinity)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _json_safe(obj):
+    """Replace non-finite floats by None so json.dumps(..., allow_nan=False) always succeeds."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 def _rope_consistency(cfg, rc, claimed, original, longest, at) -> list[str]:
@@ -199,7 +243,7 @@ def _rope_consistency(cfg, rc, claimed, original, longest, at) -> list[str]:
             and "qk_rope_head_dim" not in cfg:
         out.append(f"head_dim {head_dim} differs from hidden_size / num_attention_heads = "
                    f"{hidden}/{heads} (fine if intended, e.g. Gemma)")
-    if at and longest < at:
+    if at and longest is not None and longest < at:
         out.append(f"the longest wavelength ({longest:,.0f} tokens) is shorter than the length evaluated "
                    f"({at:,}): every pair wraps around, so far positions alias onto nearer ones")
     if lmax is None:
@@ -319,6 +363,10 @@ def _fmt_len(n) -> str:
     return "-" if n is None else f"{n:,}"
 
 
+def _fmt_num(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The human-readable form of an inspect_config report."""
     title = report["source"] or "config"
@@ -338,12 +386,12 @@ def format_report(report: dict[str, Any]) -> str:
             f"  attention scaling    {e['attention_scaling']:.6g} on cos and sin (logits x{e['logit_scaling']:.6g})",
             f"  original context     {_fmt_len(e['original_context'])}",
             f"  claimed context      {_fmt_len(e['claimed_context'])}  ({e['claimed_context_from']})",
-            f"  longest wavelength   {e['longest_wavelength']:,.0f} tokens scaled, "
-            f"{e['longest_wavelength_unscaled']:,.0f} unscaled"
+            f"  longest wavelength   {_fmt_num(e['longest_wavelength'], ',.0f')} tokens scaled, "
+            f"{_fmt_num(e['longest_wavelength_unscaled'], ',.0f')} unscaled"
             + (f" = {e['longest_wavelength_over_original_context']:.3g}x the original context"
                if e["longest_wavelength_over_original_context"] else ""),
-            f"  shortest wavelength  {e['shortest_wavelength']:.3g} tokens;  mean interpolation "
-            f"x{e['mean_interpolation']:.3g} (geometric)",
+            f"  shortest wavelength  {_fmt_num(e['shortest_wavelength'], '.3g')} tokens;  mean interpolation "
+            f"x{_fmt_num(e['mean_interpolation'], '.3g')} (geometric)",
         ]
     if "alibi" in report:
         a = report["alibi"]
@@ -378,5 +426,5 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     report = inspect_config(args.config, seq_len=args.seq_len)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    print(json.dumps(_json_safe(report), indent=2, allow_nan=False) if args.json else format_report(report))
     return 0

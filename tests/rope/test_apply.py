@@ -220,3 +220,16 @@ def test_mismatched_positions_are_rejected():
         apply_rope(torch.randn(2, 3, 5, 8), torch.zeros(2, 5))  # [batch, seq] needs [batch, 1, seq]
     with pytest.raises(PosencError, match="q and k must share seq and dim"):
         apply_rope_qk(torch.randn(2, 5, 8), torch.randn(2, 4, 8), torch.arange(5))
+
+
+def test_inputs_that_would_give_silent_wrong_answers_are_rejected():
+    with pytest.raises(PosencError, match="x must be a floating-point tensor"):
+        apply_rope(torch.arange(32).reshape(4, 8), torch.arange(4))       # int x would truncate the rotation
+    for dtype in (torch.bfloat16, torch.float16):                          # bf16 rounds position 257 to 256
+        with pytest.raises(PosencError, match="positions must be integers, float32 or float64"):
+            apply_rope(torch.randn(300, 8), torch.arange(300).to(dtype))
+    with pytest.raises(PosencError, match="attention_scaling must be a finite number"):
+        apply_rope(torch.randn(4, 8), torch.arange(4), attention_scaling=float("nan"))
+    from posenc.absolute import SinusoidalPositionalEncoding
+    with pytest.raises(PosencError, match="positions must be integers, float32 or float64"):
+        SinusoidalPositionalEncoding(8)(torch.zeros(1, 4, 8), torch.arange(4).to(torch.bfloat16))
