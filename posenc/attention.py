@@ -77,7 +77,7 @@ class CausalSelfAttention(nn.Module):
         total = T + (cache.layer_len(self.layer_idx) if cache is not None else 0)
         late_rotation = scheme.rotates and scheme.length_dependent
         if scheme.rotates and not late_rotation:
-            q, k = scheme.rotate(q, positions, total), scheme.rotate(k, positions, total)
+            q, k = scheme.rotate_qk(q, k, positions, total)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         if late_rotation:  # cached keys are unrotated: rotate them all with this length's frequencies

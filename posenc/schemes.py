@@ -41,6 +41,11 @@ class Scheme(nn.Module):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, total_len: int) -> torch.Tensor:
         return x
 
+    def rotate_qk(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                  total_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [B, H, T, hd] and k [B, H, T, hd] at the same positions (one cos/sin table where it matters)."""
+        return self.rotate(q, positions, total_len), self.rotate(k, positions, total_len)
+
     def bias(self, q_len: int, k_len: int, device: torch.device) -> torch.Tensor | None:
         return None
 
@@ -135,16 +140,33 @@ class RoPEScheme(Scheme):
         if key not in self._cache:
             from posenc import rope_parameters
 
+            if len(self._cache) >= 256:  # length-dependent types key by length: keep long generations bounded
+                self._cache.clear()
+
             inv_freq, scaling = rope_parameters(self.config, seq_len=int(total_len))
             self._cache[key] = (torch.as_tensor(inv_freq, dtype=torch.float32), float(scaling))
         return self._cache[key]
 
+    def _frequencies_on(self, total_len: int, device: torch.device) -> tuple[torch.Tensor, float]:
+        """frequencies(total_len) with inv_freq moved to ``device`` once, not on every call."""
+        key = int(total_len) if self.length_dependent else None
+        inv_freq, scaling = self.frequencies(total_len)
+        if inv_freq.device != device:
+            inv_freq = inv_freq.to(device)
+            self._cache[key] = (inv_freq, scaling)
+        return inv_freq, scaling
+
     def rotate(self, x, positions, total_len):
         from posenc import apply_rope
 
-        inv_freq, scaling = self.frequencies(total_len)
-        return apply_rope(x, positions, inv_freq=inv_freq.to(x.device), layout=self.layout,
-                          attention_scaling=scaling)
+        inv_freq, scaling = self._frequencies_on(total_len, x.device)
+        return apply_rope(x, positions, inv_freq=inv_freq, layout=self.layout, attention_scaling=scaling)
+
+    def rotate_qk(self, q, k, positions, total_len):
+        from posenc import apply_rope_qk
+
+        inv_freq, scaling = self._frequencies_on(total_len, q.device)
+        return apply_rope_qk(q, k, positions, inv_freq=inv_freq, layout=self.layout, attention_scaling=scaling)
 
     def describe(self) -> str:
         return self.name if self.rope_type == "default" else f"{self.name} ({self.rope_type})"

@@ -2,10 +2,11 @@
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from posenc import reference
@@ -58,7 +59,8 @@ def test_phi35_longrope():
     longest = 2 * math.pi * 10000.0 ** (94 / 96) * cfg["rope_scaling"]["long_factor"][-1]
     assert e["longest_wavelength"] == pytest.approx(longest, rel=1e-5)
     short = inspect_config(cfg, seq_len=4096)["rope"][0]     # at L0 the short factors apply
-    assert short["longest_wavelength"] == pytest.approx(longest / 64.83999633789062 * 2.8399994373321533, rel=1e-5)
+    long_last, short_last = cfg["rope_scaling"]["long_factor"][-1], cfg["rope_scaling"]["short_factor"][-1]
+    assert short["longest_wavelength"] == pytest.approx(longest / long_last * short_last, rel=1e-5)
 
 
 def test_deepseek_v3_yarn_with_mscale_matches_transformers():
@@ -196,8 +198,20 @@ _JSON = st.recursive(_LEAVES, lambda inner: st.one_of(st.lists(inner, max_size=4
                      max_leaves=12)
 
 
+def _yarn_cfg(factor):
+    return {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 16384,
+            "rope_scaling": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 4096}}
+
+
+_BAD_FACTORS = ["x", [4.0], {"a": 1}, True]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=st.dictionaries(st.sampled_from(_KEYS), _JSON, max_size=8))
+@example(cfg=_yarn_cfg("x"))
+@example(cfg=_yarn_cfg([4.0]))
+@example(cfg={"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 4096,
+              "rope_scaling": {"rope_type": "linear", "factor": "x"}})
 def test_malformed_configs_fail_cleanly(cfg):
     import warnings
 
@@ -210,3 +224,55 @@ def test_malformed_configs_fail_cleanly(cfg):
                 call()
             except (ValueError, KeyError):
                 pass
+
+
+@pytest.mark.parametrize("factor", _BAD_FACTORS)
+@pytest.mark.parametrize("command", [["inspect"], ["inspect", "--json"], ["plot", "rope", "--config"],
+                                     ["plot", "scaling", "--config"]])
+def test_non_numeric_factor_is_one_line_error(tmp_path, capsys, command, factor):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_yarn_cfg(factor)))
+    args = [*command, str(path)] + (["--out", str(tmp_path / "p.png")] if command[0] == "plot" else [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # the loader warns that the factor disagrees with the lengths
+        assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error:" in err[0] and "factor" in err[0], err
+    assert not (tmp_path / "p.png").exists()
+
+
+# Gemma 4 style proportional RoPE: transformers returns head_dim // 2 frequencies, zeros past the rotated pairs
+_GEMMA4 = {"model_type": "gemma4_text", "head_dim": 256, "hidden_size": 2560, "num_attention_heads": 8,
+           "max_position_embeddings": 131072,
+           "rope_parameters": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6,
+                               "factor": 2.0}}
+
+
+def test_proportional_partial_rotary(capsys, tmp_path):
+    (e,) = inspect_config(_GEMMA4)["rope"]
+    assert (e["head_dim"], e["rotary_dim"], e["pairs"]) == (256, 64, 32)
+    n, theta, s = 32, 1e6, 2.0       # closed form: pair j < n has theta^(-2j/head_dim) / s, the rest 0
+    unscaled = 2 * math.pi * theta ** (2 * (n - 1) / 256)
+    assert e["longest_wavelength_unscaled"] == pytest.approx(unscaled, rel=1e-6)
+    assert e["longest_wavelength"] == pytest.approx(s * unscaled, rel=1e-6)
+    assert e["shortest_wavelength"] == pytest.approx(2 * math.pi * s, rel=1e-6)
+    assert e["mean_interpolation"] == pytest.approx(s, rel=1e-6)
+    assert all(math.isfinite(v) for k, v in e.items() if "wavelength" in k or k == "mean_interpolation")
+    # the same rotated frequencies as transformers' proportional init
+    from transformers import PretrainedConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = PretrainedConfig(head_dim=256, hidden_size=2560, num_attention_heads=8, max_position_embeddings=131072,
+                           rope_parameters=dict(_GEMMA4["rope_parameters"]))
+    inv_hf, _ = ROPE_INIT_FUNCTIONS["proportional"](cfg, None)
+    assert inv_hf.numel() == 128 and int((inv_hf > 0).sum()) == n
+    assert e["longest_wavelength"] == pytest.approx(2 * math.pi / float(inv_hf[inv_hf > 0].min()), rel=1e-6)
+    assert e["shortest_wavelength"] == pytest.approx(2 * math.pi / float(inv_hf.max()), rel=1e-6)
+    # --json is strict JSON (no Infinity / NaN)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_GEMMA4))
+    assert main(["inspect", str(path), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "Infinity" not in out and "NaN" not in out
+    data = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert data["rope"][0]["longest_wavelength"] == pytest.approx(s * unscaled, rel=1e-6)
