@@ -5,7 +5,7 @@
              methods on the RoPE model, train length 128, evaluated to 8x; a few minutes on a 2-core CPU
     ntk      the lesson's exercise 2: train at 256, test to 1024 with and without NTK-aware scaling (+ others)
     copy     the lesson's exercise 3: 4-layer model, copy task trained at 512, tested to 2048; sized for a GPU
-    passkey  passkey retrieval trained as episodes at 256, exact match over a length x depth grid to 1024
+    passkey  passkey retrieval trained as episodes at 128, exact match over a length x depth grid to 512
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ PRESETS: dict[str, dict] = {
                  batch_size=16, steps=3000, lr=1e-3, warmup=200, eval_lens=[256, 512, 1024, 2048], extensions=[],
                  sliding_stride=0, copy_examples=64),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
-                    n_heads=4, train_len=256, batch_size=16, steps=1500, eval_lens=[256, 512, 1024],
+                    n_heads=4, train_len=128, batch_size=16, steps=3000, eval_lens=[128, 256, 512],
                     sliding_stride=0, extensions=["ntk", "yarn"]),
 }
 
