@@ -133,6 +133,19 @@ static void row_f32_half_avx512(const float *x, float *o, const float *restrict 
     }
 }
 
+/* rotate 16 pairs (a, b) by (c, s) in fp32 and round both results to bf16 (in the high 16 bits of each lane);
+   flip negates sin for the inverse rotation. Shared by the half and interleaved bf16 rows. */
+static inline void rotate16_bf16(__m512 a, __m512 b, __m512 cj, const float *s, __m512i flip,
+                                 __m512i *lo, __m512i *up) {
+    const __m512 sj = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(s)), flip));
+    const __m512 lof = _mm512_sub_ps(_mm512_mul_ps(a, cj), _mm512_mul_ps(b, sj));
+    const __m512 upf = _mm512_add_ps(_mm512_mul_ps(a, sj), _mm512_mul_ps(b, cj));
+    *lo = bf16_round_hi(lof);
+    *up = bf16_round_hi(upf);
+    const __mmask16 nlo = _mm512_cmp_ps_mask(lof, lof, _CMP_UNORD_Q), nup = _mm512_cmp_ps_mask(upf, upf, _CMP_UNORD_Q);
+    if (nlo | nup) { *lo = bf16_fix_nan(*lo, lof, nlo); *up = bf16_fix_nan(*up, upf, nup); }
+}
+
 static void row_bf16_half_avx512(const uint16_t *x, uint16_t *o, const float *restrict c,
                                  const float *restrict s, int64_t h, int inverse) {
     const __m512i flip = _mm512_set1_epi32(inverse ? (int)0x80000000u : 0);
@@ -141,12 +154,8 @@ static void row_bf16_half_avx512(const uint16_t *x, uint16_t *o, const float *re
                                                31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     for (int64_t j = 0; j < h; j += 16) {
         const __m512 a = bf16_widen16(x + j), b = bf16_widen16(x + j + h), cj = _mm512_loadu_ps(c + j);
-        const __m512 sj = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(s + j)), flip));
-        const __m512 lof = _mm512_sub_ps(_mm512_mul_ps(a, cj), _mm512_mul_ps(b, sj));
-        const __m512 upf = _mm512_add_ps(_mm512_mul_ps(a, sj), _mm512_mul_ps(b, cj));
-        __m512i lo = bf16_round_hi(lof), up = bf16_round_hi(upf);
-        const __mmask16 nlo = _mm512_cmp_ps_mask(lof, lof, _CMP_UNORD_Q), nup = _mm512_cmp_ps_mask(upf, upf, _CMP_UNORD_Q);
-        if (nlo | nup) { lo = bf16_fix_nan(lo, lof, nlo); up = bf16_fix_nan(up, upf, nup); }
+        __m512i lo, up;
+        rotate16_bf16(a, b, cj, s + j, flip, &lo, &up);
         const __m512i both = _mm512_permutex2var_epi16(lo, odd_words, up);
         _mm256_storeu_si256((__m256i *)(o + j), _mm512_castsi512_si256(both));
         _mm256_storeu_si256((__m256i *)(o + j + h), _mm512_extracti64x4_epi64(both, 1));
@@ -163,12 +172,8 @@ static void row_bf16_pairs_avx512(const char *x, char *o, const float *restrict 
         const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
         const __m512 b = _mm512_castsi512_ps(_mm512_and_si512(u, top));
         const __m512 cj = _mm512_loadu_ps(c + j);
-        const __m512 sj = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(s + j)), flip));
-        const __m512 lof = _mm512_sub_ps(_mm512_mul_ps(a, cj), _mm512_mul_ps(b, sj));
-        const __m512 upf = _mm512_add_ps(_mm512_mul_ps(a, sj), _mm512_mul_ps(b, cj));
-        __m512i lo = bf16_round_hi(lof), up = bf16_round_hi(upf);
-        const __mmask16 nlo = _mm512_cmp_ps_mask(lof, lof, _CMP_UNORD_Q), nup = _mm512_cmp_ps_mask(upf, upf, _CMP_UNORD_Q);
-        if (nlo | nup) { lo = bf16_fix_nan(lo, lof, nlo); up = bf16_fix_nan(up, upf, nup); }
+        __m512i lo, up;
+        rotate16_bf16(a, b, cj, s + j, flip, &lo, &up);
         /* word = (lo >> 16) | (up & 0xffff0000): one ternary-logic op after the shift (A | (B & C) = 0xF8) */
         _mm512_storeu_si512((void *)(o + 4 * j), _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), up, top, 0xF8));
     }
