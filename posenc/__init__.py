@@ -26,6 +26,7 @@ _EXPORTS = {
     "apply_rope_qk": "posenc.rope.apply",
     "default_inv_freq": "posenc.rope.apply",
     "rope_cos_sin": "posenc.rope.apply",
+    "apply_rope_table": "posenc.rope.apply",
     "interleaved_to_half_permutation": "posenc.rope.apply",
     "half_to_interleaved_permutation": "posenc.rope.apply",
     "permute_qk_weight": "posenc.rope.apply",

@@ -1,34 +1,86 @@
-"""Small argument checks shared by the math modules: each error names the argument and the expected form."""
+"""Argument checks shared by the whole package: the one owner of "is this a valid int / number / choice".
+
+Every error names the argument (as the library calls it; the CLI maps arguments to its flags) and the expected form,
+and is raised as ``error`` (``PosencError`` unless the caller owns a more specific subclass such as ``ConfigError``).
+Booleans are never numbers here, and strings are never numbers: ``base='1e4'`` is refused, not parsed.
+"""
 
 from __future__ import annotations
+
+import math
+import numbers
+from typing import Iterable
 
 from posenc.errors import PosencError
 
 
-def positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PosencError(f"{name} must be a positive integer, got {value!r}")
+def _describe(lo, hi, kind: str) -> str:
+    if lo is not None and hi is not None:
+        return f"{kind} in [{lo}, {hi}]"
+    if lo is not None:
+        return f"{kind} >= {lo}"
+    if hi is not None:
+        return f"{kind} <= {hi}"
+    return kind
+
+
+def check_int(value, name: str, *, min: int | None = None, max: int | None = None,
+              error: type[PosencError] = PosencError) -> int:
+    """``value`` as a Python int, or ``error`` naming ``name``. Accepts numpy/torch integer scalars, not bool/float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(f"{name} must be an integer ({_describe(min, max, 'an integer')}), got {value!r}")
+    value = int(value)
+    if (min is not None and value < min) or (max is not None and value > max):
+        raise error(f"{name} must be {_describe(min, max, 'an integer')}, got {value}")
     return value
 
 
-def non_negative_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PosencError(f"{name} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def positive_float(value, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise PosencError(f"{name} must be a positive number, got {value!r}") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise PosencError(f"{name} must be a positive finite number, got {value!r}")
+def check_float(value, name: str, *, min: float | None = None, max: float | None = None, positive: bool = False,
+                finite: bool = True, error: type[PosencError] = PosencError) -> float:
+    """``value`` as a float, or ``error`` naming ``name``. ``positive``: strictly > 0. NaN is always refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    kind = "a positive finite number" if positive and finite else "a positive number" if positive else \
+        "a finite number" if finite else "a number"
+    if v != v or (finite and math.isinf(v)) or (positive and not v > 0):
+        raise error(f"{name} must be {_describe(min, max, kind)}, got {value!r}")
+    if (min is not None and v < min) or (max is not None and v > max):
+        raise error(f"{name} must be {_describe(min, max, kind)}, got {value!r}")
     return v
 
 
-def even_int(value, name: str) -> int:
-    positive_int(value, name)
-    if value % 2:
-        raise PosencError(f"{name} must be even (RoPE rotates pairs of dimensions), got {value}")
+def check_choice(value, name: str, choices: Iterable, *, error: type[PosencError] = PosencError):
+    """``value`` if it is one of ``choices``, else ``error`` listing them."""
+    choices = list(choices)
+    if isinstance(value, bool) or value not in choices:
+        raise error(f"{name}: expected one of {', '.join(map(str, choices))}, got {value!r}")
     return value
+
+
+def positive_int(value, name: str, *, error: type[PosencError] = PosencError) -> int:
+    return check_int(value, name, min=1, error=error)
+
+
+def non_negative_int(value, name: str, *, error: type[PosencError] = PosencError) -> int:
+    return check_int(value, name, min=0, error=error)
+
+
+def positive_float(value, name: str, *, error: type[PosencError] = PosencError) -> float:
+    return check_float(value, name, positive=True, error=error)
+
+
+def even_int(value, name: str, *, error: type[PosencError] = PosencError) -> int:
+    check_int(value, name, min=1, error=error)
+    if value % 2:
+        raise error(f"{name} must be even (RoPE rotates pairs of dimensions), got {value}")
+    return int(value)
+
+
+def heads_divide(d_model, n_heads, *, error: type[PosencError] = PosencError) -> int:
+    """head_dim = d_model // n_heads, or ``error`` if n_heads does not divide d_model: the one owner of that rule."""
+    d_model = check_int(d_model, "d_model", min=1, error=error)
+    n_heads = check_int(n_heads, "n_heads", min=1, error=error)
+    if d_model % n_heads:
+        raise error(f"d_model must be divisible by n_heads ({n_heads}), got {d_model}")
+    return d_model // n_heads

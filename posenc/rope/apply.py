@@ -227,6 +227,35 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     return q_rot, k_rot
 
 
+def apply_rope_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "interleaved",
+                     rotary_dim: int | None = None, inplace: bool = False,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate x with a precomputed cos/sin table (from ``rope_cos_sin`` or a multimodal/axial builder).
+
+    x: [..., seq, dim]; cos, sin: [..., seq, rotary_dim // 2], broadcastable against x.shape[:-1] (e.g. [seq, R/2]
+    or [batch, 1, seq, R/2]), float32 (float64 for float64 x): the table's dtype is the math dtype.
+    rotary_dim defaults to 2 * cos.shape[-1]; the dims past it pass through. Same kernels as ``apply_rope``.
+    """
+    _check_layout(layout)
+    if x.dim() < 2 or not x.is_floating_point():
+        raise PosencError(f"x must be a floating-point tensor [..., seq, dim], got {x.dtype} {tuple(x.shape)}")
+    if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor) or cos.shape != sin.shape:
+        raise PosencError("cos and sin must be tensors of one shape [..., seq, rotary_dim // 2]")
+    if cos.dtype != math_dtype(x.dtype) or sin.dtype != cos.dtype:
+        raise PosencError(f"cos/sin must be {math_dtype(x.dtype)} for x of dtype {x.dtype}, got {cos.dtype}")
+    if rotary_dim is None:
+        rotary_dim = 2 * cos.shape[-1]
+    even_int(rotary_dim, "rotary_dim")
+    if rotary_dim > x.shape[-1] or cos.shape[-1] != rotary_dim // 2:
+        raise PosencError(f"cos/sin last dim must be rotary_dim // 2 = {rotary_dim // 2} with rotary_dim <= "
+                          f"{x.shape[-1]}, got {cos.shape[-1]}")
+    lead = x.shape[:-1]
+    if cos.dim() - 1 > len(lead) or not all(c in (1, n) for c, n in zip(reversed(cos.shape[:-1]), reversed(lead))):
+        raise PosencError(f"cos/sin leading dims {list(cos.shape[:-1])} must broadcast to x.shape[:-1] {list(lead)}")
+    outs = _check_out(out, (x,), inplace, "out")
+    return _rotate_fast((x,), cos, sin, layout, rotary_dim, inplace, outs)[0]
+
+
 def interleaved_to_half_permutation(dim: int) -> torch.Tensor:
     """Index ``perm`` with ``half_rope(x[..., perm]) == interleaved_rope(x)[..., perm]``.
 

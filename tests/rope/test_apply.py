@@ -233,3 +233,20 @@ def test_inputs_that_would_give_silent_wrong_answers_are_rejected():
     from posenc.absolute import SinusoidalPositionalEncoding
     with pytest.raises(PosencError, match="positions must be integers, float32 or float64"):
         SinusoidalPositionalEncoding(8)(torch.zeros(1, 4, 8), torch.arange(4).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_apply_rope_table_matches_lesson_loop_per_row(layout):
+    """A table built per row (any positions per batch row) rotates exactly like the lesson's loop."""
+    from posenc.rope.apply import apply_rope_table
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)                     # [batch, seq, dim]
+    positions = torch.tensor([[0, 3, 7, 100, 2049], [5, 5, 1, 0, 9]])
+    inv = default_inv_freq(6, 500.0)                                  # partial rotary: 6 of 8 dims
+    cos, sin = rope_cos_sin(positions, inv, dtype=torch.float64)      # [batch, seq, 3]
+    got = apply_rope_table(x, cos, sin, layout=layout)
+    want = ref_rows(x.reshape(-1, 8), positions.reshape(-1), layout, inv.double().tolist(), 6).reshape(2, 5, 8)
+    assert torch.allclose(got, want, atol=1e-12)
+    with pytest.raises(PosencError, match="cos/sin"):
+        apply_rope_table(x.float(), cos, sin)                          # float64 table for float32 x
