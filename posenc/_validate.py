@@ -15,6 +15,8 @@ from posenc.errors import PosencError
 
 
 def _describe(lo, hi, kind: str) -> str:
+    if kind == "an integer" and hi is None and lo in (0, 1):
+        return "a positive integer" if lo == 1 else "a non-negative integer"
     if lo is not None and hi is not None:
         return f"{kind} in [{lo}, {hi}]"
     if lo is not None:
@@ -28,7 +30,7 @@ def check_int(value, name: str, *, min: int | None = None, max: int | None = Non
               error: type[PosencError] = PosencError) -> int:
     """``value`` as a Python int, or ``error`` naming ``name``. Accepts numpy/torch integer scalars, not bool/float."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise error(f"{name} must be an integer ({_describe(min, max, 'an integer')}), got {value!r}")
+        raise error(f"{name} must be {_describe(min, max, 'an integer')}, got {value!r}")
     value = int(value)
     if (min is not None and value < min) or (max is not None and value > max):
         raise error(f"{name} must be {_describe(min, max, 'an integer')}, got {value}")
