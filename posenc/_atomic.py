@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,34 @@ def _umask() -> int:
     return mask
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists but not ours, or we cannot tell: keep its file
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete temporaries of ``path`` left by a killed writer (SIGKILL skips cleanup); returns what was removed.
+
+    Temporaries are named ``.<name>.<pid>.<random>.tmp<suffix>``: one whose pid no longer runs is stale.
+    """
+    path = Path(path)
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[^.]+\.tmp")
+    removed = []
+    with contextlib.suppress(OSError):
+        for sibling in path.parent.iterdir():
+            m = pattern.match(sibling.name)
+            if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+                with contextlib.suppress(OSError):
+                    sibling.unlink()
+                    removed.append(sibling)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, make_parents: bool = True, mode: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success move it into place, on error delete it.
@@ -29,8 +58,9 @@ def atomic_path(path: str | os.PathLike, *, make_parents: bool = True, mode: int
     path = Path(path)
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp" + path.suffix)
     except OSError as exc:  # name the file the user asked for, not our temporary
         raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}") from None
     os.close(fd)

@@ -4,14 +4,17 @@ Layout of one file:
     model.<param name>             model state_dict tensors (the tied head is not stored twice)
     optim.<param index>.<key>      AdamW state tensors (step, exp_avg, exp_avg_sq)
     rng.torch                      torch CPU RNG state (uint8)
-    metadata (strings): format, step, param_groups (JSON), settings (JSON)
+    metadata (strings): format, step, param_groups (JSON), settings (JSON), sha256 (of the other metadata and every
+                        tensor's name, dtype, shape and bytes: safetensors checks the header, not the payload)
 
-Loading never unpickles: safetensors holds only tensors and strings. Any unreadable file, foreign format or
-mismatch with the model raises posenc.errors.CheckpointError naming the file.
+Loading never unpickles: safetensors holds only tensors and strings. Any unreadable file, foreign format, payload
+that does not match its checksum, invalid metadata (a step outside 0..the run's steps) or mismatch with the model
+raises posenc.errors.CheckpointError naming the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,6 +25,17 @@ from posenc.errors import CheckpointError
 from posenc._atomic import atomic_path
 
 FORMAT = "posenc-lab-checkpoint/1"
+
+
+def payload_sha256(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """SHA-256 over the metadata strings and (name, dtype, shape, bytes) of every tensor in name order: any edited
+    metadata value or flipped payload byte changes it."""
+    h = hashlib.sha256(json.dumps({k: meta[k] for k in sorted(meta) if k != "sha256"}).encode())
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -40,6 +54,7 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     tensors["rng.torch"] = torch.get_rng_state()
     meta = {"format": FORMAT, "step": str(int(step)), "param_groups": json.dumps(groups),
             "settings": json.dumps(settings or {}, sort_keys=True)}
+    meta["sha256"] = payload_sha256(tensors, meta)
     path = Path(path)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
@@ -62,12 +77,20 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: not a posenc lab checkpoint (format {meta.get('format')!r}, "
                               f"expected {FORMAT!r})")
+    if meta.get("sha256") != payload_sha256(tensors, meta):
+        raise CheckpointError(f"checkpoint {path}: contents do not match its checksum (the file was modified or "
+                              "damaged); delete it (or run without --resume) to retrain that model")
     try:
         meta["step"] = int(meta["step"])
         meta["param_groups"] = json.loads(meta["param_groups"])
         meta["settings"] = json.loads(meta["settings"])
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {path}: corrupt metadata ({exc})") from None
+    train = meta["settings"].get("train") if isinstance(meta["settings"], dict) else None
+    total = train.get("steps") if isinstance(train, dict) else None
+    if meta["step"] < 0 or (isinstance(total, int) and meta["step"] > total):
+        raise CheckpointError(f"checkpoint {path}: invalid metadata step={meta['step']} (expected 0..{total}); "
+                              "delete it to retrain that model")
     return tensors, meta
 
 
