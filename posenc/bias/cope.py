@@ -66,7 +66,7 @@ class CoPE(nn.Module):
     """CoPE's learned embeddings [npos_max, head_dim]: forward(query, logits) -> bias [..., Tq, Tk].
 
     One table per attention layer, shared by its heads (the paper's code). ``npos_max`` bounds the counted
-    position (the paper uses values up to the context length; fewer suffice when the gates are sparse).
+    position: counts past npos_max - 1 all read the last embedding.
     """
 
     def __init__(self, npos_max: int, head_dim: int):

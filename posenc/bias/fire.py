@@ -21,7 +21,7 @@ from torch import nn
 
 from posenc._validate import check_float, positive_int
 from posenc.bias.parametrize import inverse_softplus
-from posenc.bias.positions import check_positions
+from posenc.bias.positions import check_positions, relative_positions
 from posenc.errors import PosencError
 
 
@@ -32,15 +32,14 @@ def fire_inputs(query_positions, key_positions, *, c: torch.Tensor | float,
     ``c`` and ``threshold`` (L) are positive scalars (tensors keep their gradient). Positions are absolute:
     [..., Tq] queries and [..., Tk] keys (with a KV cache the queries sit after the cached keys).
     """
-    q, k = check_positions(query_positions, key_positions)
-    device = c.device if isinstance(c, torch.Tensor) else q.device  # compute where the parameters live
-    c = torch.as_tensor(c, dtype=torch.float32, device=device)
-    threshold = torch.as_tensor(threshold, dtype=torch.float32, device=device)
+    device = c.device if isinstance(c, torch.Tensor) else None      # compute where the parameters live
+    q, _ = check_positions(query_positions, key_positions, device=device)
+    c = torch.as_tensor(c, dtype=torch.float32, device=q.device)
+    threshold = torch.as_tensor(threshold, dtype=torch.float32, device=q.device)
     if c.dim() or threshold.dim():
         raise PosencError(f"c and threshold must be scalars, got shapes {tuple(c.shape)} and {tuple(threshold.shape)}")
-    qf, kf = q.to(device, torch.float32), k.to(device, torch.float32)
-    distance = (qf.unsqueeze(-1) - kf.unsqueeze(-2)).clamp(min=0)                    # [..., Tq, Tk]
-    normaliser = torch.log1p(c * torch.maximum(qf, threshold))                      # [..., Tq]
+    distance = (-relative_positions(q, key_positions, dtype=torch.float32)).clamp(min=0)   # i - j, [..., Tq, Tk]
+    normaliser = torch.log1p(c * torch.maximum(q.to(torch.float32), threshold))          # [..., Tq]
     return torch.log1p(c * distance) / normaliser.unsqueeze(-1)
 
 
@@ -63,7 +62,8 @@ class FIREBias(nn.Module):
         init_c, init_threshold: starting c and L (the paper's code starts at 0.1 and 512). A threshold above the
             training length means training never reaches the interpolating regime; the lab may prefer the
             training length.
-    c and L are kept positive as softplus(raw) (smooth, gradient everywhere; the paper's code takes |raw| instead).
+    c and L are kept positive as softplus(raw) (smooth, with a gradient everywhere; the paper's code uses |c| and
+    |m| * L0 with a learned multiplier m and a fixed L0 instead).
     """
 
     def __init__(self, n_heads: int, *, width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0):

@@ -22,7 +22,7 @@ from torch import nn
 
 from posenc._validate import check_choice, positive_int
 from posenc.bias.parametrize import inverse_softplus
-from posenc.bias.positions import check_positions
+from posenc.bias.positions import relative_positions
 from posenc.errors import PosencError
 
 VARIANTS = ("log", "power")
@@ -41,8 +41,7 @@ def kerple_bias(r1: torch.Tensor, r2: torch.Tensor, query_positions, key_positio
     if r1.dim() != 1 or r2.shape != r1.shape:
         raise PosencError(f"r1 and r2 must both have shape [n_heads], got {tuple(r1.shape)} and {tuple(r2.shape)}")
     dtype = torch.promote_types(r1.dtype, torch.float32)
-    q, k = check_positions(query_positions, key_positions)
-    distance = (k.to(r1.device, dtype).unsqueeze(-2) - q.to(r1.device, dtype).unsqueeze(-1)).abs()
+    distance = relative_positions(query_positions, key_positions, dtype=dtype, device=r1.device).abs()
     distance = distance.unsqueeze(-3)                                                 # [..., 1, Tq, Tk]
     r1, r2 = r1.to(dtype).view(-1, 1, 1), r2.to(dtype).view(-1, 1, 1)
     if variant == "log":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import positive_int
+from posenc._validate import check_int, positive_int
 from posenc.errors import PosencError
 from posenc.rope.apply import check_position_dtype
 
@@ -23,6 +23,7 @@ def end_aligned_positions(q_len: int, k_len: int | None = None, *, offset: int =
     k_len - q_len tokens this is exactly where the new tokens are.
     """
     positive_int(q_len, "q_len")
+    offset = check_int(offset, "offset")
     k_len = q_len if k_len is None else positive_int(k_len, "k_len")
     if k_len < q_len:
         raise PosencError(f"k_len must be >= q_len (queries are the last q_len of the k_len keys); "
@@ -31,12 +32,14 @@ def end_aligned_positions(q_len: int, k_len: int | None = None, *, offset: int =
     return keys[k_len - q_len:], keys
 
 
-def check_positions(query_positions, key_positions, *, integer: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate and return (query_positions [..., Tq], key_positions [..., Tk]) as tensors on one device.
+def check_positions(query_positions, key_positions, *, integer: bool = False,
+                    device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate and return (query_positions [..., Tq], key_positions [..., Tk]) as tensors on one device
+    (``device``, else the query positions' device).
 
     ``integer``: require integer dtypes (bucketed biases have no meaning between integers).
     """
-    q = check_position_dtype(torch.as_tensor(query_positions))
+    q = check_position_dtype(torch.as_tensor(query_positions, device=device))
     k = check_position_dtype(torch.as_tensor(key_positions, device=q.device))
     for name, t in (("query_positions", q), ("key_positions", k)):
         if t.dim() < 1:
@@ -52,7 +55,11 @@ def check_positions(query_positions, key_positions, *, integer: bool = False) ->
     return q, k
 
 
-def relative_positions(query_positions, key_positions) -> torch.Tensor:
-    """key - query, [..., Tq, Tk] (integer positions stay integers; float positions give float32 or float64)."""
-    q, k = check_positions(query_positions, key_positions)
+def relative_positions(query_positions, key_positions, *, dtype: torch.dtype | None = None,
+                       device: torch.device | str | None = None) -> torch.Tensor:
+    """r = key - query, [..., Tq, Tk], on ``device`` (default: the query positions') in ``dtype`` (default: the
+    positions' own; converted before subtracting, so float64 keeps large positions exact)."""
+    q, k = check_positions(query_positions, key_positions, device=device)
+    if dtype is not None:
+        q, k = q.to(dtype), k.to(dtype)
     return k.unsqueeze(-2) - q.unsqueeze(-1)

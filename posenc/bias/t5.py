@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from posenc._validate import check_int, positive_int
-from posenc.bias.positions import check_positions
+from posenc.bias.positions import check_positions, relative_positions
 from posenc.errors import PosencError
 
 
@@ -68,8 +68,8 @@ def t5_bias(table: torch.Tensor, query_positions, key_positions, *, bidirectiona
     if not isinstance(table, torch.Tensor) or table.dim() != 2:
         raise PosencError(f"table must be a tensor [num_buckets, n_heads], got "
                           f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}")
-    q, k = check_positions(query_positions, key_positions, integer=True)
-    rel = k.to(table.device).unsqueeze(-2) - q.to(table.device).unsqueeze(-1)          # [..., Tq, Tk]
+    check_positions(query_positions, key_positions, integer=True)
+    rel = relative_positions(query_positions, key_positions, device=table.device)        # [..., Tq, Tk]
     buckets = t5_relative_bucket(rel, bidirectional=bidirectional, num_buckets=table.shape[0],
                                  max_distance=max_distance)
     return table[buckets].movedim(-1, -3)                                               # [..., H, Tq, Tk]

@@ -25,7 +25,8 @@ from torch import nn
 
 from posenc._validate import check_choice, check_float, even_int
 from posenc.errors import PosencError
-from posenc.rope.apply import LAYOUTS, apply_rope_table, check_position_dtype, default_inv_freq, math_dtype, rope_cos_sin
+from posenc.rope.apply import (LAYOUTS, apply_rope_table, check_position_dtype, default_inv_freq, math_dtype,
+                               rope_cos_sin)
 
 
 def xpos_zeta(dim: int, gamma: float = 0.4) -> torch.Tensor:

@@ -49,7 +49,8 @@ def test_matches_plain_loop(q_len, extra, d, npos, temp, seed):
 
 def test_masked_logits_equal_causal_gating():
     g = torch.Generator().manual_seed(3)
-    q, k, emb = torch.randn(2, 3, 9, 4, generator=g), torch.randn(2, 3, 9, 4, generator=g), torch.randn(6, 4, generator=g)
+    q, k = torch.randn(2, 2, 3, 9, 4, generator=g)
+    emb = torch.randn(6, 4, generator=g)
     logits = q @ k.transpose(-1, -2) / 2
     mask = torch.ones(9, 9, dtype=torch.bool).triu(1)
     causal = cope_bias(q, logits, emb)
