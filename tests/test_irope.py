@@ -89,8 +89,8 @@ def test_dtype_and_batched_positions():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: irope_rope_layers(0), "n_layers must be an integer >= 1"),
-    (lambda: irope_rope_layers(4, 0), "nope_interval must be an integer >= 1"),
+    (lambda: irope_rope_layers(0), "n_layers must be a positive integer"),
+    (lambda: irope_rope_layers(4, 0), "nope_interval must be a positive integer"),
     (lambda: attention_temperature([1], floor_scale=0), "floor_scale must be a positive"),
     (lambda: apply_attention_temperature(torch.zeros(3, 4), torch.arange(5)), r"positions must have shape \[seq\]"),
     (lambda: apply_attention_temperature(torch.zeros(3, 4, dtype=torch.long), torch.arange(3)), "floating-point"),

@@ -55,8 +55,8 @@ def test_reproducible_rows_differ_and_device_argument():
 
 @pytest.mark.parametrize("call, match", [
     (lambda: randomized_positions(10, 5), r"max_position must be >= seq_len \(10\)"),
-    (lambda: randomized_positions(0, 5), "seq_len must be an integer >= 1"),
-    (lambda: randomized_positions(2, 5, batch_size=0), "batch_size must be an integer >= 1"),
+    (lambda: randomized_positions(0, 5), "seq_len must be a positive integer"),
+    (lambda: randomized_positions(2, 5, batch_size=0), "batch_size must be a positive integer"),
     (lambda: randomized_positions(2, 5, generator=0), "generator must be a torch.Generator"),
 ])
 def test_bad_input(call, match):

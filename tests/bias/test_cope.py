@@ -88,7 +88,7 @@ def test_positions_are_clamped_and_zero_init_gives_zero_bias():
     (lambda: cope_bias(torch.zeros(3, 4), torch.zeros(3, 3), torch.zeros(5, 2)), "must match pos_emb's head_dim"),
     (lambda: cope_bias(torch.zeros(3, 4), torch.zeros(3, 2), torch.zeros(5, 4)), "Tk >= Tq"),
     (lambda: cope_bias(torch.zeros(4), torch.zeros(3, 3), torch.zeros(5, 4)), r"query must be \[..., Tq, head_dim\]"),
-    (lambda: CoPE(0, 4), "npos_max must be an integer >= 1"),
+    (lambda: CoPE(0, 4), "npos_max must be a positive integer"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):

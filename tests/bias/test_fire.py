@@ -74,7 +74,7 @@ def test_functional_core_takes_any_mlp():
 
 @pytest.mark.parametrize("call, match", [
     (lambda: FIREBias(2, init_c=0.0), "init_c must be a positive finite number"),
-    (lambda: FIREBias(2, width=0), "width must be an integer >= 1"),
+    (lambda: FIREBias(2, width=0), "width must be a positive integer"),
     (lambda: fire_inputs([0], [0], c=torch.ones(2), threshold=1.0), "c and threshold must be scalars"),
     (lambda: fire_inputs(torch.zeros(2, 3), torch.zeros(4, 3), c=1.0, threshold=1.0), "must share their leading"),
 ])

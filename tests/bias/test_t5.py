@@ -90,7 +90,7 @@ def test_table_lookup_is_the_plain_loop():
     (lambda: t5_relative_bucket(torch.tensor([1]), bidirectional=False, max_distance=8), "max_distance must exceed"),
     (lambda: t5_bias(torch.zeros(32), [0], [0]), r"table must be a tensor \[num_buckets, n_heads\]"),
     (lambda: t5_bias(torch.zeros(32, 2), torch.tensor([0.5]), [0]), "query_positions must be integers"),
-    (lambda: T5RelativeBias(0), "n_heads must be an integer >= 1"),
+    (lambda: T5RelativeBias(0), "n_heads must be a positive integer"),
     (lambda: T5RelativeBias(2)(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 3, dtype=torch.long)),
      "must share their leading"),
 ])
