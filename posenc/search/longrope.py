@@ -32,6 +32,7 @@ import math
 import numbers
 import random
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,8 +147,6 @@ class LongRopeResult:
         (a list, or a short-role ``LongRopeResult``; default all 1). transformers has no n_hat: when the search
         chose n_hat > 0 this warns and the dict applies the factors at every position (use ``longrope_cos_sin``
         for the searched behaviour in posenc)."""
-        import warnings
-
         if isinstance(short_factor, LongRopeResult):
             if short_factor.role != "short":
                 raise PosencError("short_factor must be a short-role result (from short_factor_search) or a list")
