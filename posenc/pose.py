@@ -6,7 +6,7 @@ A training window of L_c tokens is cut into N chunks of lengths l_0 .. l_{N-1} (
 the positions st_i + u_i, ..., st_i + u_i + l_i - 1, where st_i = l_0 + ... + l_{i-1} and the skipping biases are
 u_0 = 0 and u_i drawn uniformly from {u_{i-1}, ..., L_t - L_c} (the paper's rule). Hence the ids increase strictly,
 the largest is L_c - 1 + u_{N-1} <= L_t - 1, and every relative distance 0 .. L_t - 1 occurs with positive
-probability. Chunk lengths: the N - 1 cut points are a uniform random subset of {1, ..., L_c - 1}.
+probability. Chunk lengths (posenc's choice): the N - 1 cut points are a uniform random subset of {1, ..., L_c - 1}.
 Fixing u_0 = 0 keeps the first token at position 0, as at inference; the authors' code made the same choice
 because it evens out how often large distances are seen.
 
