@@ -79,6 +79,17 @@ _EXPORTS = {
     "KVCache": "posenc.attention",
     "ModelConfig": "posenc.model",
     "TinyLM": "posenc.model",
+    # context extension that trains: LongRoPE's search, its fitness, PoSE
+    "longrope_search": "posenc.search.longrope",
+    "short_factor_search": "posenc.search.longrope",
+    "LongRopeSettings": "posenc.search.longrope",
+    "LongRopeResult": "posenc.search.longrope",
+    "longrope_scaling": "posenc.search.longrope_space",
+    "longrope_cos_sin": "posenc.search.longrope_space",
+    "lm_perplexity": "posenc.search.fitness",
+    "perplexity_fitness": "posenc.search.fitness",
+    "pose_position_ids": "posenc.pose",
+    "pose_chunks": "posenc.pose",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
