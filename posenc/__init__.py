@@ -44,15 +44,28 @@ _EXPORTS = {
     "alibi_slopes": "posenc.alibi",
     "alibi_bias": "posenc.alibi",
     "alibi_attention": "posenc.kernels.alibi_attention",
-    # the lab's model pieces
+    # registries: schemes, extension methods, lab tasks (docs/architecture.md)
+    "register_scheme": "posenc.schemes",
     "make_scheme": "posenc.schemes",
-    "SCHEME_NAMES": "posenc.schemes",
-    "CausalSelfAttention": "posenc.attention",
-    "KVCache": "posenc.attention",
-    "ModelConfig": "posenc.model",
-    "TinyLM": "posenc.model",
+    "scheme_names": "posenc.schemes",
+    "register_method": "posenc.extensions",
+    "method_names": "posenc.extensions",
+    "register_task": "posenc.lab.tasks",
+    # the lab's model pieces
+    "CausalSelfAttention": "posenc.nn.attention",
+    "KVCache": "posenc.nn.attention",
+    "ModelConfig": "posenc.nn.model",
+    "TinyLM": "posenc.nn.model",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS) + ["SCHEME_NAMES", "__version__"]
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str):
+    if name == "SCHEME_NAMES":  # derived from the registry on every read (plug-ins add names), never cached
+        from posenc.schemes import scheme_names
+
+        return scheme_names()
+    return _lazy_getattr(name)
