@@ -72,6 +72,9 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     original context, or a result the registry rejects.
     """
     m = get_method(method)
+    if m.fit is not None:
+        raise ConfigError(f"method {method!r} computes its config from a trained model and data, which extend does "
+                          "not have; run it where the model is (posenc lab) and pass the result")
     check_choice(transformers_version, "transformers_version (4: rope_scaling, 5: rope_parameters)", (4, 5),
                  error=ConfigError)
     check_int(target_length, "target_length", min=1, error=ConfigError)
@@ -196,7 +199,7 @@ def format_result(result: ExtendResult, out: str | None) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("config", help="the model's config.json (or a folder holding one)")
     parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
-    parser.add_argument("--method", choices=method_names(), required=True, help="context-extension method")
+    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None], required=True, help="context-extension method")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
                         help="4: write rope_scaling (rope_theta at top level); 5: rope_parameters (default)")
     where = parser.add_mutually_exclusive_group(required=True)
