@@ -7,10 +7,10 @@ rope type); a method here only says which type and keys it writes. The notes cit
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
+from posenc._validate import check_float
 from posenc.errors import ConfigError
 from posenc.extensions.registry import METHODS, ExtensionSpec, register_method
 from posenc.rope.apply import default_inv_freq
@@ -91,11 +91,12 @@ def load_factor_list(value, name: str, n_pairs: int) -> list[float]:
             value = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{name} file {path} is not valid JSON: {exc.msg}") from None
-    if not isinstance(value, (list, tuple)) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and math.isfinite(x) for x in value):
+    if not isinstance(value, (list, tuple)):
         raise ConfigError(f"{name} must be a JSON list of positive numbers, got {str(value)[:80]}")
     if len(value) != n_pairs:
         raise ConfigError(f"{name} must have rotary_dim // 2 = {n_pairs} numbers, got {len(value)}")
+    for i, x in enumerate(value):
+        check_float(x, f"{name}[{i}]", positive=True, error=ConfigError)
     return [float(x) for x in value]
 
 

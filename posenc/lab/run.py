@@ -22,6 +22,7 @@ import torch
 from posenc._atomic import atomic_write_json
 from posenc.extensions import FitContext
 from posenc.lab.context import Evaluation, Run
+from posenc.lab.data import load_corpus
 from posenc.lab.distributed import current, is_main_process, resolve_device
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config
 from posenc.lab.presets import LabConfig
@@ -67,8 +68,6 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     device = device if device is not None else resolve_device(cfg.device)
     if cfg.threads or device.type == "cpu":
         torch.set_num_threads(cfg.threads or auto_threads())
-    from posenc.lab.data import load_corpus
-
     corpus = load_corpus(cfg.data) if any(get_task(t).needs_corpus for t in cfg.tasks) else None
     run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log)
     meta = {

@@ -76,5 +76,7 @@ def test_longrope_initialisation_is_yarn_per_pair_ratio_and_lists_are_checked(tm
     assert searched.scaling["long_factor"] == [2.0] * 16 and not searched.notes
     with pytest.raises(ValueError, match="long_factor must have rotary_dim // 2 = 16"):
         method_config("longrope", SPEC, short_factor=[1.0] * 16, long_factor=[2.0] * 3)
+    with pytest.raises(ValueError, match=r"long_factor\[15\] must be a positive"):
+        method_config("longrope", SPEC, short_factor=[1.0] * 16, long_factor=[2.0] * 15 + [-1.0])
     with pytest.raises(ValueError, match="both short_factor and long_factor"):
         method_config("longrope", SPEC, short_factor=[1.0] * 16)
