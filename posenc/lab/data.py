@@ -73,7 +73,8 @@ def load_corpus(data: str | None = None) -> Corpus:
         root, files = stdlib_files()
         source = "cpython-stdlib"
         if not files:
-            raise DataError(f"data: no .py files found in the standard library at {root}; give data as a file or folder of text")
+            raise DataError(f"data: no .py files found in the standard library at {root}; "
+                            "give data as a file or folder of text")
     else:
         p = Path(path).expanduser()
         if not p.exists():

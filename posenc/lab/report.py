@@ -59,9 +59,10 @@ def write_report(doc: dict, out: Path) -> Path:
            if s["finetune_steps"] else ""),
     ]
     if data:
-        lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files, list hash {data.get('files_sha256')}, "
-                     f"Python {data.get('python_version')}), train {data.get('train_bytes')} bytes, validation "
-                     f"{data.get('val_bytes')} bytes, split {data.get('split')}")
+        lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files, list hash "
+                     f"{data.get('files_sha256')}, Python {data.get('python_version')}), train "
+                     f"{data.get('train_bytes')} bytes, validation {data.get('val_bytes')} bytes, split "
+                     f"{data.get('split')}")
     lines += ["", "## Results", "", main_table(doc), "",
               "Notes: `n/a (table = N)`: a learned position table has no row past its training length, so the model "
               "cannot run there (nothing is clamped). `bands k/b/i`: rotary pairs kept / blended / interpolated by "

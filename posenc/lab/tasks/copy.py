@@ -60,7 +60,8 @@ def _batches(n: int, per_batch: int):
 
 
 @torch.no_grad()
-def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu", batch_tokens: int = 16384) -> dict | None:
+def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu",
+              batch_tokens: int = 16384) -> dict | None:
     """Copy task at sequence ``length`` (copy of copy_len(length) random bytes), teacher-forced.
 
     -> {"exact_match", "token_accuracy"} or None when the model cannot encode ``length`` positions.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from posenc.errors import ConfigError
 from posenc.lab.tasks import TASKS, Task, get_task, register_task, task_names
