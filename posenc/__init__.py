@@ -72,13 +72,6 @@ _EXPORTS = {
     "AttentionTemperature": "posenc.irope",
     # randomized positions (Ruoss et al. 2023)
     "randomized_positions": "posenc.randomized",
-    # the lab's model pieces
-    "make_scheme": "posenc.schemes",
-    "SCHEME_NAMES": "posenc.schemes",
-    "CausalSelfAttention": "posenc.attention",
-    "KVCache": "posenc.attention",
-    "ModelConfig": "posenc.model",
-    "TinyLM": "posenc.model",
     # context extension that trains: LongRoPE's search, its fitness, PoSE
     "longrope_search": "posenc.search.longrope",
     "short_factor_search": "posenc.search.longrope",
@@ -90,8 +83,28 @@ _EXPORTS = {
     "perplexity_fitness": "posenc.search.fitness",
     "pose_position_ids": "posenc.pose",
     "pose_chunks": "posenc.pose",
+    # registries: schemes, extension methods, lab tasks (docs/architecture.md)
+    "register_scheme": "posenc.schemes",
+    "make_scheme": "posenc.schemes",
+    "scheme_names": "posenc.schemes",
+    "register_method": "posenc.extensions",
+    "method_names": "posenc.extensions",
+    "register_task": "posenc.lab.tasks",
+    # the lab's model pieces
+    "CausalSelfAttention": "posenc.nn.attention",
+    "KVCache": "posenc.nn.attention",
+    "ModelConfig": "posenc.nn.model",
+    "TinyLM": "posenc.nn.model",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS) + ["SCHEME_NAMES", "__version__"]
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str):
+    if name == "SCHEME_NAMES":  # derived from the registry on every read (plug-ins add names), never cached
+        from posenc.schemes import scheme_names
+
+        return scheme_names()
+    return _lazy_getattr(name)

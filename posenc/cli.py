@@ -13,7 +13,7 @@ import sys
 
 # subcommand -> module implementing it
 COMMANDS = {
-    "check": "posenc.check",
+    "check": "posenc.tools.check",
     "lab": "posenc.lab.cli",
     "plot": "posenc.tools.plot",
     "inspect": "posenc.tools.inspect",

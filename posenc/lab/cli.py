@@ -5,15 +5,19 @@
     posenc lab --preset ntk --steps 3000 --seeds 0,1,2 --out runs/ntk3
     posenc lab --schemes rope,alibi --eval-lens 128,512,2048 --finetune-steps 100
     posenc lab --out runs/x --resume             # continue an interrupted run from its checkpoints
+    posenc lab --plugin my_scheme.py --schemes rope,mine     # a scheme, method or task from your own file
 
-Every preset setting can be overridden by the flag of the same name; lists are comma-separated.
+Every preset setting can be overridden by the flag of the same name; lists are comma-separated. Errors from the
+library name settings (``d_model``); this command reports them with its flags (``--d-model``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 
-from posenc.lab.presets import ALL_EXTENSIONS, ALL_SCHEMES, PRESETS, TASKS
+from posenc.errors import PosencError
 
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
@@ -40,21 +44,38 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
 
 
-def _names(text: str) -> list[str]:
+def _names(text: str):
     names = [x.strip() for x in text.split(",") if x.strip()]
+    if names == ["all"]:
+        return "all"
     return [] if names == ["none"] else names
 
 
-# flag -> (LabConfig field, type, help)
+def _options(text: str) -> dict:
+    """key=value,key=value -> dict; values are JSON when they parse (numbers, true/false), else strings."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected key=value pairs separated by commas, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value.strip()
+    return out
+
+
+# flag -> (setting name, type, help); the setting names are LabConfig's flat names (posenc.lab.presets.SECTIONS)
 FLAGS = [
-    ("--tasks", "tasks", _names, f"tasks to run, from {','.join(TASKS)}"),
-    ("--schemes", "schemes", _names, f"schemes to train, from {','.join(ALL_SCHEMES)}"),
+    ("--tasks", "tasks", _names, "tasks to run, comma-separated (or all); registered: {tasks}"),
+    ("--schemes", "schemes", _names, "schemes to train, comma-separated (or all); registered: {schemes}"),
     ("--d-model", "d_model", int, "model width"),
     ("--layers", "n_layers", int, "number of layers"),
     ("--heads", "n_heads", int, "attention heads"),
     ("--rope-base", "rope_base", float, "RoPE theta"),
     ("--rope-layout", "rope_layout", str, "RoPE pair layout: half (HF) or interleaved"),
     ("--scale-embeddings", "scale_embeddings", _bool, "multiply token embeddings by sqrt(d_model) (yes/no)"),
+    ("--scheme-options", "scheme_options", _options, "scheme-specific settings, key=value,key=value"),
     ("--train-len", "train_len", int, "training sequence length"),
     ("--batch-size", "batch_size", int, "sequences per step"),
     ("--steps", "steps", int, "training steps"),
@@ -69,9 +90,10 @@ FLAGS = [
     ("--sliding-lens", "sliding_lens", _ints, "lengths for the sliding-window eval (default: the longest eval length)"),
     ("--sliding-tokens", "sliding_tokens", int, "tokens scored per sliding-window length"),
     ("--extensions", "extensions", _names,
-     f"RoPE extension methods evaluated on the rope model, from {','.join(ALL_EXTENSIONS)} (or none)"),
+     "RoPE extension methods evaluated on the extended schemes' models (or none); registered: {methods}"),
+    ("--extended-schemes", "extended_schemes", _names, "schemes whose models get the extension methods (default rope)"),
     ("--ext-factor", "ext_factor", float, "extension factor (default: max eval length / train length)"),
-    ("--finetune-steps", "finetune_steps", int, "also fine-tune the rope model per method for this many steps"),
+    ("--finetune-steps", "finetune_steps", int, "also fine-tune the extended models per method for this many steps"),
     ("--finetune-len", "finetune_len", int, "fine-tuning length (default: max eval length)"),
     ("--copy-examples", "copy_examples", int, "copy-task test sequences per length"),
     ("--passkey-depths", "passkey_depths", _floats, "comma-separated key depths in [0, 1]"),
@@ -82,18 +104,52 @@ FLAGS = [
     ("--out", "out", str, "output folder (default: runs/<preset>)"),
     ("--ckpt-every", "ckpt_every", int, "checkpoint every N steps (0: only at the end)"),
 ]
+# other argument names the library may cite in a message, and the flag that sets them here
+ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", "preset": "--preset",
+           "stride": "--sliding-stride", "nproc": "--nproc", "seq_len": "--train-len/--finetune-len",
+           "factor": "--ext-factor"}
+
+
+def to_flags(message: str) -> str:
+    """A library message with setting names replaced by this command's flags ("d_model must" -> "--d-model must").
+
+    Names with an underscore are replaced wherever they stand as a word; plain-word names (tasks, data, ...) only
+    where they open the message or a "name/name:" list, so ordinary words in the text stay.
+    """
+    flags = {dest: flag for flag, dest, _, _ in FLAGS}
+    flags.update({k: v for k, v in ALIASES.items() if k not in flags})
+
+    def swap(match: re.Match) -> str:
+        return flags.get(match.group(0), match.group(0))
+
+    out = re.sub(r"(?<![\w.-])[a-z]+_[a-z_]+(?![\w(])", swap, message)
+    return re.sub(r"^[a-z]+(?=:|/| must)", swap, out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from posenc.lab.launch import add_arguments as add_launch_arguments
+    from posenc.lab.presets import PRESETS
+
     parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
                         help="named settings (default: default); flags override them")
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                        help="import a Python file or module that registers schemes, extension methods or tasks "
+                             "(repeatable); its names can then be used in --schemes, --extensions, --tasks")
+    names = _registered()
     for flag, dest, typ, text in FLAGS:
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text.format(**names))
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    from posenc.lab import distributed
+    add_launch_arguments(parser)  # --nproc N
 
-    distributed.add_arguments(parser)  # --nproc N
+
+def _registered() -> dict:
+    from posenc.extensions import method_names
+    from posenc.lab.tasks import task_names
+    from posenc.schemes import scheme_names
+
+    return {"tasks": ",".join(task_names()), "schemes": ",".join(scheme_names()),
+            "methods": ",".join(method_names())}
 
 
 def config_from_args(args: argparse.Namespace):
@@ -103,13 +159,20 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from posenc.lab import distributed
+    from posenc.lab import distributed, launch
     from posenc.lab.run import run_lab
+    from posenc.plugins import load_plugins
 
-    status = distributed.relaunch(args)  # --nproc N: run this same command under torchrun instead
+    status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
     if status is not None:
         return status
-    cfg = config_from_args(args)
-    with distributed.session(cfg.device):  # under torchrun: join the process group; errors name the rank
-        run_lab(cfg, resume=args.resume, progress=not args.quiet)
+    try:
+        load_plugins(args.plugin)
+        cfg = config_from_args(args)
+        with distributed.session(cfg.device) as (_, device):  # under torchrun: join the group; errors name the rank
+            run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
+    except PosencError as exc:
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (to_flags(exc.args[0]), *exc.args[1:])
+        raise
     return 0

@@ -2,7 +2,7 @@
 
 ``train(model, sampler, settings)`` is deliberately plain so a distributed wrapper can reuse it: batches come
 from ``sampler.batch(step, rank, world_size)`` (a pure function of the global step), the gradient sync is the
-wrapper's business (DDP), and only the main process writes checkpoints (``posenc.lab.io.is_main_process``).
+wrapper's business (DDP), and only the main process writes checkpoints (``posenc.lab.distributed.is_main_process``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc.errors import CheckpointError
-from posenc.lab.checkpoint import load_checkpoint, save_checkpoint
+from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from posenc.lab.data import IGNORE
-from posenc.lab.io import is_main_process
+from posenc.lab.distributed import check_batch_size, current, ddp_wrap, is_main_process, sharded_lm_loss
 
 
 @dataclass
@@ -67,8 +67,6 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     from tqdm.auto import tqdm
 
     if rank is None or world_size is None:  # default: this process's place in torch.distributed's group (0 of 1)
-        from posenc.lab.distributed import current
-
         rank = current().rank if rank is None else rank
         world_size = current().world_size if world_size is None else world_size
     model.to(device).train()
@@ -84,8 +82,6 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         start = meta["step"]
     net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
     if world_size > 1:
-        from posenc.lab.distributed import check_batch_size, ddp_wrap, sharded_lm_loss
-
         check_batch_size(sampler.batch_size, world_size)
         net = ddp_wrap(model, start, run_settings)
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
@@ -132,8 +128,6 @@ def _jsonable(obj):
 
 def checkpoint_step(path: str | Path) -> int | None:
     """Step stored in a checkpoint, or None if there is none."""
-    from posenc.lab.checkpoint import read_checkpoint
-
     if not Path(path).exists():
         return None
     return read_checkpoint(path)[1]["step"]

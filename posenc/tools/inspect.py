@@ -21,6 +21,7 @@ from typing import Any
 
 from posenc.errors import ConfigError
 from posenc.tools._io import read_config
+from posenc.tools.contexts import claimed_context as _claimed_context, original_context as _original_context
 
 HELP = "Describe the positional encoding of a Hugging Face config.json (RoPE scaling, ALiBi, learned...)."
 
@@ -86,42 +87,6 @@ def detect_scheme(cfg: Mapping) -> tuple[str, str]:
 
 def _pos_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-
-def _validate(rc) -> None:
-    """Raise ConfigError (naming the key) for malformed parameters, e.g. a non-numeric factor, before any
-    arithmetic here touches them; the registry's own validation runs, its warnings are left to the real call."""
-    from posenc.rope.scaling import rope_parameters
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rope_parameters(rc, None)
-
-
-def _claimed_context(rc) -> tuple[int | None, str]:
-    """The longest context this RoPE config claims, and where that number comes from."""
-    _validate(rc)
-    lmax, l0, s = rc.max_position_embeddings, rc.original_max_position_embeddings, rc.params.get("factor")
-    if rc.rope_type == "dynamic":
-        return None, "dynamic NTK has no fixed limit: frequencies are rescaled for any length past " \
-                     f"max_position_embeddings={lmax}"
-    if rc.rope_type == "yarn" and s and l0:
-        implied = int(round(s * l0))
-        if lmax is None or implied > lmax:
-            return implied, f"yarn factor x original context = {s:g} x {l0} (max_position_embeddings={lmax})"
-    if lmax is None:
-        return None, "max_position_embeddings is absent"
-    return lmax, "max_position_embeddings"
-
-
-def _original_context(rc) -> int | None:
-    _validate(rc)
-    if rc.original_max_position_embeddings:
-        return rc.original_max_position_embeddings
-    lmax, s = rc.max_position_embeddings, rc.params.get("factor")
-    if rc.rope_type == "linear" and lmax and s:
-        return int(round(lmax / s))  # convention: max_position_embeddings holds the extended length
-    return lmax
 
 
 def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> dict[str, Any]:

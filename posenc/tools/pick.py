@@ -12,7 +12,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from posenc._validate import check_choice, check_float, positive_int
 from posenc.errors import PosencError
+from posenc.extensions import ExtensionSpec, method_config
 
 HELP = "Recommend a positional encoding / context-extension method for a target context, budget and task."
 
@@ -87,15 +89,25 @@ def _pretrain_theta(context: int) -> tuple[float, str]:
 
 
 def _check_inputs(target_context, train_context, budget, task, rope_theta):
-    for name, value in (("target_context", target_context), ("train_context", train_context)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PosencError(f"{name} must be a positive integer number of tokens, got {value!r}")
-    if budget not in BUDGETS:
-        raise PosencError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
-    if task not in TASKS:
-        raise PosencError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if rope_theta is not None and not (isinstance(rope_theta, (int, float)) and rope_theta > 1):
-        raise PosencError(f"rope_theta must be a number > 1, got {rope_theta!r}")
+    positive_int(target_context, "target_context")
+    positive_int(train_context, "train_context")
+    check_choice(budget, "budget", BUDGETS)
+    check_choice(task, "task", TASKS)
+    if rope_theta is not None:
+        check_float(rope_theta, "rope_theta", min=1.0)
+        if rope_theta == 1:
+            raise PosencError(f"rope_theta must be a number > 1, got {rope_theta!r}")
+
+
+def _snippet(method: str, train: int, target: int, theta: float) -> dict[str, Any]:
+    """The config keys ``method`` writes (from the extension-method registry), transformers 5.x form."""
+    written = method_config(method, ExtensionSpec(original=train, factor=_factor(target, train), rotary_dim=None,
+                                                  theta=theta, target=target))
+    snippet: dict[str, Any] = {}
+    if written.max_position_embeddings != train:
+        snippet["max_position_embeddings"] = written.max_position_embeddings
+    snippet["rope_parameters"] = {**written.scaling, "rope_theta": theta}
+    return snippet
 
 
 def _factor(target: int, train: int) -> float:
@@ -179,9 +191,7 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
     if extrapolate:
         notes.append("past the stage-2 length no RoPE method is reliable for retrieval; serve beyond it with "
                      "dynamic NTK only as a graceful-degradation fallback (facts.md §4 LongRoPE Table 1)")
-    snippet = {"max_position_embeddings": T,
-               "rope_parameters": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,
-                                   "rope_theta": theta}}
+    snippet = _snippet("yarn", L, T, theta)
     return Recommendation(scheme="RoPE", method="yarn (long-context stage)", parameters=params, reasons=reasons,
                           alternatives=alternatives, config_snippet=snippet, notes=notes)
 
@@ -224,7 +234,7 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                 _alt("LongRoPE", "needs an evolutionary search of per-dimension factors (and ideally a fine-tune)"),
                 _alt("ALiBi", "needs pretraining from scratch"),
             ],
-            config_snippet={"rope_parameters": {"rope_type": "dynamic", "factor": s, "rope_theta": theta}},
+            config_snippet=_snippet("dynamic", L, T, theta),
             notes=notes + ["keep max_position_embeddings at the original context: dynamic NTK scales relative to "
                            "it; cache keys before rotation for exactness under a KV cache (facts.md §2)"])
     # budget == "finetune"
@@ -253,9 +263,7 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                                 "trains on a moving target"),
             _alt("ALiBi", "needs pretraining from scratch"),
         ],
-        config_snippet={"max_position_embeddings": T,
-                        "rope_parameters": {"rope_type": "yarn", "factor": s,
-                                            "original_max_position_embeddings": L, "rope_theta": theta}},
+        config_snippet=_snippet("yarn", L, T, theta),
         notes=notes + ["fine-tune on documents up to the target length (hundreds of steps / ~1B tokens: lesson "
                        "'PI + fine-tune'); `posenc extend CONFIG --method yarn --target-length "
                        f"{T}` writes the config"])

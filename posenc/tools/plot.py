@@ -24,7 +24,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from posenc._atomic import atomic_path
+from posenc._validate import even_int, positive_float, positive_int
 from posenc.errors import PosencError
+from posenc.extensions import METHODS
+from posenc.tools.contexts import claimed_context, original_context
 
 HELP = "Draw positional-encoding plots: sinusoidal, rope, scaling, alibi, decay."
 
@@ -57,15 +60,11 @@ def _save(fig, out: str | os.PathLike) -> Path:
 
 
 def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PosencError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return positive_int(value, name)
 
 
 def _positive_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise PosencError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+    return positive_float(value, name)
 
 
 # ---------------------------------------------------------------------------------------------- sinusoidal
@@ -101,8 +100,7 @@ def plot_sinusoidal(out, *, max_len: int = 512, dim: int = 128, base: float = 10
     _positive_int(max_len, "max_len")
     _positive_int(dim, "dim")
     base = _positive_float(base, "base")
-    if dim % 2:
-        raise PosencError(f"dim must be even (sin/cos pairs), got {dim}")
+    even_int(dim, "dim")
     pe = sinusoidal(max_len, dim, base)                       # [max_len, dim]
     measured = measure_periods(pe)
     expected = [2 * math.pi * base ** (2 * i / dim) for i in range(dim // 2)]
@@ -157,9 +155,9 @@ def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor
         params["factor"] = _positive_float(factor, "factor")
     if original is not None:
         params["original_max_position_embeddings"] = _positive_int(original, "original")
-    if rope_type == "llama3":
-        params.setdefault("low_freq_factor", 1.0)
-        params.setdefault("high_freq_factor", 4.0)
+    if rope_type in METHODS:  # a method's fixed parameters (Llama 3's low/high freq factors), from the registry
+        for key, value in METHODS[rope_type].defaults.items():
+            params.setdefault(key, value)
     lmax = max_position_embeddings
     if lmax is None and original is not None:
         lmax = int(original * (factor or 1)) if rope_type != "dynamic" else original
@@ -180,13 +178,11 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.scaling import frequency_bands, rope_parameters
     from posenc.rope.config import load_rope_config
-    from posenc.tools.inspect import _claimed_context, _original_context
-
     mapping = _rope_mapping(config, head_dim=head_dim, theta=theta, rope_type=rope_type, factor=factor,
                             original=original, max_position_embeddings=max_position_embeddings)
     rc = load_rope_config(mapping)
-    claimed, _ = _claimed_context(rc)
-    l0 = _original_context(rc)
+    claimed, _ = claimed_context(rc)
+    l0 = original_context(rc)
     at = seq_len or claimed or (2 * l0 if l0 else None)
     inv, attention = rope_parameters(rc, at)  # malformed values raise ConfigError naming the key
     labels = frequency_bands(rc, at)["labels"]
@@ -225,14 +221,17 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
 def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: int = 4096, factor: float = 8.0,
                     partial_rotary_factor: float = 1.0, longrope: Mapping[str, Any] | None = None
                     ) -> dict[str, tuple[torch.Tensor, float, list[str]]]:
-    """Method name -> (inv_freq, attention_scaling, band labels), all from the registry, for one geometry.
+    """Display name -> (inv_freq, attention_scaling, band labels) for plain RoPE and every registered extension
+    method (``posenc.extensions``), all from the rope-type registry, for one geometry.
 
-    Dynamic NTK is evaluated at the target length factor * original (with max_position_embeddings = original).
-    LongRoPE uses ``longrope`` ({"short_factor", "long_factor"}) if given, else posenc extend's unsearched
-    initialisation (YaRN's per-pair ratio), labelled as such.
+    Methods that keep max_position_embeddings at the original length (dynamic NTK) are evaluated at the target
+    length factor * original. LongRoPE uses ``longrope`` ({"short_factor", "long_factor"}) if given, else its
+    unsearched initialisation (YaRN's per-pair ratio), labelled as such. Methods that compute their config from a
+    trained model (``fit``) are skipped: there is no model here.
     """
+    from posenc.extensions import ExtensionSpec, method_config, method_names
+    from posenc.rope.config import load_rope_config
     from posenc.rope.scaling import frequency_bands, rope_parameters
-    from posenc.tools.extend import _derived_longrope_long_factor
 
     target = int(round(original * factor))
     geometry = {"head_dim": head_dim, "partial_rotary_factor": partial_rotary_factor}
@@ -240,26 +239,26 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     def cfg(params, lmax):
         return {**geometry, "max_position_embeddings": lmax, "rope_parameters": {"rope_theta": theta, **params}}
 
-    configs = {
-        "default (no scaling)": cfg({"rope_type": "default"}, original),
-        "PI (linear)": cfg({"rope_type": "linear", "factor": factor}, target),
-        "NTK-aware (static)": cfg({"rope_type": "ntk", "factor": factor}, target),
-        f"dynamic NTK (factor {factor:g}) @ {target:,}": cfg({"rope_type": "dynamic", "factor": factor}, original),
-        "YaRN": cfg({"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}, target),
-        "Llama 3": cfg({"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": original}, target),
-    }
-    from posenc.rope.config import load_rope_config
-
-    rc = load_rope_config(configs["default (no scaling)"])
-    if longrope is not None:
-        short, long, label = list(longrope["short_factor"]), list(longrope["long_factor"]), "LongRoPE (searched)"
-    else:
-        short = [1.0] * (rc.rotary_dim // 2)
-        long = _derived_longrope_long_factor(rc, factor, original)
-        label = "LongRoPE (unsearched init)"
-    configs[label] = cfg({"rope_type": "longrope", "factor": factor, "short_factor": short, "long_factor": long,
-                          "original_max_position_embeddings": original}, target)
+    rc = load_rope_config(cfg({"rope_type": "default"}, original))
+    spec = ExtensionSpec(original=original, factor=factor, rotary_dim=rc.rotary_dim, theta=theta, target=target,
+                         head_dim=rc.head_dim)
+    configs = {"default (no scaling)": cfg({"rope_type": "default"}, original)}
+    for name in method_names():
+        method = METHODS[name]
+        if method.fit is not None:
+            continue
+        label = method.label
+        options = {}
+        if "short_factor" in method.options:
+            if longrope is not None:
+                options = {"short_factor": list(longrope["short_factor"]), "long_factor": list(longrope["long_factor"])}
+                label += " (searched)"
+            else:
+                label += " (unsearched init)"
+        written = method_config(name, spec, **options)
+        if method.keeps_original_length:
+            label += f" (factor {factor:g}) @ {target:,}"
+        configs[label] = cfg(written.scaling, written.max_position_embeddings)
     out = {}
     for name, c in configs.items():
         inv, attention = rope_parameters(c, target)
@@ -281,13 +280,12 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     longrope = None
     if config is not None:
         from posenc.rope.config import load_rope_config
-        from posenc.tools.inspect import _claimed_context, _original_context
 
         rc = load_rope_config(_rope_mapping(config, head_dim=head_dim, theta=theta, rope_type="default",
                                             factor=None, original=None, max_position_embeddings=None))
         head_dim, theta, partial = rc.head_dim, rc.theta, rc.partial_rotary_factor
-        original = _original_context(rc) or original
-        claimed, _ = _claimed_context(rc)
+        original = original_context(rc) or original
+        claimed, _ = claimed_context(rc)
         if claimed and claimed > original:
             factor = claimed / original
         if rc.rope_type == "longrope":
@@ -305,9 +303,10 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
 
     fig = _figure(15, 6.5)
     ax, ax2 = fig.subplots(1, 2)
-    styles = ["-", "--", "-.", ":", "-", "--", "-."]
+    styles = ["-", "--", "-.", ":"]
     summary = {}
-    for (name, (inv, attention, labels)), ls in zip(methods.items(), styles):
+    for i, (name, (inv, attention, labels)) in enumerate(methods.items()):
+        ls = styles[i % len(styles)]
         wl = (2 * math.pi / inv.double()).tolist()
         ratio = (base / inv.double()).tolist()
         lw = 2.4 if name.startswith("default") else 1.6
@@ -400,13 +399,11 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
     """
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.scaling import rope_parameters
-    from posenc.tools.inspect import _claimed_context
 
     _positive_int(head_dim, "head_dim")
     _positive_int(max_distance, "max_distance")
     _positive_int(points, "points")
-    if head_dim % 2:
-        raise PosencError(f"head_dim must be even, got {head_dim}")
+    even_int(head_dim, "head_dim")
     freqs: dict[str, torch.Tensor] = {}
     for b in bases:
         freqs[f"base {_positive_float(b, 'base'):g} (d={head_dim})"] = default_inv_freq(head_dim, float(b))
@@ -415,7 +412,7 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
 
         rc = load_rope_config(_rope_mapping(c, head_dim=head_dim, theta=1e4, rope_type="default",
                                             factor=None, original=None, max_position_embeddings=None))
-        claimed, _ = _claimed_context(rc)
+        claimed, _ = claimed_context(rc)
         inv, _ = rope_parameters(rc, claimed)
         name = Path(os.fspath(c)).stem if isinstance(c, (str, os.PathLike)) else "config"
         freqs[f"{name} ({rc.rope_type})"] = inv[inv > 0]
@@ -469,7 +466,7 @@ def add_arguments(parser) -> None:
     p.add_argument("--max-position-embeddings", type=int)
     p.add_argument("--seq-len", type=int, help="length for length-dependent types (dynamic, longrope)")
 
-    p = kinds.add_parser("scaling", help="PI, NTK, dynamic, YaRN, Llama 3, LongRoPE side by side")
+    p = kinds.add_parser("scaling", help="every registered extension method side by side (PI, NTK, YaRN, ...)")
     p.add_argument("--config", help="take geometry (and searched LongRoPE factors) from this config")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
     p.add_argument("--theta", type=float, default=10000.0, help="rope_theta (default 10000)")

@@ -59,7 +59,10 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
 
 @pytest.mark.parametrize("argv,match", [
     (["--data", "/no/such/corpus"], "--data: /no/such/corpus does not exist"),
-    (["--schemes", "rope,t5"], "--schemes: unknown scheme 't5'"),
+    (["--schemes", "rope,t5"], "--schemes: expected one of nope, sinusoidal"),
+    (["--extensions", "yarn,rerope"], "--extensions: expected one of linear, ntk"),
+    (["--heads", "3"], "--d-model must be divisible by --heads (3), got 32"),
+    (["--plugin", "/no/such/plugin.py"], "plugin /no/such/plugin.py: no such file"),
     (["--eval-lens", "1"], "--eval-lens"),
     (["--d-model", "30"], "--d-model"),
     (["--tasks", "passkey", "--train-len", "40"], "passkey episodes need at least"),
@@ -75,12 +78,19 @@ def test_every_preset_is_valid_and_default_reaches_8x():
         get_preset(name)
     d = get_preset("default")
     assert max(d.eval_lens) >= 8 * d.train_len and d.schemes == ["nope", "sinusoidal", "learned", "rope", "alibi"]
-    assert get_preset("copy").n_layers == 4 and get_preset("copy").train_len == 512
+    assert get_preset("copy").model.n_layers == 4 and get_preset("copy").train_len == 512
     assert max(get_preset("copy").eval_lens) == 2048
     ntk = get_preset("ntk")
     assert ntk.train_len == 256 and max(ntk.eval_lens) == 1024 and "ntk" in ntk.extensions
-    with pytest.raises(ConfigError, match="--preset"):
+    with pytest.raises(ConfigError, match="preset: expected one of"):
         get_preset("huge")
+    smoke = get_preset("smoke")  # "all": every registered task and scheme
+    assert smoke.tasks == ["lm", "copy", "passkey"] and smoke.schemes[:6] == [
+        "nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi"]
+    assert get_preset("smoke", d_model=48, steps=7).model.d_model == 48  # flat names reach their section
+    assert get_preset("smoke", steps=7).train.steps == 7
+    with pytest.raises(ConfigError, match="unknown lab settings: depth"):
+        get_preset("smoke", depth=3)
 
 
 def test_finetune_adds_finetuned_rows_per_method(tmp_path):
@@ -116,5 +126,5 @@ def test_sliding_stride_defaults_to_half_the_window_and_is_validated(tmp_path):
     rows = run_lab(cfg, progress=False, log=lambda *a: None)["results"]
     assert {r["protocol"] for r in rows} == {"non-overlapping", "sliding (stride 32)"}
     get_preset("default", tasks=["copy"], eval_lens=[16, 32])  # no LM task: the LM-only stride is not checked
-    with pytest.raises(ConfigError, match="--sliding-stride"):
+    with pytest.raises(ConfigError, match="sliding_stride"):
         get_preset("default", eval_lens=[16, 32], sliding_stride=64)

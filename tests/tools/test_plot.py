@@ -10,6 +10,7 @@ import torch
 from posenc import reference
 from posenc.cli import main
 from posenc.errors import PosencError
+from posenc.extensions import METHODS, method_names
 from posenc.rope.apply import apply_rope, default_inv_freq
 from posenc.tools.plot import (measure_periods, plot_alibi, plot_decay, plot_rope, plot_scaling,
                                plot_sinusoidal, rope_decay)
@@ -74,14 +75,15 @@ def test_scaling_plot_properties(tmp_path):
     result = plot_scaling(tmp_path / "scaling.png", head_dim=128, theta=1e4, original=4096, factor=8.0)
     assert_sensible_png(result["path"])
     m = result["methods"]
-    assert len(m) == 7
+    assert len(m) == 1 + sum(1 for name in method_names() if METHODS[name].fit is None)  # plain + every method
     assert m["default (no scaling)"]["interpolation"] == pytest.approx([1.0] * 64)
-    assert m["PI (linear)"]["interpolation"] == pytest.approx([8.0] * 64, rel=1e-6)
-    ntk = m["NTK-aware (static)"]["interpolation"]
+    assert m["PI"]["interpolation"] == pytest.approx([8.0] * 64, rel=1e-6)
+    ntk = m["NTK-aware"]["interpolation"]
     assert ntk[0] == pytest.approx(1.0) and ntk[-1] == pytest.approx(8.0, rel=1e-5)  # lowest pair divided by s
     yarn = m["YaRN"]
     assert yarn["attention_scaling"] == pytest.approx(0.1 * math.log(8) + 1)
     assert yarn["interpolation"][0] == pytest.approx(1.0) and yarn["interpolation"][-1] == pytest.approx(8.0)
+    assert "dynamic NTK (factor 8) @ 32,768" in m and "LongRoPE (unsearched init)" in m
 
 
 def test_scaling_plot_uses_searched_longrope_factors(tmp_path):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from posenc import reference
-from posenc.attention import CausalSelfAttention, KVCache, attention_mask
-from posenc.model import ModelConfig, TinyLM
-from posenc.schemes import SCHEME_NAMES, make_scheme
+from posenc.nn.attention import CausalSelfAttention, KVCache, attention_mask
+from posenc.nn.model import ModelConfig, TinyLM
+from posenc.schemes import make_scheme, scheme_names
 
 torch.set_default_dtype(torch.float32)
 
@@ -44,9 +44,8 @@ def test_sdpa_path_matches_explicit_softmax(name):
 
 
 def test_mask_aligns_queries_to_the_end_of_the_keys():
-    scheme = make_scheme("nope", d_model=8, n_heads=2, max_len=8)
-    assert attention_mask(scheme, 5, 5, "cpu") is None and attention_mask(scheme, 1, 5, "cpu") is None
-    m = attention_mask(scheme, 2, 5, "cpu")[0]
+    assert attention_mask(None, 5, 5, "cpu") is None and attention_mask(None, 1, 5, "cpu") is None
+    m = attention_mask(None, 2, 5, "cpu")[0]
     assert torch.equal(torch.isinf(m), torch.tensor([[False] * 4 + [True], [False] * 5]))
 
 
@@ -60,7 +59,7 @@ def _decode_vs_full(model, tokens, prefill):
     return full, torch.cat(steps, dim=1)
 
 
-@pytest.mark.parametrize("name", SCHEME_NAMES)
+@pytest.mark.parametrize("name", scheme_names())
 def test_kv_cache_decode_equals_full_forward(name):
     torch.manual_seed(1)
     model = TinyLM(ModelConfig(scheme=name, d_model=32, n_layers=2, n_heads=4, max_len=40)).eval()
@@ -100,10 +99,12 @@ def test_dynamic_ntk_caches_keys_before_rotation():
             step = model(tokens[:, t:t + 1], cache)[:, -1]
             prefix = model(tokens[:, :t + 1])[:, -1]
             torch.testing.assert_close(step, prefix, atol=1e-5, rtol=1e-5)
-    assert model.scheme.frequencies(24)[0][1] < model.scheme.frequencies(8)[0][1]  # the scaling did change
+    assert model.scheme.rotary.inv_freq[-1] < model.scheme.rotary.original_inv_freq[-1]  # the scaling did change
 
 
-def test_cache_reports_per_layer_length():
+def test_cache_reports_per_layer_length_and_key_positions():
     cache = KVCache(2)
-    cache.update(0, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    cache.update(0, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), torch.arange(3))
     assert len(cache) == 3 and cache.layer_len(1) == 0
+    cache.update(0, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.tensor([[7]]))  # per-row positions
+    assert cache.key_positions(0).tolist() == [[0, 1, 2, 7]]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posenc.errors import ConfigError
-from posenc.model import ModelConfig, TinyLM
+from posenc.nn.model import ModelConfig, TinyLM
 
 
 def test_forward_shape_and_tied_head():
@@ -19,7 +19,9 @@ def test_forward_shape_and_tied_head():
 
 
 @pytest.mark.parametrize("bad,match", [(dict(scheme="t5"), "scheme"), (dict(d_model=30, n_heads=4), "d_model"),
-                                       (dict(n_layers=0), "n_layers"), (dict(max_len=0), "max_len")])
+                                       (dict(n_layers=0), "n_layers"), (dict(max_len=0), "max_len"),
+                                       (dict(n_heads=True), "n_heads"), (dict(rope_layout="x"), "rope_layout"),
+                                       (dict(scheme_options=[1]), "scheme_options")])
 def test_config_errors_name_the_field(bad, match):
     with pytest.raises(ConfigError, match=match):
         ModelConfig(**bad)

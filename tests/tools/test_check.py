@@ -3,7 +3,7 @@
 import torch
 
 from posenc.absolute import sinusoidal
-from posenc.check import run_checks, sign_changes_per_column
+from posenc.tools.check import run_checks, sign_changes_per_column
 from posenc.cli import main
 
 
@@ -29,7 +29,7 @@ def test_check_command_exit_status(capsys):
 
 
 def test_shift_check_fails_for_a_broken_rope(monkeypatch):
-    import posenc.check as check
+    import posenc.tools.check as check
 
     def absolute_only(x, positions, **kw):  # adds a position-dependent offset: not a rotation
         return x + torch.as_tensor(positions, dtype=x.dtype).unsqueeze(-1) * 1e-3

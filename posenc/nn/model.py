@@ -2,28 +2,34 @@
 
     tokens [B, T] -> embed (+ scheme.embed) -> n_layers x [x + attn(LN(x)); x + mlp(LN(x))] -> LN -> logits [B, T, 256]
 
-The output head is tied to the token embedding. One scheme object is shared by every layer (learned tables and
-RoPE frequencies exist once per model).
+The output head is tied to the token embedding. One scheme object serves every layer (learned tables and RoPE
+frequencies exist once per model); each layer asks it for its view (``scheme.for_layer(i)``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.attention import CausalSelfAttention, KVCache
+from posenc._validate import check_choice, check_int, heads_divide
 from posenc.errors import ConfigError
-from posenc.schemes import SCHEME_NAMES, make_scheme
+from posenc.nn.attention import CausalSelfAttention, KVCache
+from posenc.rope.apply import LAYOUTS
+from posenc.schemes import check_scheme, make_scheme
+
+# positions for a training batch: (batch, seq_len, device) -> LongTensor [T] or [B, T]
+PositionSampler = Callable[[int, int, torch.device], torch.Tensor]
 
 
 @dataclass
 class ModelConfig:
     """Everything needed to rebuild a model. ``max_len`` = training length: the learned table's size and RoPE's
-    max_position_embeddings."""
+    max_position_embeddings. ``scheme_options``: scheme-specific settings passed to the scheme's factory."""
 
     scheme: str = "rope"
     vocab_size: int = 256
@@ -36,18 +42,36 @@ class ModelConfig:
     rope_layout: str = "half"
     rope_scaling: dict | None = field(default=None)
     scale_embeddings: bool = True  # token embeddings * sqrt(d_model), as in Vaswani et al. 2017 (sec. 3.4)
+    scheme_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.scheme not in SCHEME_NAMES:
-            raise ConfigError(f"scheme: expected one of {', '.join(SCHEME_NAMES)}, got {self.scheme!r}")
+        self.validate()
+
+    def validate(self) -> "ModelConfig":
+        check_scheme(self.scheme)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_ratio", "max_len"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"d_model: must be divisible by n_heads ({self.n_heads}), got {self.d_model}")
+            check_int(getattr(self, name), name, min=1, error=ConfigError)
+        heads_divide(self.d_model, self.n_heads, error=ConfigError)
+        check_choice(self.rope_layout, "rope_layout", LAYOUTS, error=ConfigError)
+        if not isinstance(self.scheme_options, dict):
+            raise ConfigError(f"scheme_options must be a dict of scheme settings, got {self.scheme_options!r}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def scheme_arguments(self) -> dict:
+        """The model description every scheme factory is offered (registry.make_scheme's keywords)."""
+        return dict(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len, n_layers=self.n_layers,
+                    vocab_size=self.vocab_size, rope_base=self.rope_base, rope_layout=self.rope_layout,
+                    rope_scaling=self.rope_scaling, **self.scheme_options)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not d["scheme_options"]:  # absent when unused: run settings (checkpoints) stay as before
+            del d["scheme_options"]
+        return d
 
 
 class Block(nn.Module):
@@ -59,13 +83,17 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
                                  nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))
 
-    def forward(self, x, scheme, positions, cache):
-        x = x + self.attn(self.ln1(x), scheme, positions, cache)
+    def forward(self, x, scheme, positions, cache, contiguous=True):
+        x = x + self.attn(self.ln1(x), scheme, positions, cache, contiguous=contiguous)
         return x + self.mlp(self.ln2(x))
 
 
 class TinyLM(nn.Module):
-    """Decoder-only byte LM. forward(tokens [B, T] long, cache=None) -> logits [B, T, vocab] float32."""
+    """Decoder-only byte LM. forward(tokens [B, T] long, cache=None) -> logits [B, T, vocab] float32.
+
+    ``train_positions``: optional PositionSampler used instead of past..past+T-1 while training (randomized
+    positions, PoSE); evaluation always uses the plain positions.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -75,8 +103,8 @@ class TinyLM(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self._init_weights()
         # built last so that the shared weights get identical initial values under every scheme
-        self.scheme = make_scheme(cfg.scheme, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len,
-                                  rope_base=cfg.rope_base, rope_layout=cfg.rope_layout, rope_scaling=cfg.rope_scaling)
+        self.scheme = make_scheme(cfg.scheme, **cfg.scheme_arguments())
+        self.train_positions: PositionSampler | None = None
 
     def _init_weights(self):
         # GPT-2 style: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)
@@ -87,18 +115,27 @@ class TinyLM(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
+    def positions(self, batch: int, seq_len: int, past: int, device) -> tuple[torch.Tensor, bool]:
+        """-> (positions [T] or [B, T] of the new tokens, whether they are the plain past..past+T-1)."""
+        if self.training and past == 0 and self.train_positions is not None:
+            return self.train_positions(batch, seq_len, device), False
+        return torch.arange(past, past + seq_len, device=device), True
+
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         past = len(cache) if cache is not None else 0
-        positions = torch.arange(past, past + tokens.shape[1], device=tokens.device)
-        if self.scheme.max_len is not None and past + tokens.shape[1] > self.scheme.max_len:
-            raise ConfigError(f"sequence length {past + tokens.shape[1]}: the {self.cfg.scheme} scheme's table "
-                              f"covers only max_len={self.scheme.max_len} positions")
+        positions, contiguous = self.positions(tokens.shape[0], tokens.shape[1], past, tokens.device)
+        max_len = self.scheme.max_len
+        if max_len is not None:
+            top = past + tokens.shape[1] if contiguous else int(positions.max()) + 1
+            if top > max_len:
+                raise ConfigError(f"sequence length {top}: the {self.cfg.scheme} scheme's table covers only "
+                                  f"max_len={max_len} positions")
         x = self.tok_emb(tokens)
         if self.cfg.scale_embeddings:  # keeps token embeddings (init std 0.02) from drowning under a fixed PE
             x = x * math.sqrt(self.cfg.d_model)
         x = self.scheme.embed(x, positions)
-        for block in self.blocks:
-            x = block(x, self.scheme, positions, cache)
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.scheme.for_layer(i), positions, cache, contiguous)
         return F.linear(self.ln_f(x), self.tok_emb.weight)
 
     def new_cache(self) -> KVCache:
