@@ -10,7 +10,8 @@ Peak: the best GFLOP/s of one square matmul (n = 512, 1024, 2048; torch.mm) per 
 FLOPs: ``ModelConfig.flops_per_token`` (posenc/nn/model.py): the matmuls of the linear layers, the tied output
 head and causal attention (each query against the keys up to it); a training step is 3x the forward.
 Options (each a row, timed on the preset's own model (scheme rope) and batches from its own task sampler):
-  fp32             float32, AdamW foreach (the lab's default)
+  fp32             float32, AdamW as the lab makes it (torch's default: a per-tensor loop on the CPU)
+  fp32-foreach     float32, AdamW(foreach=True)
   fp32-fused       float32, AdamW(fused=True)
   bf16             bf16 autocast, attention in float32 on the CPU (the lab's --precision bf16)
   bf16-attn-bf16   bf16 autocast with the attention in bf16 too (plain autocast)
@@ -43,11 +44,12 @@ from posenc.lab.tasks import get_task  # noqa: E402
 from posenc.lab.train import make_optimizer, train_step  # noqa: E402
 from posenc.nn.model import TinyLM  # noqa: E402
 
-OPTIONS = {  # name -> (precision, fused AdamW, attention in fp32 on the CPU under bf16)
-    "fp32": ("fp32", False, True),
-    "fp32-fused": ("fp32", True, True),
-    "bf16": ("bf16", False, True),
-    "bf16-attn-bf16": ("bf16", False, False),
+OPTIONS = {  # name -> (precision, AdamW options, attention in fp32 on the CPU under bf16)
+    "fp32": ("fp32", {}, True),
+    "fp32-foreach": ("fp32", {"foreach": True}, True),
+    "fp32-fused": ("fp32", {"fused": True}, True),
+    "bf16": ("bf16", {}, True),
+    "bf16-attn-bf16": ("bf16", {}, False),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CATEGORIES = (  # (category, substrings of profiler op names), first match wins
@@ -108,11 +110,11 @@ def preset_setup(name: str, quick: bool):
 
 def time_steps(cfg, run, task, option: str, n_steps: int, warmup: int) -> dict:
     """Median wall and CPU seconds of one lab training step of the preset's rope model under ``option``."""
-    precision, fused, fp32_attn = OPTIONS[option]
+    precision, adamw, fp32_attn = OPTIONS[option]
     torch.manual_seed(0)
     model = TinyLM(cfg.model_config("rope")).train()
     settings = training(cfg)
-    opt = make_optimizer(model, settings, fused=fused)
+    opt = make_optimizer(model, settings, **adamw)
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, 0)
     t0 = time.perf_counter()
     batches = [sampler.batch(step) for step in range(warmup + n_steps)]
@@ -159,11 +161,11 @@ def profile_steps(cfg, run, task, option: str, n_steps: int = 3) -> dict:
     """Seconds per step by category (torch.profiler self CPU time); "Python/dispatch" = wall - all ops."""
     from torch.profiler import ProfilerActivity, profile
 
-    precision, fused, fp32_attn = OPTIONS[option]
+    precision, adamw, fp32_attn = OPTIONS[option]
     torch.manual_seed(0)
     model = TinyLM(cfg.model_config("rope")).train()
     settings = training(cfg)
-    opt = make_optimizer(model, settings, fused=fused)
+    opt = make_optimizer(model, settings, **adamw)
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, 0)
     batches = [sampler.batch(step) for step in range(2 + n_steps)]
     with attention_fp32(fp32_attn):

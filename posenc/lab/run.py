@@ -25,6 +25,7 @@ from posenc.lab.context import Evaluation, Run
 from posenc.lab.data import load_corpus
 from posenc.lab.distributed import current, is_main_process, resolve_device
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config
+from posenc.lab.precision import autocast, native_bf16, resolve_precision
 from posenc.lab.presets import LabConfig
 from posenc.lab.report import main_table, write_report
 from posenc.lab.tasks import get_task
@@ -68,10 +69,12 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     device = device if device is not None else resolve_device(cfg.device)
     if cfg.threads or device.type == "cpu":
         torch.set_num_threads(cfg.threads or auto_threads())
+    precision = resolve_precision(cfg.precision, device)
     corpus = load_corpus(cfg.data) if any(get_task(t).needs_corpus for t in cfg.tasks) else None
-    run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log)
+    run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log, precision=precision)
     meta = {
         "preset": cfg.preset, "settings": cfg.to_dict(), "device": str(device), "threads": torch.get_num_threads(),
+        "precision": precision, "native_bf16": native_bf16(device),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},
@@ -83,13 +86,14 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         for scheme in cfg.schemes:
             for seed in cfg.seeds:
                 t0 = time.perf_counter()
-                model = train_model(run, task, scheme, seed)
+                model, trained = train_model(run, task, scheme, seed)
                 t_train = time.perf_counter() - t0
                 raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves))
                 if scheme in cfg.extended_schemes:
                     raw += evaluate_extensions(run, model, task, scheme, seed, curves)
                 meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
-                    "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1)}
+                    "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1),
+                    **throughput(model.cfg, cfg, trained)}
                 if progress and is_main_process():
                     log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
                         f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
@@ -116,23 +120,38 @@ def checkpoint_path(out: Path, task: str, scheme: str, seed: int, tag: str = "")
     return out / "checkpoints" / f"{task}-{scheme}{tag}-seed{seed}.safetensors"
 
 
-def train_model(run: Run, task: str, scheme: str, seed: int) -> TinyLM:
-    """Train (or resume) the model of (task, scheme, seed); same initial shared weights and data for every scheme."""
+def throughput(model_cfg, cfg: LabConfig, trained: dict) -> dict:
+    """Training tokens/s and achieved GFLOP/s (``ModelConfig.flops_per_token``) of the steps this process ran."""
+    steps = trained["step"] - trained["resumed_from"]
+    if steps <= 0 or trained["wall_s"] <= 0:
+        return {}
+    tokens = steps * cfg.batch_size * cfg.train_len
+    flops = tokens * model_cfg.flops_per_token(cfg.train_len, training=True)
+    return {"tokens_per_s": round(tokens / trained["wall_s"]), "gflops": round(flops / trained["wall_s"] / 1e9, 1)}
+
+
+def train_model(run: Run, task: str, scheme: str, seed: int) -> tuple[TinyLM, dict]:
+    """Train (or resume) the model of (task, scheme, seed); same initial shared weights and data for every scheme.
+    -> (the model, ``train``'s result)."""
     cfg = run.cfg
     torch.manual_seed(seed)
     model = TinyLM(cfg.model_config(scheme))
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, seed)
     run_settings = {"task": task, "seed": seed, "model": model.cfg.to_dict(), "batch_size": cfg.batch_size,
                     "data": run.corpus.meta.get("files_sha256") if run.corpus else None}
-    train(model, sampler, training(cfg), device=run.device, ckpt_path=checkpoint_path(run.out, task, scheme, seed),
-          resume=run.resume, run_settings=run_settings, desc=f"{task} {scheme} s{seed}", progress=run.progress)
-    return model
+    result = train(model, sampler, training(cfg), device=run.device,
+                   ckpt_path=checkpoint_path(run.out, task, scheme, seed), resume=run.resume,
+                   run_settings=run_settings, desc=f"{task} {scheme} s{seed}", progress=run.progress,
+                   precision=run.precision)
+    return model, result
 
 
 def evaluate(run: Run, ev: Evaluation) -> list[dict]:
-    """Score one trained model with its task. Under torchrun each rank evaluates a share (``ev.map``)."""
+    """Score one trained model with its task (under the run's precision). Under torchrun each rank evaluates a
+    share (``ev.map``)."""
     ev.model.to(run.device).eval()
-    return get_task(ev.task).evaluate(ev)
+    with autocast(run.precision, run.device):
+        return get_task(ev.task).evaluate(ev)
 
 
 def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: int, curves: dict) -> list[dict]:
@@ -160,7 +179,8 @@ def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: i
             run_settings = {"task": task, "seed": seed, "finetune": method, "len": ft_len, "batch": batch}
             train(ft, sampler, training(cfg, cfg.finetune_steps, cfg.train.lr * 0.3), device=run.device,
                   ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"), resume=run.resume,
-                  run_settings=run_settings, desc=f"finetune {method}", progress=run.progress)
+                  run_settings=run_settings, desc=f"finetune {method}", progress=run.progress,
+                  precision=run.precision)
             bands = band_counts(ft.scheme, seq_len=max(cfg.eval_lens)) if method != "none" else None
             rows += evaluate(run, Evaluation(run, ft, task, scheme, method, True, seed, bands, curves))
     return rows
