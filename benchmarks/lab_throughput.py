@@ -17,7 +17,8 @@ Options (each a row, timed on the preset's own model (scheme rope) and batches f
   bf16-attn-bf16   bf16 autocast with the attention in bf16 too (plain autocast)
 A step is the lab's own ``posenc.lab.train.train_step``; time = median over the timed steps after warm-up, wall
 clock and this process's CPU time (at one thread on a shared machine CPU time is the steadier figure; the load
-average is recorded). Evaluation: one batch of ``lm_eval`` windows at the preset's longest eval length (forward
+average is recorded). The profile splits a step by op category from torch.profiler's self times; whatever the
+ops do not account for is Python and dispatch. Evaluation: one batch of ``lm_eval`` windows at the preset's longest eval length (forward
 only, FLOPs = 1x forward). Results: benchmarks/results/lab-throughput-<device>.json (atomic write).
 """
 
@@ -237,7 +238,9 @@ def main(argv=None) -> int:
                        "GFLOP/step": round(flops / 1e9, 2), "model": f"d{mcfg.d_model} L{mcfg.n_layers} "
                                                                       f"{cfg.batch_size}x{cfg.train_len}"}
                 base.setdefault("step_s", row["step_s"])
+                base.setdefault("cpu_s", row["cpu_s"])
                 row["speedup"] = round(base["step_s"] / row["step_s"], 2)
+                row["speedup_cpu"] = round(base["cpu_s"] / row["cpu_s"], 2) if n == 1 else None
                 doc["train"].append(row)
                 print(f"  {name} {option} threads={n}: {row['step_s']:.4f} s/step", file=sys.stderr, flush=True)
             for option in [o for o in options if o in ("fp32", "bf16")]:
@@ -256,9 +259,10 @@ def main(argv=None) -> int:
             for option in [o for o in options if o in ("fp32", "bf16")]:
                 doc["profile"][f"{name}/{option}"] = profile_steps(cfg, run, task, option, 2 if args.quick else 3)
     doc["loadavg_end"] = loadavg()
-    print_table(doc["train"], ["preset", "model", "option", "threads", "step_s", "cpu_s", "speedup", "tokens/s",
-                               "GFLOP/s", "% peak", "sampler_ms"],
-                "training step (GFLOP/s = model FLOPs / wall time; % of the matmul peak of its dtype and threads)",
+    print_table(doc["train"], ["preset", "model", "option", "threads", "step_s", "cpu_s", "speedup", "speedup_cpu",
+                               "tokens/s", "GFLOP/s", "% peak", "sampler_ms"],
+                "training step (GFLOP/s = model FLOPs / wall time; % of the matmul peak of its dtype and threads; "
+                "speedups against the first row of the preset, by wall and (one thread) by CPU time)",
                 markdown=args.markdown)
     print_table(doc["eval"], ["preset", "option", "threads", "eval_len", "rows", "batch_s", "cpu_s", "tokens/s",
                               "GFLOP/s", "% peak"], "evaluation forward (one lm_eval batch)", markdown=args.markdown)

@@ -39,7 +39,8 @@ def write_report(doc: dict, out: Path) -> Path:
     lines = [
         f"# posenc lab: preset `{meta['preset']}`",
         "",
-        f"Measured wall time: **{meta['wall_s']:.0f} s** on {meta['device']} ({meta['threads']} threads), "
+        f"Measured wall time: **{meta['wall_s']:.0f} s** on {meta['device']} ({meta['threads']} "
+        f"thread{'s' if meta['threads'] != 1 else ''}, {meta.get('precision', 'fp32')}), "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",
@@ -70,6 +71,7 @@ def write_report(doc: dict, out: Path) -> Path:
               "static NTK base for exactly (length / train length) at each length.", ""]
     for name in plots:
         lines += [f"![{name}]({name})", ""]
-    lines += ["## Timings (s)", "", markdown(["model", "train", "eval"],
-              [[k, str(v["train"]), str(v["eval"])] for k, v in meta["timings_s"].items()]), ""]
+    lines += ["## Timings", "", markdown(["model", "train (s)", "eval (s)", "train tokens/s", "train GFLOP/s"],
+              [[k, str(v["train"]), str(v["eval"]), str(v.get("tokens_per_s", "-")), str(v.get("gflops", "-"))]
+               for k, v in meta["timings_s"].items()]), ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))

@@ -35,17 +35,27 @@ from posenc.nn.model import TinyLM
 RESULT_KEY = ("task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "protocol", "depth")
 
 
+def cpu_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def auto_threads() -> int:
-    """CPU threads to use: torch's default, but no more than the cores other work leaves idle.
+    """CPU threads to use: torch's default, but no more than the cores other work leaves idle (by the 1-minute
+    load average): both cores of an idle 2-core machine, one while another job keeps one busy.
 
     Oversubscribed OpenMP threads wait on each other: on a shared 2-core machine 2 threads ran 2-3x slower than 1.
+    The choice changes speed only: training and evaluation give identical numbers at any thread count
+    (posenc.nn.model.LayerNorm; tests/nn/test_model.py).
     """
     default = torch.get_num_threads()
     try:
         busy = os.getloadavg()[0]
     except (AttributeError, OSError):
         return default
-    return max(1, min(default, (os.cpu_count() or 1) - int(round(busy))))
+    return max(1, min(default, cpu_cores() - int(round(busy))))
 
 
 def out_dir(cfg: LabConfig) -> Path:

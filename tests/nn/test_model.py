@@ -75,7 +75,8 @@ def test_layer_norm_matches_torch_and_keeps_its_parameters():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def _train_hash(scheme: str, threads: int) -> list[torch.Tensor]:
+def _train_hash(scheme: str, threads: int, precision: str = "fp32") -> list[torch.Tensor]:
+    from posenc.lab.precision import autocast
     from posenc.lab.train import TrainSettings, make_optimizer, train_step
 
     old = torch.get_num_threads()
@@ -88,17 +89,19 @@ def _train_hash(scheme: str, threads: int) -> list[torch.Tensor]:
         gen = torch.Generator().manual_seed(1)
         for step in range(3):
             window = torch.randint(0, 256, (8, 65), generator=gen)
-            train_step(model, model, opt, (window[:, :-1], window[:, 1:]), step, settings)
-        return [p.detach().clone() for p in model.parameters()]
+            train_step(model, model, opt, (window[:, :-1], window[:, 1:]), step, settings, precision=precision)
+        with torch.no_grad(), autocast(precision):  # evaluation too: a forward over 16 windows of 64
+            logits = model.eval()(torch.randint(0, 256, (16, 64), generator=gen)).float()
+        return [p.detach().clone() for p in model.parameters()] + [logits]
     finally:
         torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi", "learned"])
-def test_training_is_bit_identical_at_one_and_two_threads(scheme):
+@pytest.mark.parametrize("scheme,precision", [("rope", "fp32"), ("alibi", "fp32"), ("rope", "bf16")])
+def test_training_is_bit_identical_at_one_and_two_threads(scheme, precision):
     """The lab's auto thread count depends on the machine's load; results must not (torch's fused layer-norm
-    backward alone made 1 and 2 threads differ)."""
-    for a, b in zip(_train_hash(scheme, 1), _train_hash(scheme, 2)):
+    backward alone made 1 and 2 threads differ). Weights after training and the logits of a forward."""
+    for a, b in zip(_train_hash(scheme, 1, precision), _train_hash(scheme, 2, precision)):
         assert torch.equal(a, b)
 
 

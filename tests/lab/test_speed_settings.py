@@ -1,5 +1,6 @@
-"""--precision: fp32 / bf16 / auto resolution, bf16 autocast in training and evaluation (attention kept in fp32 on
-the CPU), the setting in checkpoints and results, and its errors."""
+"""The lab's speed settings: --precision (fp32 / bf16 / auto resolution, bf16 autocast in training and evaluation
+with the attention kept in fp32 on the CPU, the setting in checkpoints and results, its errors) and --threads auto
+(the idle cores)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,16 @@ def test_cli_rejects_an_unknown_precision(tmp_path, capsys):
     assert main(["lab", "--preset", "smoke", "--out", str(tmp_path), "--quiet", "--precision", "fp16"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc lab: error:") and "--precision: expected one of fp32, bf16, auto" in err
+
+
+@pytest.mark.parametrize("load,cores,default,want", [(0.0, 2, 2, 2), (0.4, 2, 2, 2), (1.2, 2, 2, 1), (5.0, 2, 2, 1),
+                                                     (0.0, 2, 1, 1), (1.0, 8, 8, 7)])
+def test_auto_threads_uses_the_idle_cores(monkeypatch, load, cores, default, want):
+    import os
+
+    from posenc.lab import run
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(run, "cpu_cores", lambda: cores)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: default)
+    assert run.auto_threads() == want
