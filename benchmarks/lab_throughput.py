@@ -268,10 +268,11 @@ def main(argv=None) -> int:
                               "GFLOP/s", "% peak"], "evaluation forward (one lm_eval batch)", markdown=args.markdown)
     if doc["profile"]:
         cats = sorted({k for v in doc["profile"].values() for k in v} - {"total"})
-        rows = [{"preset/option": k, **{c: v.get(c) for c in cats}, "total": v["total"]}
-                for k, v in doc["profile"].items()]
-        print_table(rows, ["preset/option"] + cats + ["total"], f"seconds per step by op category "
-                    f"(torch.profiler self CPU time, {threads[0]} thread(s))", markdown=args.markdown)
+        rows = [{"preset/option": k, **{c: f"{100 * v.get(c, 0) / v['total']:.0f}%" for c in cats},
+                 "step_s": v["total"]} for k, v in doc["profile"].items()]
+        print_table(rows, ["preset/option"] + cats + ["step_s"], f"share of a step by op category "
+                    f"(torch.profiler self time, {threads[0]} thread(s); step_s under the profiler)",
+                    markdown=args.markdown)
     print(f"\nload average: start {doc['loadavg_start']}, end {doc['loadavg_end']}")
     path = args.out or os.path.join(RESULTS_DIR, f"lab-throughput-cpu{'-quick' if args.quick else ''}.json")
     print(f"wrote {save_json(doc, path)}")
