@@ -66,8 +66,8 @@ def attention_mask(bias: torch.Tensor | None, q_len: int, k_len: int, device) ->
     """Float mask [1 or B, 1 or H, q_len, k_len] = bias + causal -inf, or None when SDPA's own causal path fits.
 
     Queries are aligned to the end of the keys (query i sits at index k_len - q_len + i). Always 4-D: torch
-    2.13's CPU SDPA took a slow path for a 3-D [H, q, k] mask (2x the time of a 4-D one in a training step at
-    T=128, 5-10x at T=1024; benchmarks/lab_throughput.py, docs/lab.md "Throughput").
+    2.13's CPU SDPA took a slow path for a 3-D [H, q, k] mask (2.1x the time of a 4-D one, forward + backward at
+    T=128 and 512, 5-11x in a forward at T=1024; docs/lab.md "Throughput").
     """
     if bias is None and (q_len == k_len or q_len == 1):
         return None
@@ -81,7 +81,7 @@ def attention_mask(bias: torch.Tensor | None, q_len: int, k_len: int, device) ->
 
 
 # Under bf16 autocast on the CPU, run RoPE, the bias and SDPA in float32 (q, k, v upcast; the projections stay
-# bf16): torch 2.13's bf16 CPU attention was 3.5x slower than fp32 at T=128, head dim 16 (fwd + bwd), and no
+# bf16): torch 2.13's bf16 CPU attention was 3.6x slower than fp32 at T=128, head dim 16 (fwd + bwd), and no
 # faster at T=512, head dim 32 (docs/lab.md "Throughput"). On a GPU the attention follows autocast.
 CPU_FP32_ATTENTION = True
 
