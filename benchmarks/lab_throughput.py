@@ -9,7 +9,8 @@ machine's measured matmul peak, under each precision / optimizer / thread option
 Peak: the best GFLOP/s of one square matmul (n = 512, 1024, 2048; torch.mm) per dtype and thread count.
 FLOPs: ``ModelConfig.flops_per_token`` (posenc/nn/model.py): the matmuls of the linear layers, the tied output
 head and causal attention (each query against the keys up to it); a training step is 3x the forward.
-Options (each a row, timed on the preset's own model (scheme rope) and batches from its own task sampler):
+Options (each a row, timed on the preset's own model (scheme rope, or --scheme) and batches from its own task's
+sampler):
   fp32             float32, AdamW as the lab makes it (torch's default: a per-tensor loop on the CPU)
   fp32-foreach     float32, AdamW(foreach=True)
   fp32-fused       float32, AdamW(fused=True)
@@ -53,6 +54,7 @@ OPTIONS = {  # name -> (precision, AdamW options, attention in fp32 on the CPU u
     "bf16-attn-bf16": ("bf16", {}, False),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SCHEME = ["rope"]  # the scheme of the timed models (--scheme)
 CATEGORIES = (  # (category, substrings of profiler op names), first match wins
     ("attention", ("scaled_dot_product", "flash_attention")),
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
@@ -113,7 +115,7 @@ def time_steps(cfg, run, task, option: str, n_steps: int, warmup: int) -> dict:
     """Median wall and CPU seconds of one lab training step of the preset's rope model under ``option``."""
     precision, adamw, fp32_attn = OPTIONS[option]
     torch.manual_seed(0)
-    model = TinyLM(cfg.model_config("rope")).train()
+    model = TinyLM(cfg.model_config(SCHEME[0])).train()
     settings = training(cfg)
     opt = make_optimizer(model, settings, **adamw)
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, 0)
@@ -136,7 +138,7 @@ def time_eval(cfg, run, option: str, n_calls: int) -> dict | None:
     precision, _, fp32_attn = OPTIONS[option]
     L = max(cfg.eval_lens)
     torch.manual_seed(0)
-    model = TinyLM(cfg.model_config("rope")).eval()
+    model = TinyLM(cfg.model_config(SCHEME[0])).eval()
     from posenc.lab.tasks.lm import EVAL_BATCH_TOKENS
     rows = max(1, EVAL_BATCH_TOKENS // L)
     x = torch.randint(0, 256, (rows, L))
@@ -164,7 +166,7 @@ def profile_steps(cfg, run, task, option: str, n_steps: int = 3) -> dict:
 
     precision, adamw, fp32_attn = OPTIONS[option]
     torch.manual_seed(0)
-    model = TinyLM(cfg.model_config("rope")).train()
+    model = TinyLM(cfg.model_config(SCHEME[0])).train()
     settings = training(cfg)
     opt = make_optimizer(model, settings, **adamw)
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, 0)
@@ -192,6 +194,7 @@ def main(argv=None) -> int:
     p.add_argument("--presets", default="default,copy", help="comma list of lab presets (default: default,copy)")
     p.add_argument("--options", default=",".join(OPTIONS), help="comma list of: " + ",".join(OPTIONS))
     p.add_argument("--threads", default="1", help="comma list of thread counts (default 1)")
+    p.add_argument("--scheme", default="rope", help="position scheme of the timed models (default rope)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per row (default: 10, 3 for big models)")
     p.add_argument("--profile", action="store_true", help="also break a step down by op category (fp32, bf16)")
     p.add_argument("--quick", action="store_true", help="the smoke preset, 2 timed steps: a smoke run")
@@ -200,6 +203,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     presets = ["smoke"] if args.quick else [s for s in args.presets.split(",") if s]
+    from posenc.errors import ConfigError
+    from posenc.schemes import check_scheme
+    try:
+        SCHEME[0] = check_scheme(args.scheme, "--scheme")
+    except ConfigError as exc:
+        p.error(str(exc))
     options = [o for o in args.options.split(",") if o]
     for o in options:
         if o not in OPTIONS:
@@ -207,8 +216,8 @@ def main(argv=None) -> int:
     threads = [int(t) for t in args.threads.split(",") if t]
     if not native_bf16("cpu"):
         print("note: this CPU has no native bf16 (AVX512-BF16 / AMX); bf16 rows run emulated", file=sys.stderr)
-    doc = {"environment": environment("cpu"), "loadavg_start": loadavg(), "peak": {}, "train": [], "eval": [],
-           "profile": {}}
+    doc = {"environment": environment("cpu"), "scheme": SCHEME[0], "loadavg_start": loadavg(), "peak": {},
+           "train": [], "eval": [], "profile": {}}
     for n in threads:
         torch.set_num_threads(n)
         for dtype in ("fp32", "bf16"):
@@ -219,7 +228,7 @@ def main(argv=None) -> int:
 
     for name in presets:
         cfg, run, task = preset_setup(name, args.quick)
-        mcfg = cfg.model_config("rope")
+        mcfg = cfg.model_config(SCHEME[0])
         tokens = cfg.batch_size * cfg.train_len
         flops = mcfg.flops_per_token(cfg.train_len, training=True) * tokens
         big = flops > 20e9
