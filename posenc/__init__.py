@@ -51,6 +51,12 @@ _EXPORTS = {
     "KVCache": "posenc.attention",
     "ModelConfig": "posenc.model",
     "TinyLM": "posenc.model",
+    # Hugging Face models: patch, export, evaluate
+    "patch": "posenc.hf.patch",
+    "unpatch": "posenc.hf.patch",
+    "is_patched": "posenc.hf.patch",
+    "export_lab_model": "posenc.hf.export",
+    "evaluate_model": "posenc.hf.evaluate",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
