@@ -311,6 +311,8 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     from posenc.tools.inspect import detect_scheme
 
     s = (settings or EvalSettings()).validate()
+    if not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
     t_start = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
     longest = max(s.eval_lens + s.sliding_lens)
@@ -335,7 +337,8 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                                  device_map=s.device_map, attn_implementation=s.attn_implementation,
                                                  log=log)
         scheme = detect_scheme(config.to_dict())[0]
-        train_len, limit = original_context(config), position_limit(config)
+        train_len = extended.original_context if extended else original_context(config)
+        limit = position_limit(config)
         vocab = model.get_output_embeddings().weight.shape[0]
         budget = s.batch_tokens or max(longest, _LOGIT_BUDGET // vocab)
         meta["methods"][method] = {"scheme": scheme, "original_context": train_len, "position_limit": limit,
