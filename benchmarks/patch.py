@@ -17,7 +17,8 @@ Also timed, to show where the difference comes from: the RoPE step alone for one
 transformers' ``apply_rotary_pos_emb`` with its (cos, sin) against posenc's table path (``RopeTable.rotate``).
 Columns: unpatched_ms / patched_ms (median forward), speedup (median of paired unpatched / patched, with its
 interquartile range), rope_hf_ms / rope_posenc_ms (the RoPE step per forward), rope_speedup, rope_share (transformers'
-RoPE time / its forward time: the most the patch can save), max_rel_err (patched vs unpatched logits). JSON goes to benchmarks/results/patch-cpu-<N>thread.json.
+RoPE time / its forward time: the most the patch can save), max_rel_err (patched vs unpatched logits).
+JSON goes to benchmarks/results/patch-cpu-<N>thread.json.
 """
 
 from __future__ import annotations

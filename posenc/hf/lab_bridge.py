@@ -152,7 +152,7 @@ def absolute_table(model: torch.nn.Module, n_positions: int) -> torch.Tensor:
 
 
 def set_lab_scaling(model: torch.nn.Module, scaling: dict | None, max_position_embeddings: int | None = None) -> None:
-    """Set the lab model's RoPE scaling (a rope_scaling mapping; None: plain RoPE), as the lab's extension stage does."""
+    """Set the lab model's RoPE scaling (a rope_scaling mapping; None: plain RoPE) as the lab's extension stage does."""
     set_scaling = getattr(model.scheme, "set_rope_scaling", None) or model.scheme.set_scaling
     set_scaling(scaling, max_position_embeddings=max_position_embeddings)
 

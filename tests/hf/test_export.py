@@ -11,7 +11,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-transformers = pytest.importorskip("transformers", reason="install posenc[test] (transformers loads the exports)")
+transformers = pytest.importorskip(
+    "transformers", minversion="5.0", reason="transformers >= 5 (transformers loads the exports)")
 
 from posenc.errors import CheckpointError, ConfigError  # noqa: E402
 from posenc.hf.export import export_lab_model, export_main  # noqa: E402

@@ -10,7 +10,8 @@ import importlib
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="install posenc[test] (transformers builds the models)")
+transformers = pytest.importorskip(
+    "transformers", minversion="5.0", reason="transformers >= 5 (transformers builds the models)")
 
 import posenc  # noqa: E402
 import posenc.rope.apply as rope_apply  # noqa: E402
