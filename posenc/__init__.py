@@ -57,6 +57,7 @@ _EXPORTS = {
     "is_patched": "posenc.hf.patch",
     "export_lab_model": "posenc.hf.export",
     "evaluate_model": "posenc.hf.evaluate",
+    "EvalSettings": "posenc.hf.evaluate",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -247,8 +247,8 @@ def logits_model(model, *, max_len: int | None, bar: _Bar | None = None, tokeniz
                 text = tokenizer.decode(got[0, ids.shape[1]:], skip_special_tokens=True).lstrip()[:n_new]
                 text = text.ljust(n_new, "?")
                 outs.append(torch.tensor([[ord(c) if ord(c) < 128 else ord("?") for c in text]]))
-            if bar is not None:
-                bar.tick()
+                if bar is not None:
+                    bar.tick()
         return torch.cat(outs)
 
     return LogitsModel(forward, generate, max_len=max_len)
