@@ -19,6 +19,8 @@ COMMANDS = {
     "inspect": "posenc.tools.inspect",
     "extend": "posenc.tools.extend",
     "pick": "posenc.tools.pick",
+    "export": "posenc.hf.export",
+    "eval": "posenc.hf.evaluate",
 }
 
 
