@@ -7,23 +7,13 @@ takes, so ``posenc export`` / ``posenc eval`` are one line each there.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from typing import Callable
+
+from posenc.faults import Parser, run_reporting_faults
 
 
 def run_command(name: str, add_arguments: Callable, run: Callable, argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"posenc {name}")
+    parser = Parser(prog=f"posenc {name}")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        return int(run(args) or 0)
-    except KeyboardInterrupt:
-        print("posenc: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, KeyError, FileNotFoundError, IsADirectoryError, PermissionError,
-            json.JSONDecodeError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"posenc {name}: error: {msg}", file=sys.stderr)
-        return 2
+    return run_reporting_faults(name, lambda: run(args))

@@ -22,16 +22,24 @@ from posenc.errors import PosencError
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
 
+def _items(text: str, kind: str) -> list[str]:
+    """The comma-separated items of ``text``; an empty item ('96,,192', '128,') is refused, not skipped."""
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} with no empty entry, got {text!r}")
+    return items
+
+
 def _ints(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in _items(text, "integers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in _items(text, "numbers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
@@ -107,7 +115,7 @@ FLAGS = [
 # other argument names the library may cite in a message, and the flag that sets them here
 ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", "preset": "--preset",
            "stride": "--sliding-stride", "nproc": "--nproc", "seq_len": "--train-len/--finetune-len",
-           "factor": "--ext-factor"}
+           "factor": "--ext-factor", "dist_timeout": "--dist-timeout"}
 
 
 def to_flags(message: str) -> str:
@@ -160,16 +168,21 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from posenc.lab import distributed, launch
+    from posenc.lab.data import load_corpus
     from posenc.lab.run import run_lab
     from posenc.plugins import load_plugins
 
-    status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
-    if status is not None:
-        return status
     try:
+        # everything that can be checked is checked here, before --nproc N re-launches: a bad flag is one line
         load_plugins(args.plugin)
         cfg = config_from_args(args)
-        with distributed.session(cfg.device) as (_, device):  # under torchrun: join the group; errors name the rank
+        timeout = distributed.timeout_seconds(args.dist_timeout)
+        if cfg.data is not None:
+            load_corpus(cfg.data)  # exists, readable, text
+        status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
+        if status is not None:
+            return status
+        with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
             run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
     except PosencError as exc:
         if exc.args and isinstance(exc.args[0], str):

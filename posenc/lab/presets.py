@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from posenc._validate import check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
+from posenc.lab.distributed import resolve_device
 from posenc.lab.tasks import get_task, task_names
 from posenc.lab.train import TrainSettings
 from posenc.nn.model import ModelConfig
@@ -82,7 +83,8 @@ class LabConfig:
             get_method(e, "extensions")
         self.model.validate()
         even_int(self.model.head_dim, "d_model / n_heads (the head dim)", error=ConfigError)
-        for name in ("train_len", "batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
+        check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
+        for name in ("batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
             check_int(getattr(self, name), name, min=1, error=ConfigError)
         for name in ("finetune_steps", "finetune_len", "threads"):
             check_int(getattr(self, name), name, min=0, error=ConfigError)
@@ -106,6 +108,7 @@ class LabConfig:
         for d in self.passkey_depths:
             check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
+        resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
         for t in self.tasks:
             get_task(t).check(self)
         return self

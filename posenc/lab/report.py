@@ -29,6 +29,10 @@ def make_plots(doc: dict, out: Path) -> list[str]:
     return written
 
 
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
 def write_report(doc: dict, out: Path) -> Path:
     """Write report.md and the plots into ``out``."""
     meta = doc["meta"]
@@ -39,7 +43,7 @@ def write_report(doc: dict, out: Path) -> Path:
     lines = [
         f"# posenc lab: preset `{meta['preset']}`",
         "",
-        f"Measured wall time: **{meta['wall_s']:.0f} s** on {meta['device']} ({meta['threads']} threads), "
+        f"Measured wall time: **{meta['wall_s']:.0f} s** on {meta['device']} ({_threads(meta['threads'])}), "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",

@@ -7,8 +7,10 @@ schemes and extension methods are looked up in their registries (docs/architectu
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
+import math
 import os
 import platform
 import statistics
@@ -21,12 +23,14 @@ import torch
 
 from posenc._atomic import atomic_write_json
 from posenc.extensions import FitContext
-from posenc.lab.context import Evaluation, Run
+from posenc.lab.context import DIVERGED, Evaluation, Run
 from posenc.lab.data import load_corpus
 from posenc.lab.distributed import current, is_main_process, resolve_device
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config
+from posenc.lab.lock import out_lock
 from posenc.lab.presets import LabConfig
 from posenc.lab.report import main_table, write_report
+from posenc.lab.tables import model_label
 from posenc.lab.tasks import get_task
 from posenc.lab.train import TrainSettings, train
 from posenc.nn.model import TinyLM
@@ -78,30 +82,83 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         "loadavg_start": _loadavg(),
     }
     raw: list[dict] = []
-    curves: dict[str, list[float]] = {}
-    for task in cfg.tasks:
-        for scheme in cfg.schemes:
-            for seed in cfg.seeds:
-                t0 = time.perf_counter()
-                model = train_model(run, task, scheme, seed)
-                t_train = time.perf_counter() - t0
-                raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves))
-                if scheme in cfg.extended_schemes:
-                    raw += evaluate_extensions(run, model, task, scheme, seed, curves)
-                meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
-                    "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1)}
-                if progress and is_main_process():
-                    log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
-                        f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
+    curves: dict[str, list[float | None]] = {}
+    # the out folder is this job's until it ends (rank 0 holds the lock: only it writes)
+    lock = out_lock(run.out, "posenc " + " ".join(sys.argv[1:])) if is_main_process() else contextlib.nullcontext()
+    with lock:
+        try:
+            for task in cfg.tasks:
+                for scheme in cfg.schemes:
+                    for seed in cfg.seeds:
+                        t0 = time.perf_counter()
+                        model = train_model(run, task, scheme, seed)
+                        t_train = time.perf_counter() - t0
+                        raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves))
+                        if scheme in cfg.extended_schemes:
+                            raw += evaluate_extensions(run, model, task, scheme, seed, curves)
+                        meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
+                            "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1)}
+                        if progress and is_main_process():
+                            log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
+                                f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
+        except BaseException as exc:  # keep what is finished: the rows so far, marked incomplete
+            if raw and is_main_process():
+                _write_partial(run, meta, raw, curves, t_start, exc)
+            raise
+        doc = _finish(meta, raw, curves, t_start)
+        if is_main_process():
+            atomic_write_json(run.out / "results.json", doc)
+            write_report(doc, run.out)
+            log(main_table(doc))
+            if meta.get("diverged"):
+                log("diverged (non-finite weights or loss; reported as such, no number): "
+                    + "; ".join(meta["diverged"]))
+            log(f"wrote {run.out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
+    return doc
+
+
+def _finish(meta: dict, raw: list[dict], curves: dict, t_start: float) -> dict:
+    """The results document: timings, the diverged models, every number finite (JSON has no NaN)."""
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["loadavg_end"] = _loadavg()
-    doc = {"meta": meta, "results": aggregate(raw), "curves": curves}
-    if is_main_process():
+    diverged = sorted({model_label(r) for r in raw if str(r.get("note", "")).startswith(DIVERGED)})
+    if diverged:
+        meta["diverged"] = diverged
+    doc, replaced = finite_json({"meta": meta, "results": aggregate(raw), "curves": curves})
+    if replaced:  # a plug-in task's row or curve with NaN: recorded, not fatal
+        doc["meta"]["non_finite_replaced"] = replaced
+    return doc
+
+
+def _write_partial(run: Run, meta: dict, raw: list[dict], curves: dict, t_start: float, exc: BaseException):
+    """results.json and report.md with the rows finished before ``exc`` ended the run (meta.incomplete says why)."""
+    meta["incomplete"] = f"ended early by {type(exc).__name__}: {exc}"[:500]
+    try:
+        doc = _finish(meta, raw, curves, t_start)
         atomic_write_json(run.out / "results.json", doc)
         write_report(doc, run.out)
-        log(main_table(doc))
-        log(f"wrote {run.out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
-    return doc
+        run.log(f"wrote the {len(doc['results'])} finished result rows to {run.out}/results.json and report.md "
+                "(incomplete run)")
+    except Exception as err:  # never hide the original error behind this one
+        run.log(f"could not write the partial results: {type(err).__name__}: {err}")
+
+
+def finite_json(obj) -> tuple[object, int]:
+    """``obj`` with every non-finite float replaced by None (JSON cannot hold NaN/inf); -> (copy, count replaced)."""
+    count = 0
+
+    def walk(x):
+        nonlocal count
+        if isinstance(x, float) and not math.isfinite(x):
+            count += 1
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(obj), count
 
 
 def _loadavg() -> list[float] | None:

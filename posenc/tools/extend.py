@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from posenc._validate import check_choice, check_int
+from posenc._validate import check_choice, check_float, check_int
 from posenc.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
 from posenc.rope.config import KEY_ALIASES, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
-from posenc.tools.contexts import original_context
+from posenc.tools.contexts import MAX_CONTEXT, original_context
 from posenc.tools.inspect import detect_scheme
 
 HELP = "Write a config.json extended to a longer context with a RoPE scaling method (linear, ntk, yarn, ...)."
@@ -77,7 +77,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                           "not have; run it where the model is (posenc lab) and pass the result")
     check_choice(transformers_version, "transformers_version (4: rope_scaling, 5: rope_parameters)", (4, 5),
                  error=ConfigError)
-    check_int(target_length, "target_length", min=1, error=ConfigError)
+    check_int(target_length, "target_length", min=1, max=MAX_CONTEXT, error=ConfigError)
     cfg = read_config(config)
     scheme, why = detect_scheme(cfg)
     if scheme != "rope":
@@ -98,9 +98,8 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                           "the original context is unknown")
     if target_length <= original:
         raise ConfigError(f"target_length ({target_length}) must be longer than the original context ({original})")
-    s = float(target_length / original) if factor is None else float(factor)
-    if not (s >= 1 and math.isfinite(s)):
-        raise ConfigError(f"factor must be a finite number >= 1, got {factor!r}")
+    s = (float(target_length / original) if factor is None
+         else check_float(factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError))
 
     spec = ExtensionSpec(original=original, factor=s, rotary_dim=rc.rotary_dim, theta=rc.theta,
                          target=target_length, head_dim=rc.head_dim)

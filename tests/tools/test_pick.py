@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc.cli import main
 from posenc.errors import PosencError
-from posenc.tools.pick import BUDGETS, TASKS, format_recommendation, pick
+from posenc.tools.pick import BUDGETS, TASKS, THETA_PLACEHOLDER, format_recommendation, pick
 
 # (target, train, budget, task, extrapolation) -> (scheme contains, method contains): the rows of docs/picker.md
 TABLE = [
@@ -37,7 +37,7 @@ def test_finetune_yarn_parameters_and_snippet_load_in_transformers():
     rec = pick(32768, 8192, "finetune", "lm", rope_theta=500000.0)
     rp = rec.config_snippet["rope_parameters"]
     assert rp == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
-                  "rope_theta": 500000.0}
+                  "rope_theta": 500000.0, "beta_fast": 32, "beta_slow": 1}  # the ramp bounds its text cites
     assert rec.config_snippet["max_position_embeddings"] == 32768
     # the snippet is a working config fragment: transformers reads it and agrees with posenc's registry
     from transformers import LlamaConfig
@@ -77,8 +77,11 @@ def test_laws(target, train, budget, task, extrapolate):
     rp = rec.config_snippet.get("rope_parameters")
     if rp and "factor" in rp:
         assert rp["factor"] == pytest.approx(target / train, rel=1e-5) and rp["factor"] > 1
-        # the snippet loads through the registry (with a head_dim supplied)
-        inv, _ = posenc.rope_parameters({"head_dim": 64, "max_position_embeddings": train, **rec.config_snippet})
+        # an existing model's base is not guessed: without --rope-theta the snippet holds a visible placeholder
+        assert (rp["rope_theta"] == THETA_PLACEHOLDER) == (budget != "pretrain")
+        snippet = {**rec.config_snippet, "rope_parameters": {**rp, "rope_theta": 10000.0}}
+        # the snippet loads through the registry (with a head_dim and the model's theta supplied)
+        inv, _ = posenc.rope_parameters({"head_dim": 64, "max_position_embeddings": train, **snippet})
         assert inv.isfinite().all()
     json.dumps(rec.to_dict())   # always serialisable
     assert rec.scheme in format_recommendation(rec)
@@ -111,3 +114,42 @@ def test_cli_bad_value_is_one_line(capsys):
     assert main(["pick", "--target-context", "-5", "--train-context", "8192"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("posenc pick: error:") and "target_context" in err[0]
+
+
+def test_existing_model_snippet_never_guesses_theta_and_cites_paths(capsys):
+    rec = pick(32768, 8192, "finetune", "lm")
+    assert rec.config_snippet["rope_parameters"]["rope_theta"] == THETA_PLACEHOLDER
+    assert any("placeholder" in n and "--rope-theta" in n for n in rec.notes)
+    given = pick(32768, 8192, "finetune", "lm", rope_theta=500000.0)
+    assert given.config_snippet["rope_parameters"]["rope_theta"] == 500000.0
+    assert not any("placeholder" in n for n in given.notes)
+    # every citation of the reference docs names the file by its path in the repository
+    import re
+
+    text = format_recommendation(rec) + format_recommendation(pick(10**6, 4096, "pretrain", "lm", True))
+    assert "docs/facts.md" in text and "docs/lesson.md" in text
+    assert not re.search(r"(?<!docs/)facts\.md", text) and not re.search(r"\blesson\b(?!\.md)", text.replace(
+        "docs/lesson.md", ""))
+
+
+@pytest.mark.parametrize("argv", [["--target-context", str(10**38), "--train-context", "8192"],
+                                  ["--target-context", "1e38", "--train-context", "8192"],
+                                  ["--target-context", "32768", "--train-context", str(2**31)]])
+def test_absurd_contexts_are_refused_in_one_line(argv, capsys):
+    assert main(["pick", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc pick: error:") and "\n" not in err and "context" in err
+
+
+def test_closed_pipe_ends_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    # `posenc pick ... | head -1`: the reader goes away after one line
+    proc = subprocess.Popen([sys.executable, "-m", "posenc", "pick", "--target-context", "32768",
+                             "--train-context", "8192", "--budget", "finetune"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err

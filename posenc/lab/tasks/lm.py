@@ -96,7 +96,7 @@ class LanguageModelling(Task):
         for L, r in zip(cfg.eval_lens, results):
             rows.append(ev.row(L, "ppl", r and r["ppl"], protocol="non-overlapping"))
             if r is not None and L == max(cfg.eval_lens):
-                ev.curves[ev.curve_key()] = [round(x, 4) for x in r["per_position"]]
+                ev.add_curve(r["per_position"])
         if cfg.sliding_stride:
             lens = cfg.sliding_lens or [max(cfg.eval_lens)]
 
@@ -174,10 +174,11 @@ def position_plot(doc: dict, out: Path) -> list[str]:
         if label in seen:  # first seed only
             continue
         seen.add(label)
-        k = max(1, len(losses) // 64)  # average over buckets of k positions
-        xs = [i * k + k / 2 for i in range(len(losses) // k)]
-        ys = [sum(losses[i * k:(i + 1) * k]) / k for i in range(len(losses) // k)]
-        ax.plot(xs, ys, label=label, **{**style(row), "marker": None})
+        k = max(1, len(losses) // 64)  # average over buckets of k positions; None (diverged) points are skipped
+        buckets = [[v for v in losses[i * k:(i + 1) * k] if v is not None] for i in range(len(losses) // k)]
+        pts = [(i * k + k / 2, sum(b) / len(b)) for i, b in enumerate(buckets) if b]
+        if pts:
+            ax.plot(*zip(*pts), label=label, **{**style(row), "marker": None})
     ax.axvline(train_len, color="0.6", linewidth=1)
     ax.set(xlabel="position in window", ylabel="mean loss (nats/byte)",
            title="Loss at each position (non-overlapping windows, longest eval length)")
