@@ -71,13 +71,19 @@ def _place(tmp: Path, path: Path, text: str) -> None:
 def acquire(out: Path, command: str) -> Path:
     """Create ``out`` (if needed) and its lock; -> the lock path. LockError naming the holder if it is taken."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only place, a file in the way: say which folder, in one line
+        raise type(exc)(exc.errno, f"cannot create the output folder {out}: {exc.strerror}") from None
     path = out / LOCK_NAME
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     tmp = out / f"{LOCK_NAME}.{os.getpid()}.tmp"
     text = json.dumps(mine) + "\n"
-    tmp.write_text(text)
+    try:
+        tmp.write_text(text)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"cannot write in the output folder {out}: {exc.strerror}") from None
     try:
         for _ in range(3):  # a stale lock taken over; a second racer loses cleanly
             try:
