@@ -219,7 +219,8 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
 # ------------------------------------------------------------------------------------------------- scaling
 
 def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: int = 4096, factor: float = 8.0,
-                    partial_rotary_factor: float = 1.0, longrope: Mapping[str, Any] | None = None
+                    partial_rotary_factor: float = 1.0, longrope: Mapping[str, Any] | None = None,
+                    own: tuple[str, Mapping[str, Any], int | None] | None = None
                     ) -> dict[str, tuple[torch.Tensor, float, list[str]]]:
     """Display name -> (inv_freq, attention_scaling, band labels) for plain RoPE and every registered extension
     method (``posenc.extensions``), all from the rope-type registry, for one geometry.
@@ -227,7 +228,9 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     Methods that keep max_position_embeddings at the original length (dynamic NTK) are evaluated at the target
     length factor * original. LongRoPE uses ``longrope`` ({"short_factor", "long_factor"}) if given, else its
     unsearched initialisation (YaRN's per-pair ratio), labelled as such. Methods that compute their config from a
-    trained model (``fit``) are skipped: there is no model here.
+    trained model (``fit``) are skipped: there is no model here. ``own`` = (rope_type, params,
+    max_position_embeddings) of a config that already uses one of the methods: that method is drawn with the
+    config's own parameters (Llama 3.1: llama3 at its factor 8, although its context claims 16x), labelled so.
     """
     from posenc.extensions import ExtensionSpec, method_config, method_names
     from posenc.rope.config import load_rope_config
@@ -255,6 +258,11 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
                 label += " (searched)"
             else:
                 label += " (unsearched init)"
+        if own is not None and own[0] == name and not options:
+            own_factor = own[1].get("factor")
+            label += " (this config" + (f", factor {own_factor:g})" if own_factor else ")")
+            configs[label] = cfg({"rope_type": name, **own[1]}, own[2] or original)
+            continue
         written = method_config(name, spec, **options)
         if method.keeps_original_length:
             label += f" (factor {factor:g}) @ {target:,}"
@@ -277,7 +285,7 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     from posenc.rope.apply import default_inv_freq
 
     partial = 1.0
-    longrope = None
+    longrope = own = None
     if config is not None:
         from posenc.rope.config import load_rope_config
 
@@ -290,13 +298,17 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
             factor = claimed / original
         if rc.rope_type == "longrope":
             longrope = rc.params
+        elif rc.rope_type != "default":
+            l0 = rc.original_max_position_embeddings
+            own = (rc.rope_type, {**rc.params, **({"original_max_position_embeddings": l0} if l0 else {})},
+                   rc.max_position_embeddings)
     _positive_int(head_dim, "head_dim")
     _positive_int(original, "original")
     factor = _positive_float(factor, "factor")
     if factor <= 1:
         raise PosencError(f"factor must be > 1 to compare extension methods, got {factor:g}")
     methods = scaling_methods(head_dim=head_dim, theta=theta, original=original, factor=factor,
-                              partial_rotary_factor=partial, longrope=longrope)
+                              partial_rotary_factor=partial, longrope=longrope, own=own)
     target = int(round(original * factor))
     first = next(iter(methods.values()))[0]
     base = default_inv_freq(2 * len(first), theta).double()
@@ -322,6 +334,19 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     ax.set_ylabel("wavelength (tokens, log scale)")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
+    # the divisor panel's scale is the extension factor; a method that goes far past it (dynamic NTK under
+    # transformers' rule at the target: base x (s*L/L0 - s + 1)^(d/(d-2)), ~s^2) is clipped and named, not
+    # allowed to squash every other curve into the bottom of the panel
+    top = 3.0 * factor
+    off_scale = {name: max(v["interpolation"]) for name, v in summary.items() if max(v["interpolation"]) > top}
+    if off_scale:
+        ax2.set_ylim(top=top)
+        ax2.text(0.98, 0.02, "off scale (clipped): " + "; ".join(
+            f"{name} reaches x{peak:,.0f}" for name, peak in off_scale.items())
+            + ".\nDynamic NTK under transformers' rule raises the base by (s*L/L0 - s + 1)^(d/(d-2)) at length L,"
+            "\n~s^2 at the target; the lab's reading (factor 1) reaches ~s there.",
+            transform=ax2.transAxes, ha="right", va="bottom", fontsize=7, color="0.25",
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"})
     ax2.axhline(factor, color="gray", ls=":", lw=1)
     ax2.set_title("Interpolation per pair: default / scaled frequency\n(1 = kept, "
                   f"{factor:g} = fully interpolated)")
@@ -330,7 +355,8 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     ax2.legend(fontsize=8, loc="upper left")
     ax2.grid(True, which="both", alpha=0.3)
     path = _save(fig, out)
-    return {"path": str(path), "methods": summary, "original": original, "target": target, "factor": factor}
+    return {"path": str(path), "methods": summary, "original": original, "target": target, "factor": factor,
+            "off_scale": off_scale}
 
 
 # --------------------------------------------------------------------------------------------------- alibi
