@@ -13,7 +13,7 @@ from posenc._validate import check_int
 from posenc.errors import ConfigError
 from posenc.lab.context import supports_length
 from posenc.lab.data import LMSampler
-from posenc.lab.plots import log_axes, pyplot, save, series, style
+from posenc.lab.plots import log_axes, mark_unsupported, note_coinciding, pyplot, save, series, style
 from posenc.lab.tables import bands_cell, fmt, markdown, model_label, pivot
 from posenc.lab.tasks.registry import Task, register_task
 
@@ -142,10 +142,14 @@ def ppl_plot(results: list[dict], out: Path) -> list[str]:
     plt = pyplot()
     train_len = results[0]["train_len"]
     fig, ax = plt.subplots(figsize=(8, 5))
+    drawn: dict[str, list[tuple]] = {}
     for label, rows in lm.items():
         pts = sorted((r["eval_len"], r["value"]) for r in rows if r["value"] is not None)
         if pts:
-            ax.plot(*zip(*pts), label=label, **style(rows[0]))
+            line, = ax.plot(*zip(*pts), label=label, **style(rows[0]))
+            mark_unsupported(ax, rows, pts, line)
+            drawn[label] = pts
+    note_coinciding(ax, drawn)
     ax.axvline(train_len, color="0.6", linewidth=1)
     ax.text(train_len, ax.get_ylim()[1], " train length", va="top", fontsize=8, color="0.4")
     ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity (log)",
