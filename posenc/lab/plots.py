@@ -115,6 +115,15 @@ def note_coinciding(ax, curves: dict[str, list[tuple]]) -> str | None:
     return text
 
 
+def legend(ax) -> None:
+    """The legend beside the axes, or a note when nothing finite was drawn (every model diverged)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.text(0.5, 0.5, "no finite result to draw (diverged: see the tables)", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, color="0.3")
+
+
 def accuracy_plot(results, task: str, panels: list[tuple[str, str]], out: Path, name: str) -> list[str]:
     """Accuracy vs length (mean over seeds and other cells), one panel per (metric, title); -> [name] if drawn."""
     first = series(results, task, panels[0][0])
@@ -143,7 +152,7 @@ def accuracy_plot(results, task: str, panels: list[tuple[str, str]], out: Path, 
         ax.set(xscale="log", xlabel="sequence length (tokens)", ylabel="accuracy", title=title, ylim=(-0.03, 1.03))
         log_axes(ax, {r["eval_len"] for rows in first.values() for r in rows})
         ax.grid(True, alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(axes[0][-1])
     if notes:
         fig.text(0.01, -0.02, "\n".join(notes), fontsize=7, color="0.3", va="top")
     save(fig, out / name)

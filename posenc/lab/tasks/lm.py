@@ -13,7 +13,7 @@ from posenc._validate import check_int
 from posenc.errors import ConfigError
 from posenc.lab.context import supports_length
 from posenc.lab.data import LMSampler
-from posenc.lab.plots import log_axes, mark_unsupported, note_coinciding, pyplot, save, series, style
+from posenc.lab.plots import legend, log_axes, mark_unsupported, note_coinciding, pyplot, save, series, style
 from posenc.lab.tables import bands_cell, fmt, markdown, model_label, pivot
 from posenc.lab.tasks.registry import Task, register_task
 
@@ -155,7 +155,7 @@ def ppl_plot(results: list[dict], out: Path) -> list[str]:
     ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity (log)",
            title="Perplexity vs evaluation length (non-overlapping windows)")
     log_axes(ax, {r["eval_len"] for rows in lm.values() for r in rows}, logy=True)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(ax)
     ax.grid(True, which="both", alpha=0.3)
     save(fig, out / "ppl_vs_length.png")
     plt.close(fig)
@@ -187,7 +187,7 @@ def position_plot(doc: dict, out: Path) -> list[str]:
     ax.set(xlabel="position in window", ylabel="mean loss (nats/byte)",
            title="Loss at each position (non-overlapping windows, longest eval length)")
     ax.set_ylim(top=min(ax.get_ylim()[1], 6.0))
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(ax)
     ax.grid(True, alpha=0.3)
     save(fig, out / "per_position_loss.png")
     plt.close(fig)
