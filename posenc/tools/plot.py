@@ -24,10 +24,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from posenc._atomic import atomic_path
-from posenc._validate import even_int, positive_float, positive_int
+from posenc._validate import check_float, check_int, even_int, positive_float
 from posenc.errors import PosencError
 from posenc.extensions import METHODS
-from posenc.tools.contexts import claimed_context, original_context
+from posenc.tools.contexts import MAX_CONTEXT, claimed_context, original_context
 
 HELP = "Draw positional-encoding plots: sinusoidal, rope, scaling, alibi, decay."
 
@@ -59,8 +59,17 @@ def _save(fig, out: str | os.PathLike) -> Path:
     return out
 
 
-def _positive_int(value, name: str) -> int:
-    return positive_int(value, name)
+def _positive_int(value, name: str, max: int | None = None) -> int:
+    """A positive int, at most ``max`` (the sizes that keep a plot's memory bounded)."""
+    return check_int(value, name, min=1, max=max)
+
+
+# size limits: a plot never needs more, and past them the tables would not fit in memory
+MAX_DIM = 8192          # head or model dimension
+MAX_TABLE = 2**24       # cells of the sinusoidal table (positions x dim)
+MAX_ALIBI_HEADS = 1024
+MAX_ALIBI_SEQ = 256     # heatmap side
+MAX_POINTS = 100_000
 
 
 def _positive_float(value, name: str) -> float:
@@ -97,8 +106,10 @@ def plot_sinusoidal(out, *, max_len: int = 512, dim: int = 128, base: float = 10
     """
     from posenc.absolute import sinusoidal
 
-    _positive_int(max_len, "max_len")
-    _positive_int(dim, "dim")
+    _positive_int(max_len, "max_len", MAX_CONTEXT)
+    _positive_int(dim, "dim", MAX_DIM)
+    if max_len * dim > MAX_TABLE:
+        raise PosencError(f"max_len x dim must be at most {MAX_TABLE:,} table cells, got {max_len} x {dim}")
     base = _positive_float(base, "base")
     even_int(dim, "dim")
     pe = sinusoidal(max_len, dim, base)                       # [max_len, dim]
@@ -154,14 +165,14 @@ def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor
     if factor is not None:
         params["factor"] = _positive_float(factor, "factor")
     if original is not None:
-        params["original_max_position_embeddings"] = _positive_int(original, "original")
+        params["original_max_position_embeddings"] = _positive_int(original, "original", MAX_CONTEXT)
     if rope_type in METHODS:  # a method's fixed parameters (Llama 3's low/high freq factors), from the registry
         for key, value in METHODS[rope_type].defaults.items():
             params.setdefault(key, value)
     lmax = max_position_embeddings
     if lmax is None and original is not None:
         lmax = int(original * (factor or 1)) if rope_type != "dynamic" else original
-    mapping = {"head_dim": _positive_int(head_dim, "head_dim"), "rope_parameters": params}
+    mapping = {"head_dim": _positive_int(head_dim, "head_dim", MAX_DIM), "rope_parameters": params}
     if lmax is not None:
         mapping["max_position_embeddings"] = lmax
     return mapping
@@ -183,6 +194,8 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
     rc = load_rope_config(mapping)
     claimed, _ = claimed_context(rc)
     l0 = original_context(rc)
+    if seq_len is not None:
+        _positive_int(seq_len, "seq_len", MAX_CONTEXT)
     at = seq_len or claimed or (2 * l0 if l0 else None)
     inv, attention = rope_parameters(rc, at)  # malformed values raise ConfigError naming the key
     labels = frequency_bands(rc, at)["labels"]
@@ -302,9 +315,9 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
             l0 = rc.original_max_position_embeddings
             own = (rc.rope_type, {**rc.params, **({"original_max_position_embeddings": l0} if l0 else {})},
                    rc.max_position_embeddings)
-    _positive_int(head_dim, "head_dim")
-    _positive_int(original, "original")
-    factor = _positive_float(factor, "factor")
+    _positive_int(head_dim, "head_dim", MAX_DIM)
+    _positive_int(original, "original", MAX_CONTEXT)
+    factor = check_float(factor, "factor", positive=True, max=float(MAX_CONTEXT) / original)
     if factor <= 1:
         raise PosencError(f"factor must be > 1 to compare extension methods, got {factor:g}")
     methods = scaling_methods(head_dim=head_dim, theta=theta, original=original, factor=factor,
@@ -368,8 +381,8 @@ def plot_alibi(out, *, n_heads: int = 8, seq_len: int = 16, max_panels: int = 8)
     """
     from posenc.alibi import alibi_bias, alibi_slopes
 
-    _positive_int(n_heads, "n_heads")
-    _positive_int(seq_len, "seq_len")
+    _positive_int(n_heads, "n_heads", MAX_ALIBI_HEADS)
+    _positive_int(seq_len, "seq_len", MAX_ALIBI_SEQ)
     _positive_int(max_panels, "max_panels")
     slopes = alibi_slopes(n_heads)
     bias = alibi_bias(n_heads, seq_len)                        # [H, T, T]
@@ -426,9 +439,9 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.scaling import rope_parameters
 
-    _positive_int(head_dim, "head_dim")
-    _positive_int(max_distance, "max_distance")
-    _positive_int(points, "points")
+    _positive_int(head_dim, "head_dim", MAX_DIM)
+    _positive_int(max_distance, "max_distance", MAX_CONTEXT)
+    _positive_int(points, "points", MAX_POINTS)
     even_int(head_dim, "head_dim")
     freqs: dict[str, torch.Tensor] = {}
     for b in bases:
