@@ -142,14 +142,18 @@ def test_absurd_contexts_are_refused_in_one_line(argv, capsys):
 
 
 def test_closed_pipe_ends_quietly(tmp_path):
+    import os
     import subprocess
     import sys
 
-    # `posenc pick ... | head -1`: the reader goes away after one line
-    proc = subprocess.Popen([sys.executable, "-m", "posenc", "pick", "--target-context", "32768",
-                             "--train-context", "8192", "--budget", "finetune"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.readline()
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == 141 and err == "", err
+    # `posenc pick ... | head -0`: the reader is gone before anything is written (deterministic, unlike a race
+    # with a reader that leaves after one line while the whole output still fits in the pipe's buffer)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "posenc", "pick", "--target-context", "32768",
+                               "--train-context", "8192", "--budget", "finetune"],
+                              stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == b"", proc.stderr
