@@ -83,6 +83,11 @@ class LabConfig:
             get_method(e, "extensions")
         self.model.validate()
         even_int(self.model.head_dim, "d_model / n_heads (the head dim)", error=ConfigError)
+        for name, limit in SIZE_LIMITS.items():  # sizes no lab run needs, which would only exhaust memory
+            value = getattr({None: self, "model": self.model, "train": self.train}[SECTIONS[name]], name)
+            for v in (value if isinstance(value, list) else [value]):
+                if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+                    raise ConfigError(f"{name} must be at most {limit:,}, got {v:,}")
         check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
         for name in ("batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
             check_int(getattr(self, name), name, min=1, error=ConfigError)
@@ -123,6 +128,12 @@ class LabConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# upper bounds that keep a run's memory bounded (the CLI names the flag): far above any tiny-model experiment
+SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
+               "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "eval_tokens": 2**30,
+               "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31}
 
 
 # flat setting name -> the section of LabConfig that owns it (None: LabConfig itself)

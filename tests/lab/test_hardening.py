@@ -219,3 +219,12 @@ def test_validation_happens_before_relaunch(tmp_path, capsys, monkeypatch):
         assert main(["lab", *TINY, "--nproc", "2", "--out", str(tmp_path / "o"), *bad]) == 2
         one_line_error(capsys, "lab")
 
+
+
+@pytest.mark.parametrize("argv,word", [(["--d-model", str(2**20)], "--d-model must be at most"),
+                                       (["--eval-lens", f"16,{2**30}"], "--eval-lens must be at most"),
+                                       (["--threads", "2147483648"], "--threads must be at most"),
+                                       (["--steps", str(2**40)], "--steps must be at most")])
+def test_sizes_that_would_exhaust_memory_are_refused(tmp_path, capsys, argv, word):
+    assert main(["lab", *TINY, "--out", str(tmp_path / "o"), *argv]) == 2
+    assert word in one_line_error(capsys, "lab")
