@@ -267,9 +267,10 @@ class _Watchdog:
 
     def __init__(self, rank: int, world_size: int, timeout: float):
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
-        self.store = dist.PrefixStore("posenc/", dist.TCPStore(
+        # two connections to torchrun's store: one for the heartbeat thread, one for the main thread's gathers
+        self.beats, self.store = (dist.PrefixStore("posenc/", dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-            timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False))
+            timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)) for _ in range(2))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="posenc-heartbeat", daemon=True)
 
@@ -277,13 +278,13 @@ class _Watchdog:
         seen = {r: (-1, time.monotonic()) for r in range(self.world_size) if r != self.rank}
         while not self.stop.wait(HEARTBEAT_S):
             try:
-                self.store.add(f"hb/{self.rank}", 1)
+                self.beats.add(f"hb/{self.rank}", 1)
                 now = time.monotonic()
                 for r, (count, since) in list(seen.items()):
-                    if self.store.check([f"done/{r}"]):  # that rank finished cleanly: silence is expected
+                    if self.beats.check([f"done/{r}"]):  # that rank finished cleanly: silence is expected
                         del seen[r]
                         continue
-                    current_count = self.store.add(f"hb/{r}", 0)
+                    current_count = self.beats.add(f"hb/{r}", 0)
                     if current_count != count:
                         seen[r] = (current_count, now)
                     elif now - since > self.timeout:
@@ -321,9 +322,9 @@ def stop_watchdog() -> None:
     global _WATCHDOG
     if _WATCHDOG is not None:
         _WATCHDOG.stop.set()
+        _WATCHDOG.thread.join(timeout=5)
         with contextlib.suppress(Exception):
             _WATCHDOG.store.set(f"done/{_WATCHDOG.rank}", b"1")
-        _WATCHDOG.thread.join(timeout=5)
         _WATCHDOG = None
 
 
