@@ -15,7 +15,7 @@ Forms accepted (all seen in real config.json files):
     vision towers      {"model_type": "pixtral", "head_dim": 64, "rope_theta": 1e4}  -> rope_type "axial_pixtral";
                        Qwen2-VL / Qwen2.5-VL / Qwen3-VL / GLM-4V vision configs -> "axial" (``vision_rope_config``)
     GPT-J / CodeGen    {"n_embd": 4096, "n_head": 16, "n_positions": 2048, "rotary_dim": 64}
-    GPT-NeoX           {"rotary_pct": 0.25, "rotary_emb_base": 10000}
+    GPT-NeoX           {"rotary_pct": 0.25, "rotary_emb_base": 10000}   (absent: the family's default, 0.25)
     DeepSeek-V2/V3 MLA {"qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "rope_scaling": {"type": "yarn", ...}}
 
     >>> cfg = load_rope_config({"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 5e5,
@@ -67,6 +67,13 @@ DEFAULT_THETA_BY_MODEL_TYPE: dict[str, float | tuple[float, float]] = {
     "qwen3_vl_text": 5e5, "qwen3_vl_moe_text": 5e5, "ernie4_5": 5e5, "bitnet": 5e5,
     "gemma3_text": (1e6, 1e4), "gemma3n_text": (1e6, 1e4), "modernbert": (160_000.0, 1e4),
     "modernbert-decoder": (160_000.0, 1e4),
+}
+# partial_rotary_factor that transformers' config class assumes when a config.json gives none, where it is not 1
+# (also checked against transformers): GLM rotates half of each head, GPT-NeoX and StableLM a quarter.
+DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE = {
+    "glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "phi": 0.5, "persimmon": 0.5, "nemotron": 0.5,
+    "recurrent_gemma": 0.5, "stablelm": 0.25, "gpt_neox": 0.25, "qwen3_next": 0.25, "qwen3_5": 0.25,
+    "qwen3_5_moe": 0.25,
 }
 # Families with a second RoPE base for sliding-window (local) layers, in transformers 4.x's flat form:
 # model_type -> (global theta key, local theta key, whether rope_scaling also applies to local layers).
@@ -504,8 +511,9 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
             ModernBERT) without it gives its full-attention (global) parameters.
     Geometry: head_dim, else hidden_size // num_attention_heads (which must divide; GPT-J's n_embd / n_head also
     read, as is n_positions for max_position_embeddings); rotary dim = qk_rope_head_dim (MLA), else rotary_dim
-    (GPT-J), else int(head_dim * partial_rotary_factor) (or rotary_pct, GPT-NeoX). rope_theta absent: the
-    family's default (``DEFAULT_THETA_BY_MODEL_TYPE``), else 10000.
+    (GPT-J), else int(head_dim * partial_rotary_factor) (or rotary_pct, GPT-NeoX; absent: the family's default,
+    ``DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE``, else 1). rope_theta absent: the family's default
+    (``DEFAULT_THETA_BY_MODEL_TYPE``), else 10000.
     Raises:
         ConfigError: unreadable file, missing keys (named, with the rope type), unknown rope_type (lists the
             known ones), a rope_type that is not a string, odd rotary dim, malformed values (named), conflicting
@@ -531,6 +539,8 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
     if prf is None:
         prf = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
     prf_given = prf is not None
+    if prf is None and cfg.get("rotary_dim") is None and cfg.get("qk_rope_head_dim") is None:
+        prf = DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE.get(model_type_of(cfg))
     prf = check_float(1.0 if prf is None else prf, "partial_rotary_factor", error=ConfigError)
     head_dim, rotary_dim, prf = _rotary_geometry(cfg, prf, prf_given)
 

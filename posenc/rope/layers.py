@@ -45,9 +45,13 @@ NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe"})
 # model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning
 NOPE_LAYER_TYPES = frozenset({"llama4", "llama4_text", "smollm3", "mistral_large4"})
 TEMPERATURE_TUNING_TYPES = frozenset({"llama4", "llama4_text"})
-# model types whose layer_types default to a repeating local/global pattern: (period key, its default)
-_PATTERNS = {"gemma3_text": ("sliding_window_pattern", 6), "gemma3n_text": ("sliding_window_pattern", 5),
-             "modernbert": ("global_attn_every_n_layers", 3), "modernbert-decoder": ("global_attn_every_n_layers", 3)}
+# model types whose layer_types default to a repeating local/global pattern, as their transformers config classes
+# build it: (key giving the period or None, default period). Layer i is global when (i + 1) % period == 0
+# (ModernBERT: when i % period == 0), sliding otherwise.
+LAYER_PATTERNS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6), "gemma3n_text": (None, 5),
+                  "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4),
+                  "modernbert": ("global_attn_every_n_layers", 3),
+                  "modernbert-decoder": ("global_attn_every_n_layers", 3)}
 
 
 def config_mapping(config) -> Mapping:
@@ -187,9 +191,10 @@ def _layer_types(cfg: Mapping, n: int | None, rope: tuple[bool, ...] | None, chu
     if model_type == "smollm3" and rope is not None:
         sliding = cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None
         return tuple("sliding_attention" if sliding and not r else "full_attention" for r in rope)
-    if model_type in _PATTERNS:
-        key, default = _PATTERNS[model_type]
-        period = check_int(cfg.get(key, default) or default, key, min=1, error=ConfigError)
+    if model_type in LAYER_PATTERNS:
+        key, default = LAYER_PATTERNS[model_type]
+        period = default if key is None or cfg.get(key) is None else \
+            check_int(cfg[key], key, min=1, error=ConfigError)
         if model_type.startswith("modernbert"):      # ModernBertConfig: layer 0, n, 2n, ... are global
             return tuple("sliding_attention" if i % period else "full_attention" for i in range(n))
         return tuple("sliding_attention" if (i + 1) % period else "full_attention" for i in range(n))
@@ -229,6 +234,8 @@ def layer_schedule(config) -> LayerSchedule:
     window = cfg.get("sliding_window")
     if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
         window = None                             # some configs write 0 / false for "no window"
+    if cfg.get("use_sliding_window") is False:    # Qwen2 / Qwen3 / SmolLM3: the window is off
+        window = None
     if model_type_of(cfg) in ("modernbert", "modernbert-decoder"):   # local_attention is the whole window
         window = check_int(cfg.get("local_attention", 128), "local_attention", min=2, error=ConfigError) // 2
     multiplier = softmax_scale_multiplier(cfg)

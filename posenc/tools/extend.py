@@ -156,8 +156,9 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     Raises ConfigError (a ValueError) for a non-RoPE config, an unknown method, a target not longer than the
     original context, or a result the registry rejects.
     """
-    from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
-    from posenc.tools.inspect import _original_context, detect_scheme
+    from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
+    from posenc.rope.scaling import MULTI_AXIS_KEYS, dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
+    from posenc.tools.inspect import detect_scheme, original_context
 
     if method not in METHODS:
         raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -172,15 +173,26 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         raise ConfigError(f"extend needs a RoPE config; this one is {scheme} ({why}). "
                           + ("ALiBi runs past its trained length without a config change"
                              if scheme == "alibi" else "its positions cannot be rescaled by a config edit"))
+    if vision_config_of(cfg) is cfg:
+        raise ConfigError("this is a vision tower with 2-D (axial) RoPE: its positions are the row and column of "
+                          "each image patch, bounded by the image size, so there is no context to extend; extend "
+                          "the language model's config instead")
+    if layer_type_parameters(cfg) is not None:
+        raise ConfigError("this config has RoPE parameters per layer type (local / global layers, e.g. Gemma 3, "
+                          "ModernBERT): extend writes one RoPE dict for every layer, which would also rescale the "
+                          "local layers; edit the full_attention entry by hand")
+    outer, text_key = cfg, None
+    if rope_section(cfg) is not cfg:      # multimodal: the language model's RoPE lives in its text_config
+        text_key, cfg = "text_config", dict(cfg["text_config"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
     old_warnings = {str(w.message) for w in caught}
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"the config already uses rope_type {rc.rope_type!r} (original context "
-                          f"{_original_context(rc)}); pass --replace to swap it for {method!r} computed from that "
+                          f"{original_context(rc)}); pass --replace to swap it for {method!r} computed from that "
                           "original context")
-    original = _original_context(rc)
+    original = original_context(rc)
     if original is None:
         raise ConfigError("the config has no max_position_embeddings (or original_max_position_embeddings): "
                           "the original context is unknown")
@@ -191,6 +203,8 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         raise ConfigError(f"factor must be a finite number >= 1, got {factor!r}")
 
     scaling, notes = _scaling_dict(method, s, original, rc, short_factor, long_factor)
+    # M-RoPE keys say how positions split over the pairs (Qwen2-VL ...): they stay with any scaling
+    scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params})
     theta = scaling.pop("rope_theta", rc.theta)
     new = dict(cfg)
     lmax_key = "max_position_embeddings"
@@ -209,7 +223,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         new.pop("rope_scaling", None)   # transformers 5 prefers rope_scaling when both exist: drop the stale one
         new.pop("rope_theta", None)     # moved inside rope_parameters
     else:
-        new["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
+        new["rope_scaling"] = None if scaling == {"rope_type": "default"} else scaling
         new["rope_theta"] = theta
         new.pop("rope_parameters", None)
         if partial is None and "partial_rotary_factor" in old_inner:
@@ -253,6 +267,9 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                         "(base 10000 is hard-coded), so this config changes nothing there; it takes effect only in "
                         "code that reads these keys (posenc, some serving runtimes)")
     notes.append(FINE_TUNING[method])
+    if text_key is not None:
+        changes = [f"{text_key}.{change}" for change in changes]
+        new = {**outer, text_key: new}
     return ExtendResult(config=new, method=method, factor=s, original_context=original, target_length=target_length,
                         transformers_version=transformers_version, changes=changes, notes=notes, check=check)
 
