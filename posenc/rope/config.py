@@ -11,7 +11,8 @@ Forms accepted (all seen in real config.json files):
     Phi-3              {"original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope", ...}}
     Hunyuan            {"rope_scaling": {"type": "dynamic", "alpha": 1000.0, ...}}   -> rope_type "ntk_alpha"
     M-RoPE             {"rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}   (Qwen2-VL; Qwen3-VL adds
-                       "mrope_interleaved": true): default frequencies, positions with 3 rows (posenc.rope.multiaxis)
+                       "mrope_interleaved": true): default frequencies, positions with 3 rows (posenc.rope.multiaxis);
+                       Qwen-VL / GLM-4V families: the section order and default their rotary hard-codes
     vision towers      {"model_type": "pixtral", "head_dim": 64, "rope_theta": 1e4}  -> rope_type "axial_pixtral";
                        Qwen2-VL / Qwen2.5-VL / Qwen3-VL / GLM-4V vision configs -> "axial" (``vision_rope_config``)
     GPT-J / CodeGen    {"n_embd": 4096, "n_head": 16, "n_positions": 2048, "rotary_dim": 64}
@@ -72,8 +73,7 @@ DEFAULT_THETA_BY_MODEL_TYPE: dict[str, float | tuple[float, float]] = {
 # (also checked against transformers): GLM rotates half of each head, GPT-NeoX and StableLM a quarter.
 DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE = {
     "glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "phi": 0.5, "persimmon": 0.5, "nemotron": 0.5,
-    "recurrent_gemma": 0.5, "stablelm": 0.25, "gpt_neox": 0.25, "qwen3_next": 0.25, "qwen3_5": 0.25,
-    "qwen3_5_moe": 0.25,
+    "recurrent_gemma": 0.5, "stablelm": 0.25, "gpt_neox": 0.25, "qwen3_next": 0.25, "qwen3_5_text": 0.25,
 }
 # Families with a second RoPE base for sliding-window (local) layers, in transformers 4.x's flat form:
 # model_type -> (global theta key, local theta key, whether rope_scaling also applies to local layers).
@@ -83,6 +83,16 @@ LOCAL_GLOBAL_THETA = {
     "gemma3n_text": ("rope_theta", "rope_local_base_freq", False),
     "modernbert": ("global_rope_theta", "local_rope_theta", True),
     "modernbert-decoder": ("global_rope_theta", "local_rope_theta", True),
+}
+# Text models whose rotary splits the pairs by M-RoPE sections whatever the config says: transformers' default
+# mrope_section when the config gives none, and the order their rotary hard-codes (True: Qwen3-VL's interleaved
+# t, h, w cycling; False: contiguous sections). Checked against those rotary classes in the tests.
+MROPE_FAMILIES = {
+    "qwen2_vl": ((16, 24, 24), False), "qwen2_vl_text": ((16, 24, 24), False),
+    "qwen2_5_vl": ((16, 24, 24), False), "qwen2_5_vl_text": ((16, 24, 24), False),
+    "qwen3_vl": ((24, 20, 20), True), "qwen3_vl_text": ((24, 20, 20), True),
+    "qwen3_5": ((11, 11, 10), True), "qwen3_5_text": ((11, 11, 10), True),
+    "glm4v": ((8, 12, 12), False), "glm4v_text": ((8, 12, 12), False),
 }
 # Vision towers whose 2-D RoPE transformers calls "axial" (their config classes default to it), and the posenc
 # type that reproduces their frequencies; old checkpoints name the vision part after the parent model.
@@ -557,6 +567,16 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
         orig = max_len  # transformers' standardisation: L0 defaults to max_position_embeddings
 
     params = {k: v for k, v in entry.items() if k not in _FIELD_KEYS}
+    family = MROPE_FAMILIES.get(model_type_of(cfg))
+    if family is not None:
+        section, interleaved = family
+        params.setdefault("mrope_section", list(section))
+        given = params.get("mrope_interleaved")
+        if given is not None and given != interleaved:
+            warnings.warn(f"mrope_interleaved {given!r} is ignored: {model_type_of(cfg)}'s rotary always uses "
+                          f"{'interleaved' if interleaved else 'contiguous'} M-RoPE sections",
+                          UserWarning, stacklevel=_user_stacklevel())
+        params["mrope_interleaved"] = interleaved
     return RopeConfig(rope_type=rope_type, theta=theta, head_dim=head_dim,
                       rotary_dim=rotary_dim, partial_rotary_factor=prf,
                       max_position_embeddings=max_len, original_max_position_embeddings=orig, params=params)

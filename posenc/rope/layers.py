@@ -39,7 +39,7 @@ from posenc.rope.scaling import yarn_mscale
 # model types whose attention rotates interleaved pairs (2j, 2j+1): complex-number RoPE (Llama 4, DeepSeek-V2),
 # rotate_every_two (GPT-J, CodeGen), repeat_interleave'd cos/sin (Cohere, GLM); DeepSeek-V3 when rope_interleave
 INTERLEAVED_LAYOUT_TYPES = frozenset({"llama4", "llama4_text", "deepseek_v2", "gptj", "codegen", "cohere", "cohere2",
-                                      "glm", "glm4", "deepseek_v3", "kimi_k2"})
+                                      "glm", "glm4", "glm4v", "glm4v_text", "deepseek_v3", "kimi_k2"})
 # model types whose configs carry mscale_all_dim but whose attention does not rescale the softmax (Hunyuan)
 NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe"})
 # model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning

@@ -178,11 +178,15 @@ class Rotary(nn.Module):
         then reads the cache (integer positions).
         """
         positions = torch.as_tensor(positions, device=self.inv_freq.device)
+        if self.axes is not None:
+            positions = as_axis_positions(positions, self.n_axes)
+        return self._cos_sin(positions)
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos_sin`` for positions already in axis-first form (multi-axis types)."""
         if positions.numel() == 0:
             raise PosencError("positions must not be empty")
         check_position_dtype(positions)
-        if self.axes is not None:
-            positions = as_axis_positions(positions, self.n_axes)
         if positions.min() < 0:
             raise PosencError(f"positions must be >= 0, got min {positions.min().item()}")
         seq_len = int(positions.max().ceil()) + 1 if positions.is_floating_point() else int(positions.max()) + 1
@@ -227,7 +231,7 @@ class Rotary(nn.Module):
             lead = f"[{self.n_axes}, ...] with ... " if self.axes is not None else ""
             raise PosencError(f"positions must have shape {lead}[seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                               f"got {list(positions.shape)}")
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self._cos_sin(positions)
         if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return tuple(apply_rope_table(x, cos.to(x.device, math_dtype(x.dtype)), sin.to(x.device, math_dtype(x.dtype)),
