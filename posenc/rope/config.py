@@ -63,7 +63,8 @@ MAX_THETA = 3.4028234663852886e38
 # (tests/rope/test_config.py checks every entry against the transformers config classes). Local / global pairs
 # are (global, local): the theta of full-attention and of sliding-attention layers.
 DEFAULT_THETA_BY_MODEL_TYPE: dict[str, float | tuple[float, float]] = {
-    "llama4": 5e5, "llama4_text": 5e5, "smollm3": 2e6, "cohere": 5e5, "exaone": 5e5, "olmo3": 5e5, "helium": 1e5,
+    "llama4": 5e5, "llama4_text": 5e5, "smollm3": 2e6, "cohere": 5e5, "exaone": 5e5, "olmo3": (5e5, 5e5),
+    "helium": 1e5,
     "gpt_oss": 1.5e5, "qwen2_vl": 1e6, "qwen2_vl_text": 1e6, "qwen2_5_vl": 1e6, "qwen2_5_vl_text": 1e6,
     "qwen3_vl_text": 5e5, "qwen3_vl_moe_text": 5e5, "ernie4_5": 5e5, "bitnet": 5e5,
     "gemma3_text": (1e6, 1e4), "gemma3n_text": (1e6, 1e4), "modernbert": (160_000.0, 1e4),
@@ -78,7 +79,9 @@ DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE = {
 # Families with a second RoPE base for sliding-window (local) layers, in transformers 4.x's flat form:
 # model_type -> (global theta key, local theta key, whether rope_scaling also applies to local layers).
 # Gemma 3 scales its global layers only (linear x8 on gemma-3-4b+); ModernBERT applies rope_scaling to both.
+# OLMo 3 has no local key: its config class gives sliding layers the default base whatever rope_theta says.
 LOCAL_GLOBAL_THETA = {
+    "olmo3": ("rope_theta", None, False),
     "gemma3_text": ("rope_theta", "rope_local_base_freq", False),
     "gemma3n_text": ("rope_theta", "rope_local_base_freq", False),
     "modernbert": ("global_rope_theta", "local_rope_theta", True),
@@ -384,8 +387,8 @@ def layer_type_parameters(config) -> dict[str, dict | None] | None:
     full = {"rope_type": "default", **flat}
     local = dict(full) if scale_local else {"rope_type": "default"}
     full.setdefault("rope_theta", cfg.get(global_key) if cfg.get(global_key) is not None else _default_theta(cfg))
-    local.setdefault("rope_theta",
-                     cfg.get(local_key) if cfg.get(local_key) is not None else _default_theta(cfg, local=True))
+    local.setdefault("rope_theta", cfg.get(local_key) if local_key is not None and cfg.get(local_key) is not None
+                     else _default_theta(cfg, local=True))
     return {"full_attention": full, "sliding_attention": local}
 
 

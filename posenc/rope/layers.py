@@ -148,7 +148,11 @@ def softmax_scale_multiplier(config, *, rope: RopeConfig | None = None) -> float
         return 1.0
     mscale_all_dim = check_float(mscale_all_dim, "mscale_all_dim", min=0, error=ConfigError)
     factor = check_float(factor, "factor", positive=True, error=ConfigError)
-    return yarn_mscale(factor, mscale_all_dim) ** 2
+    g = yarn_mscale(factor, mscale_all_dim)
+    if not math.isfinite(g * g):
+        raise ConfigError(f"mscale_all_dim {mscale_all_dim!r} with factor {factor!r} gives a softmax-scale multiplier "
+                          "g(factor, mscale_all_dim)^2 that is not finite")
+    return g * g
 
 
 def _num_layers(cfg: Mapping) -> int | None:

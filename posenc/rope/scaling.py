@@ -35,7 +35,7 @@ import torch
 from posenc._validate import check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.rope.apply import default_inv_freq
-from posenc.rope.config import RopeConfig, load_rope_config
+from posenc.rope.config import MAX_THETA, RopeConfig, load_rope_config
 from posenc.rope.registry import (  # noqa: F401  (re-exported: the registry's public names live here too)
     MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, SEQ_LEN_RULES, ScalingFn, register_rope_type, rope_type_function)
 
@@ -126,9 +126,10 @@ def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
         base = float(theta) * float(factor) ** (rotary_dim / (rotary_dim - 2))
     except OverflowError:
         base = math.inf
-    if not math.isfinite(base):
-        raise ConfigError(f"theta * factor^(d/(d-2)) = {theta!r} * {factor!r}^({rotary_dim}/{rotary_dim - 2}) "
-                          "overflows: the factor is far too large")
+    if not base <= MAX_THETA:
+        raise ConfigError(f"theta * factor^(d/(d-2)) = {theta!r} * {factor!r}^({rotary_dim}/{rotary_dim - 2}) = "
+                          f"{base:.4g} overflows float32 (max {MAX_THETA:.4g}), where the frequencies are computed: "
+                          "the factor is far too large for this base")
     return base
 
 

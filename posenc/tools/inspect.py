@@ -251,7 +251,7 @@ def _inspect_vision(vision: Mapping) -> dict[str, Any]:
         "rotary_dim": rc.rotary_dim,
         "pairs_per_axis": {"row": half, "column": inv.numel() - half},
         "layout": "half",
-        "longest_wavelength_patches": _finite(2 * math.pi / float(inv.min())),
+        "longest_wavelength_patches": _finite(2 * math.pi / float(inv.min())) if float(inv.min()) > 0 else None,
         "note": "positions are (row, column) patch coordinates of each image (posenc.rope.mm_positions."
                 "vision_position_ids); they are bounded by the image size, so context extension does not apply",
     }
