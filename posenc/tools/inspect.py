@@ -316,7 +316,8 @@ def _rope_consistency(cfg, rc, claimed, original, longest, at, reach=None) -> li
                        f"= {lmax}/{l0} = {implied:g}")
     if rc.rope_type == "linear" and s and lmax and "original_max_position_embeddings" not in cfg:
         out.append(f"linear scaling has no original length in the config: assuming max_position_embeddings "
-                   f"({lmax}) is the extended length, i.e. original {int(round(lmax / s))}")
+                   f"({lmax}) is the extended length, i.e. original {int(round(lmax / s))} (the file cannot say; "
+                   "a model may have been trained longer and scaled past Lmax / factor)")
     if original and claimed and original > claimed:
         out.append(f"the original context ({original}) is longer than the claimed context ({claimed})")
     prf = rc.partial_rotary_factor
