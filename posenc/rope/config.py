@@ -452,8 +452,8 @@ def _head_dim(cfg: Mapping) -> int:
     if hidden is None or heads is None:
         raise ConfigError(f"config must give head_dim, or {hidden_key} and num_attention_heads; missing "
                           f"{[k for k, v in ((hidden_key, hidden), ('num_attention_heads', heads)) if v is None]}")
-    if not _pos_int(hidden) or not _pos_int(heads):
-        raise ConfigError(f"{hidden_key} and num_attention_heads must be integers >= 1, got {hidden!r}, {heads!r}")
+    hidden = check_int(hidden, hidden_key, min=1, error=ConfigError)
+    heads = check_int(heads, "num_attention_heads", min=1, error=ConfigError)
     try:
         return heads_divide(hidden, heads, error=ConfigError)
     except ConfigError:
@@ -475,8 +475,7 @@ def _rotary_geometry(cfg: Mapping, prf: float, prf_given: bool) -> tuple[int, in
         dim = cfg.get(key)
         if dim is None:
             continue
-        if not _pos_int(dim):
-            raise ConfigError(f"{key} must be a positive integer (dims rotated per head), got {dim!r}")
+        dim = check_int(dim, f"{key} (dims rotated per head)", min=1, error=ConfigError)
         if key == "qk_rope_head_dim":
             head_dim, full = dim, cfg.get("head_dim") if _pos_int(cfg.get("head_dim")) else None
         else:

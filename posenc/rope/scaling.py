@@ -288,12 +288,15 @@ def _longrope_check(cfg: RopeConfig) -> list[str]:
 
 def _longrope_ext(cfg: RopeConfig, key: str) -> torch.Tensor:
     value = cfg.params.get(key)
-    if not isinstance(value, (list, tuple)) or len(value) != cfg.rotary_dim // 2 or \
-            not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf for x in value):
-        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a list of rotary_dim // 2 = "
-                          f"{cfg.rotary_dim // 2} positive numbers (frequencies are divided by them), "
-                          f"got {value!r:.80}")
-    return torch.tensor(value, dtype=torch.float32)
+    message = (f"rope_type {cfg.rope_type!r}: {key} must be a list of rotary_dim // 2 = {cfg.rotary_dim // 2} "
+               f"positive numbers (frequencies are divided by them), got {value!r:.80}")
+    if not isinstance(value, (list, tuple)) or len(value) != cfg.rotary_dim // 2:
+        raise ConfigError(message)
+    try:
+        factors = [check_float(x, key, positive=True, error=ConfigError) for x in value]
+    except ConfigError:
+        raise ConfigError(message) from None
+    return torch.tensor(factors, dtype=torch.float32)
 
 
 def _longrope_mscale(cfg: RopeConfig, s: float) -> float:

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from posenc._validate import check_int
 from posenc.errors import ConfigError
 from posenc.tools._io import read_config
 
@@ -380,8 +381,8 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
     seq_len: evaluate length-dependent values (dynamic NTK, LongRoPE short/long factors, attention scaling) at this
     length instead of the claimed context. Returns a JSON-serialisable dict; see format_report for the text form.
     """
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0):
-        raise ConfigError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if seq_len is not None:
+        check_int(seq_len, "seq_len", min=1, error=ConfigError)
     try:
         cfg = read_config(config)
     except RecursionError:
@@ -408,7 +409,9 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
             layer_types = rope_layer_types(rope_cfg)
             if layer_types == []:
                 raise ConfigError("every layer type has null RoPE parameters: nothing uses RoPE")
-            report["layers"] = _schedule(rope_cfg)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")        # the same warnings are recorded per layer type below
+                report["layers"] = _schedule(rope_cfg)
             multiplier = report["layers"]["softmax_scale_multiplier"]
             window = report["layers"]["sliding_window"]
             report["rope"] = [_inspect_rope(rope_cfg, lt, seq_len, multiplier,
