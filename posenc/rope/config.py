@@ -35,7 +35,6 @@ the reason.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import warnings
@@ -506,8 +505,10 @@ def _rope_type_of(cfg: Mapping, entry: Mapping) -> str:
         rope_type = "ntk_alpha"  # Hunyuan: a fixed alpha makes "dynamic" static (transformers' HunYuan models)
     if model_type in AXIAL_VISION_TYPES and rope_type in ("default", "axial"):
         rope_type = AXIAL_VISION_TYPES[model_type]  # the config class's default_rope_type is "axial"
-    elif rope_type == "axial" and model_type == "pixtral":
-        rope_type = "axial_pixtral"
+    elif rope_type == "axial" and model_type is not None:
+        # transformers' vision towers lay 2-D pairs out in several ways (Gemma 4: h h w w; Kimi: interleaved w, h)
+        raise ConfigError(f"rope_type 'axial' of model_type {model_type!r}: posenc reproduces the 2-D RoPE of "
+                          f"{sorted(AXIAL_VISION_TYPES)} only; its pair layout may differ")
     return rope_type
 
 

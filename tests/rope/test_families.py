@@ -101,9 +101,10 @@ def test_hunyuan_alpha_matches_transformers_rotary():
     inv, scaling = rope_parameters(raw)
     torch.testing.assert_close(inv, emb.inv_freq, rtol=2e-6, atol=0)
     assert scaling == emb.attention_scaling == 1.0
-    # the formula: theta * alpha^(d/(d-2)); read as transformers' plain dynamic NTK it would be ~500x off
+    # the formula: theta * alpha^(d/(d-2)) divides the lowest frequency by exactly alpha; read as transformers'
+    # plain dynamic NTK (what posenc did before) it would be 1000x too high there
     wrong, _ = rope_parameters({**raw, "rope_scaling": {"type": "dynamic", "factor": 1.0}}, seq_len=4096)
-    assert float(wrong[-1] / inv[-1]) > 100
+    assert float(wrong[-1] / inv[-1]) == pytest.approx(1000.0, rel=1e-4)
     rot = Rotary.from_config(raw)
     assert rot.seq_len_rule is None and rot.softmax_scale_multiplier == 1.0   # static; Hunyuan ignores mscale
 

@@ -245,6 +245,13 @@ def test_vision_towers_of_published_configs_match_transformers(name, model_type,
     torch.testing.assert_close(inv, want, rtol=0, atol=0)
 
 
+def test_axial_of_an_unverified_vision_family_is_refused():
+    with pytest.raises(ConfigError, match="rope_type 'axial' of model_type 'gemma4_vision'.*pair layout may differ"):
+        load_rope_config({"model_type": "gemma4_vision", "head_dim": 64,
+                          "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0}})
+    assert load_rope_config({"head_dim": 64, "rope_parameters": {"rope_type": "axial"}}).rope_type == "axial"
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(grids=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=3),
        merge=st.sampled_from([1, 2]))
