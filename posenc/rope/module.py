@@ -33,6 +33,7 @@ from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
 from posenc.rope.multiaxis import MROPE_AXES, as_axis_positions, position_axes, select_axes
 from posenc.rope.registry import rope_type_function
+from posenc.rope.scaling import rope_frequencies
 
 # cos/sin tables grow (doubling) up to this many positions; beyond it each call computes its own rows
 _MAX_CACHED_POSITIONS = 1 << 20
@@ -134,8 +135,7 @@ class Rotary(nn.Module):
         return self
 
     def _frequencies(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
-        inv_freq, scaling = self._fn(self.config, seq_len)
-        return torch.as_tensor(inv_freq, dtype=torch.float32).reshape(-1), float(scaling)
+        return rope_frequencies(self.config, seq_len)
 
     def _set(self, inv_freq: torch.Tensor, scaling: float) -> None:
         """Switch frequencies; the cos/sin table is dropped only if they really changed."""

@@ -58,12 +58,18 @@ def rope_parameters(config, seq_len: int | None = None, *, layer_type: str | Non
     or an attention scaling that is not a positive finite number.
     """
     cfg = load_rope_config(config, layer_type)
-    fn = rope_type_function(cfg.rope_type)
     if seq_len is not None:
         if isinstance(seq_len, torch.Tensor):
             seq_len = int(seq_len.max())
         seq_len = check_int(seq_len, "seq_len", min=1, error=ConfigError)
-    inv_freq, scaling = fn(cfg, seq_len)
+    return rope_frequencies(cfg, seq_len)
+
+
+def rope_frequencies(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """The registered function of ``cfg.rope_type`` evaluated at ``seq_len``, checked: (inv_freq float32 1-D,
+    attention_scaling float). ConfigError for non-finite or negative frequencies or an attention scaling that is not
+    a positive finite number (the owner of that check: ``rope_parameters`` and ``Rotary`` both come here)."""
+    inv_freq, scaling = rope_type_function(cfg.rope_type)(cfg, seq_len)
     inv_freq = torch.as_tensor(inv_freq, dtype=torch.float32)
     if inv_freq.dim() != 1:
         raise ConfigError(f"rope_type {cfg.rope_type!r} returned inv_freq of shape {tuple(inv_freq.shape)}, "
