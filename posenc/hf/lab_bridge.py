@@ -125,6 +125,8 @@ def anatomy(model: torch.nn.Module) -> Anatomy:
     """Read a TinyLM's weights and settings into an ``Anatomy`` (tensors detached, float32)."""
     cfg = model.cfg
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
+    for name in [k for k in sd if k.endswith(".weight")]:  # a bias-free model (ModelConfig.bias False): zeros
+        sd.setdefault(name[:-len("weight")] + "bias", torch.zeros(sd[name].shape[0]))
     gelu = model.blocks[0].mlp[1]
     if not isinstance(gelu, torch.nn.GELU):
         raise ConfigError(f"the lab model's MLP activation is {type(gelu).__name__}, expected GELU")
