@@ -23,8 +23,10 @@ with its own frequencies (as the lab does) whatever ran before.
 Loading: ``--device``/``--dtype``; ``--device-map auto`` spreads a large model over the visible GPUs and the CPU
 through accelerate (when installed; otherwise a note and a plain load); attention is the model's default
 implementation (SDPA) unless ``--attn-implementation`` says otherwise.
-Outputs (``--out DIR``): results.json with the lab's row schema {task, scheme, scaling, finetuned, train_len,
-eval_len, metric, value, std, seed, protocol, depth} plus meta, written atomically; a side-by-side table is printed.
+Outputs: the lab's tables (each task's report section: rows = model and method, e.g. "rope + YaRN, zero-shot",
+columns = length) are printed; with ``--out DIR`` also results.json ({meta, results, curves}: the lab's row schema
+{task, scheme, scaling, finetuned, train_len, eval_len, metric, value, std, seed, protocol, depth} and per-position
+losses), report.md and the lab's plots (posenc.lab.report through posenc.hf.lab_bridge), written atomically.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import math
+import os
 import platform
 import sys
 import time
@@ -329,7 +332,9 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     meta: dict = {"model": str(model_dir), "byte_tokens": byte_level, "settings": asdict(s), "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-                  "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {}}
+                  "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
+                  "loadavg_start": _loadavg()}
+    curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
     for method in s.methods:
         t0 = time.perf_counter()
         model, config, extended = load_causal_lm(model_dir, method=method, factor=s.factor,
@@ -344,7 +349,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         meta["methods"][method] = {"scheme": scheme, "original_context": train_len, "position_limit": limit,
                                    "rope_parameters": getattr(config, "rope_parameters", None),
                                    "changes": extended.changes if extended else [],
-                                   "attn_implementation": getattr(config, "_attn_implementation", None),
+                                   "attn_implementation": getattr(model.config, "_attn_implementation", None),
                                    "device_map": getattr(model, "hf_device_map", None)}
         common = dict(model=name)
         if "lm" in s.tasks:
@@ -367,6 +372,8 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                 bar.close()
                 rows.append(_row("lm", scheme, method, train_len, L, "ppl", r and r["ppl"], s.seed,
                                  protocol=protocol, n_scored=r and r["n_scored"], **common))
+                if r is not None and stride is None and L == max(s.eval_lens):
+                    curves[f"{scheme}|{method}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
         if "passkey" in s.tasks:
             for L in s.eval_lens:
                 chars = passkey_chars(tokenizer, L, byte_level)
@@ -391,7 +398,28 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         meta["timings_s"][method] = round(time.perf_counter() - t0, 1)
         del model
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
-    return {"meta": meta, "results": rows}
+    meta["loadavg_end"] = _loadavg()
+    return {"meta": meta, "results": rows, "curves": curves}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _lab_readable(doc: dict) -> bool:
+    """The lab's tables and plots place lengths against the training length: they need it on every row."""
+    return bool(doc["results"]) and all(r.get("train_len") for r in doc["results"])
+
+
+def report_tables(doc: dict) -> str:
+    """The lab's tables for these rows (posenc.lab.report.main_table: one per task and protocol, rows = model and
+    method side by side); ``side_by_side`` when the model's original context is unknown."""
+    from posenc.hf.lab_bridge import lab_tables
+
+    return lab_tables(doc) if _lab_readable(doc) else side_by_side(doc)
 
 
 def side_by_side(doc: dict) -> str:
@@ -432,6 +460,50 @@ def write_results(doc: dict, out_dir: str) -> Path:
     path = Path(out_dir) / "results.json"
     atomic_write_json(path, doc)
     return path
+
+
+def write_outputs(doc: dict, out_dir: str) -> list[Path]:
+    """results.json, the lab's plots and report.md into ``out_dir`` (created) -> the paths written."""
+    from posenc._atomic import atomic_write_text
+    from posenc.hf.lab_bridge import lab_plots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_results(doc, out)]
+    plots = lab_plots(doc, out) if _lab_readable(doc) else []
+    written += [out / name for name in plots]
+    written.append(atomic_write_text(out / "report.md", report_markdown(doc, plots)))
+    return written
+
+
+def report_markdown(doc: dict, plots: list[str] = ()) -> str:
+    """report.md: what was measured, on what, how long; the lab's tables and plots."""
+    meta, s = doc["meta"], doc["meta"]["settings"]
+    tokens = ("the model's byte tokenizer: the corpus bytes, the lab's stream" if meta["byte_tokens"]
+              else "the model's tokenizer (lengths count its tokens)")
+    data = meta.get("data") or {}
+    lines = [f"# posenc eval: `{meta['model']}`", "",
+             f"Measured wall time: **{meta['wall_s']:.0f} s** on {s['device']} ({s['dtype']}, {meta['threads']} "
+             f"threads), started {meta['started']}; Python {meta['python']}, torch {meta['torch']}, "
+             f"{meta['platform']}; load average (1/5/15 min) {meta.get('loadavg_start')} at the start, "
+             f"{meta.get('loadavg_end')} at the end.", "", "## Settings", "",
+             f"- tasks: {', '.join(s['tasks'])}; evaluation lengths: {s['eval_lens']} tokens; tokens: {tokens}",
+             f"- perplexity: about {s['eval_tokens']} tokens scored per length; sliding stride {s['sliding_stride']} "
+             f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}",
+             f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed {s['seed']}"]
+    if data:
+        lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files), validation "
+                     f"{data.get('val_bytes')} bytes")
+    for method, m in meta["methods"].items():
+        what = "the config as it is" if method == "none" else f"{method} at factor {s['factor']:g}"
+        lines.append(f"- method {method}: {what}; scheme {m['scheme']}, original context {m['original_context']}, "
+                     f"attention {m['attn_implementation']}"
+                     + (f"; config: {'; '.join(m['changes'])}" if m["changes"] else ""))
+    lines += ["", "## Results", "", report_tables(doc), ""]
+    lines += [line for name in plots for line in (f"![{name}]({name})", "")]
+    lines += ["## Timings (s)", "", "| method | load + evaluate |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in meta["timings_s"].items()]
+    return "\n".join(lines) + "\n"
 
 
 # ---- command line ------------------------------------------------------------------------------------------------
@@ -475,7 +547,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--attn-implementation", default=None, help="eager, sdpa, flash_attention_2 (default: model's)")
     parser.add_argument("--batch-tokens", type=int, default=None, help="tokens per forward (default: from vocab)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    parser.add_argument("--out", default=None, help="folder for results.json")
+    parser.add_argument("--out", default=None, help="folder for results.json, report.md and the plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -489,9 +561,9 @@ def run(args) -> int:
                             device=args.device, dtype=args.dtype, device_map=args.device_map,
                             attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens)
     doc = evaluate_model(args.model, settings, progress=not args.no_progress)
-    print(side_by_side(doc))
+    print(report_tables(doc))
     if args.out:
-        print(f"wrote {write_results(doc, args.out)}")
+        print(f"wrote {', '.join(p.name for p in write_outputs(doc, args.out))} into {args.out}")
     print(f"wall {doc['meta']['wall_s']:.1f} s")
     return 0
 

@@ -243,3 +243,19 @@ def validation_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
 
     corpus = load_corpus(data)
     return corpus.val, dict(corpus.meta)
+
+
+# ---- the lab's report tables and plots -----------------------------------------------------------------------
+
+def lab_tables(doc: dict) -> str:
+    """The lab's result tables (each task's ``report`` section, posenc.lab.report.main_table) for {"results": rows}."""
+    from posenc.lab.report import main_table
+
+    return main_table(doc)
+
+
+def lab_plots(doc: dict, out: str | os.PathLike) -> list[str]:
+    """The lab's plots (each task's ``plot``, posenc.lab.report.make_plots) written into ``out``; -> file names."""
+    from posenc.lab.report import make_plots
+
+    return make_plots(doc, Path(out))
