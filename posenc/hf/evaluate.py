@@ -66,6 +66,7 @@ class EvalSettings:
     methods: list[str] = field(default_factory=lambda: ["none"])   # "none" = the config as it is
     factor: float | None = None             # extension factor for methods other than none
     replace_scaling: bool = False           # allow replacing a scaling the config already has
+    config: str | None = None               # a config file to load the model with (e.g. posenc search's output)
     data: str | None = None                 # corpus (lab semantics): None = the CPython stdlib
     eval_tokens: int = 49152
     sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
@@ -115,8 +116,10 @@ class EvalSettings:
 
 def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float | None = None,
                    replace_scaling: bool = False, device: str = "cpu", dtype: str = "float32",
-                   device_map: str | None = None, attn_implementation: str | None = None, log=print):
+                   device_map: str | None = None, attn_implementation: str | None = None,
+                   config_file: str | None = None, log=print):
     """Load a local causal LM (offline), optionally with an extension method written into its config.
+    ``config_file``: load with this config instead of the folder's config.json (a searched LongRoPE config).
 
     -> (model in eval mode, its config as loaded, the ExtendResult or None). ``device_map="auto"`` needs
     accelerate: without it the model is loaded on ``device`` and ``log`` says so.
@@ -126,7 +129,9 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    if config_file is not None and not Path(config_file).is_file():
+        raise FileNotFoundError(f"config {config_file}: no such config file")
+    config = AutoConfig.from_pretrained(str(config_file or folder), local_files_only=True)
     extended = None
     if method not in (None, "none"):
         from posenc.hf.scaling import extend_for_factor
@@ -329,7 +334,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         data_meta, byte_level = None, is_byte_tokenizer(tokenizer)
     name = Path(model_dir).name
     rows: list[dict] = []
-    meta: dict = {"model": str(model_dir), "byte_tokens": byte_level, "settings": asdict(s), "methods": {},
+    meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s), "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
                   "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
@@ -340,7 +345,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         model, config, extended = load_causal_lm(model_dir, method=method, factor=s.factor,
                                                  replace_scaling=s.replace_scaling, device=s.device, dtype=s.dtype,
                                                  device_map=s.device_map, attn_implementation=s.attn_implementation,
-                                                 log=log)
+                                                 config_file=s.config, log=log)
         scheme = detect_scheme(config.to_dict())[0]
         train_len = extended.original_context if extended else original_context(config)
         limit = position_limit(config)
@@ -534,6 +539,8 @@ def add_arguments(parser) -> None:
                         help="none and/or extension methods written into the config (linear,ntk,dynamic,yarn,...)")
     parser.add_argument("--factor", type=float, default=None, help="extension factor (target / original context)")
     parser.add_argument("--replace", action="store_true", help="replace a rope scaling the config already has")
+    parser.add_argument("--config", default=None,
+                        help="load the model with this config file instead of its config.json (posenc search output)")
     parser.add_argument("--data", default=None, help="text file or folder (default: the CPython stdlib, as the lab)")
     parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
     parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
@@ -555,7 +562,8 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
-                            replace_scaling=args.replace, data=args.data, eval_tokens=args.eval_tokens,
+                            replace_scaling=args.replace, config=args.config, data=args.data,
+                            eval_tokens=args.eval_tokens,
                             sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
                             passkey_depths=args.passkey_depths, passkey_trials=args.passkey_trials, seed=args.seed,
                             device=args.device, dtype=args.dtype, device_map=args.device_map,

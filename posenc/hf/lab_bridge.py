@@ -237,6 +237,15 @@ def passkey_key_digits() -> int:
     return KEY_DIGITS
 
 
+def training_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
+    """The lab corpus's training split (uint8 bytes) and its provenance: text a search may fit to, kept apart from
+    the validation split that ``posenc eval`` scores."""
+    from posenc.lab.data import load_corpus
+
+    corpus = load_corpus(data)
+    return corpus.train, dict(corpus.meta)
+
+
 def validation_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
     """The lab corpus's validation split (uint8 bytes) and its provenance: the stdlib by default, or ``data``."""
     from posenc.lab.data import load_corpus
