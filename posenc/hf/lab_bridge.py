@@ -1,7 +1,8 @@
 """Everything posenc.hf needs from the lab, in one module, so the lab's layout can change behind it.
 
-Readers: export.py (checkpoints, the TinyLM's anatomy, its position scheme) and evaluate.py (the lab's perplexity
-protocols, passkey episodes, corpus and extension-method conventions). Nothing else in posenc.hf imports posenc.lab,
+Readers: export.py (checkpoints, the TinyLM's anatomy, its position scheme), evaluate.py (the lab's perplexity
+protocols, passkey episodes, corpus, extension-method conventions, report tables and plots) and search.py (the
+corpus's training split). Nothing else in posenc.hf imports posenc.lab,
 posenc.model or posenc.schemes.
 """
 

@@ -127,3 +127,20 @@ def test_search_command(tmp_path, text_file, capsys):
     assert (tmp_path / "longrope-search-64.json").is_file()
     assert search_main([str(folder), "--target-length", "16", "--no-progress"]) == 2
     assert "posenc search: error: target_length must be" in capsys.readouterr().err
+
+
+def test_eval_runs_the_searched_config(searched, text_file):
+    """posenc eval MODEL_DIR --config SEARCHED: transformers with the searched config, lengths against L0."""
+    from posenc.hf.evaluate import EvalSettings, evaluate_model
+    from posenc.hf.lab_bridge import validation_bytes
+
+    folder, _, res = searched
+    doc = evaluate_model(str(folder), EvalSettings(eval_lens=[TARGET], config=res.config_path, data=text_file,
+                                                   eval_tokens=2 * TARGET, sliding_stride=0), progress=False)
+    (row,) = doc["results"]
+    assert row["train_len"] == L0 and doc["meta"]["methods"]["none"]["rope_parameters"]["rope_type"] == "longrope"
+    config = transformers.AutoConfig.from_pretrained(res.config_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), config=config).eval()
+    val, _ = validation_bytes(text_file)
+    want = lm_perplexity(lambda x: model(input_ids=x, use_cache=False), val[:2 * TARGET + 1], TARGET)
+    assert row["value"] == pytest.approx(want, rel=1e-5)
