@@ -180,6 +180,16 @@ def original_context(config) -> int | None:
     return report.get("claimed_context") or fallback
 
 
+def config_method(config) -> str:
+    """The extension method a loaded config file already applies (its rope_type, when that names a registered
+    method, e.g. a searched ``longrope``), else "none": the label of rows measured with ``--config``."""
+    from posenc.extensions import method_names
+
+    params = getattr(config, "rope_parameters", None)
+    rope_type = params.get("rope_type") if isinstance(params, dict) else None
+    return rope_type if rope_type in method_names() else "none"
+
+
 def input_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
 
@@ -314,7 +324,10 @@ def _windows(n_tokens: int, length: int, stride: int | None) -> int:
 @torch.no_grad()
 def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, progress: bool = True,
                    log=print) -> dict:
-    """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results"} (the lab's row schema)."""
+    """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results", "curves"} (the lab's row schema).
+
+    Rows of method "none" carry scaling "none", except with ``settings.config``: then the method that config applies
+    (``config_method``: "longrope" for a searched config), so the lab's tables label them "rope + LongRoPE"."""
     from posenc.hf.lab_bridge import passkey_rate, perplexity, validation_bytes
     from posenc.tools.inspect import detect_scheme
 
@@ -347,6 +360,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                                  device_map=s.device_map, attn_implementation=s.attn_implementation,
                                                  config_file=s.config, log=log)
         scheme = detect_scheme(config.to_dict())[0]
+        scaling = method if method != "none" or s.config is None else config_method(config)
         train_len = extended.original_context if extended else original_context(config)
         limit = position_limit(config)
         vocab = model.get_output_embeddings().weight.shape[0]
@@ -365,7 +379,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                     jobs.append((L, stride, f"sliding (stride {stride})"))
             for L, stride, protocol in jobs:
                 if limit is not None and L > limit:
-                    rows.append(_row("lm", scheme, method, train_len, L, "ppl", None, s.seed, protocol=protocol,
+                    rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", None, s.seed, protocol=protocol,
                                      note=f"n/a (positions limited to {limit})", **common))
                     continue
                 per_batch = max(1, budget // L)
@@ -375,10 +389,10 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                 r = perplexity(logits_model(model, max_len=limit, bar=bar), stream, L, n_tokens=s.eval_tokens,
                                stride=stride, device=input_device(model), batch_tokens=budget)
                 bar.close()
-                rows.append(_row("lm", scheme, method, train_len, L, "ppl", r and r["ppl"], s.seed,
+                rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", r and r["ppl"], s.seed,
                                  protocol=protocol, n_scored=r and r["n_scored"], **common))
                 if r is not None and stride is None and L == max(s.eval_lens):
-                    curves[f"{scheme}|{method}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
+                    curves[f"{scheme}|{scaling}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
         if "passkey" in s.tasks:
             for L in s.eval_lens:
                 chars = passkey_chars(tokenizer, L, byte_level)
@@ -387,7 +401,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                 for depth in s.passkey_depths:
                     if chars is None or (limit is not None and L > limit):
                         why = "too short for the passkey episode" if chars is None else f"positions limited to {limit}"
-                        rows.append(_row("passkey", scheme, method, train_len, L, "exact_match", None, s.seed,
+                        rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", None, s.seed,
                                          depth=depth, note=f"n/a ({why})", **common))
                         continue
                     _reset_length_state(model)
@@ -397,7 +411,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                      device=input_device(model))
                     if byte_level:
                         bar.tick()
-                    rows.append(_row("passkey", scheme, method, train_len, L, "exact_match", v, s.seed, depth=depth,
+                    rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", v, s.seed, depth=depth,
                                      chars=chars, **common))
                 bar.close()
         meta["timings_s"][method] = round(time.perf_counter() - t0, 1)

@@ -139,6 +139,7 @@ def test_eval_runs_the_searched_config(searched, text_file):
                                                    eval_tokens=2 * TARGET, sliding_stride=0), progress=False)
     (row,) = doc["results"]
     assert row["train_len"] == L0 and doc["meta"]["methods"]["none"]["rope_parameters"]["rope_type"] == "longrope"
+    assert row["scaling"] == "longrope"  # the lab's tables label it "rope + LongRoPE"
     config = transformers.AutoConfig.from_pretrained(res.config_path)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), config=config).eval()
     val, _ = validation_bytes(text_file)
