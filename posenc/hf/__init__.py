@@ -7,8 +7,8 @@
     tokenizer.py   the byte-level tokenizer (256 tokens, id = byte value) written beside an exported model
     evaluate.py    ``posenc eval MODEL_DIR``: the lab's perplexity protocols and passkey grid on any local causal LM,
                    optionally with a RoPE extension method written into its config
-    search.py      ``posenc.search_model(...)`` / ``search_main``: LongRoPE's factor search on a model folder, candidates
-                   run by transformers' own longrope code; the searched config is written beside the model
+    search.py      ``posenc.search_model(...)`` / ``search_main``: LongRoPE's factor search on a model folder,
+                   candidates run by transformers' own longrope code; the searched config is written beside the model
     lab_bridge.py  the one module here that reads the lab (checkpoints, TinyLM anatomy, lm_eval, passkey episodes,
                    corpus splits, report tables and plots)
 

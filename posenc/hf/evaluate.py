@@ -347,7 +347,8 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         data_meta, byte_level = None, is_byte_tokenizer(tokenizer)
     name = Path(model_dir).name
     rows: list[dict] = []
-    meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s), "methods": {},
+    meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s),
+                  "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
                   "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},

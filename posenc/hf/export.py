@@ -5,7 +5,8 @@ the lab's logits.
     posenc export runs/lm/checkpoints/lm-rope-seed0.safetensors --out exported/rope --rope-scaling yarn --factor 4
 
 The lab's block (posenc.model.TinyLM): pre-norm, nn.LayerNorm with bias, fused qkv and output projection without
-bias, GELU MLP with biases (both without biases when ModelConfig.bias is False), final LayerNorm, output head tied to the token embedding, inputs scaled by sqrt(d_model).
+bias, GELU MLP with biases (LayerNorms and MLP without biases when ModelConfig.bias is False), final LayerNorm,
+output head tied to the token embedding, inputs scaled by sqrt(d_model).
 Each scheme goes to the transformers architecture whose block holds those weights exactly (the choice was made by
 reading the modelling files of transformers 5.24):
 

@@ -1,7 +1,9 @@
 """LongRoPE's search (Ding et al. 2024, arXiv:2402.13753) on a local transformers model folder.
 
-    posenc search MODEL_DIR --target-length 8192 --data my_text/ --device cuda --dtype bfloat16
-    python -c "from posenc.hf.search import search_main; search_main()" MODEL_DIR --target-length 8192
+    python -m posenc.hf.search MODEL_DIR --target-length 8192 --data my_text/ --device cuda --dtype bfloat16
+    >>> posenc.search_model("exported/rope", 512, settings=LongRopeSettings(population=16, generations=6))
+
+The command is ``search_main(argv)``, with ``HELP`` / ``add_arguments`` / ``run`` in posenc.cli's COMMANDS shape.
 
 The search engine is posenc.search (``longrope_search`` over ``perplexity_fitness``); this module supplies the
 model: every candidate (per-pair long factors) is written into a copy of the model's config by
@@ -112,8 +114,8 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     replace: search a model whose config already has a rope scaling (from its original context).
     """
     from posenc._atomic import atomic_write_json
-    from posenc._validate import check_int, positive_int
-    from posenc.hf.evaluate import load_causal_lm, load_tokenizer
+    from posenc._validate import check_choice, check_int, positive_int
+    from posenc.hf.evaluate import DTYPES, load_causal_lm, load_tokenizer
     from posenc.hf.patch import find_rotary
     from posenc.search.fitness import perplexity_fitness
     from posenc.search.longrope import LongRopeSettings, longrope_search
@@ -127,6 +129,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     check_int(target_length, "target_length", min=original + 1, error=ConfigError)
     for name, value in (("windows", windows), ("heldout_windows", heldout_windows), ("batch_size", batch_size)):
         positive_int(value, name, error=ConfigError)
+    check_choice(dtype, "dtype", DTYPES, error=ConfigError)
     out = Path(out_config) if out_config is not None else folder / f"config.longrope-{target_length}.json"
     if out.resolve() == (folder / "config.json").resolve():
         raise ConfigError(f"out_config {out}: that is the model's own config.json; the search writes a new file")
@@ -211,7 +214,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=1, help="windows per forward")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
     parser.add_argument("--attn-implementation", default=None, help="eager, sdpa, ... (default: the model's)")
     parser.add_argument("--out-config", default=None, help="the config to write (default: "
                                                            "MODEL/config.longrope-TARGET.json)")
@@ -224,13 +227,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from posenc.hf.evaluate import DTYPES
-    from posenc._validate import check_choice
     from posenc.search.longrope import LongRopeSettings
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    check_choice(args.dtype, "dtype", DTYPES, error=ConfigError)
     settings = LongRopeSettings(population=args.population, parents=args.parents, generations=args.generations,
                                 heldout_top=args.heldout_top, seed=args.seed)
     res = search_model(args.model, args.target_length, settings=settings, data=args.data, windows=args.windows,
@@ -248,3 +248,9 @@ def search_main(argv: list[str] | None = None) -> int:
 
     return run_command("search", add_arguments, run, argv)
 
+
+
+if __name__ == "__main__":  # python -m posenc.hf.search MODEL_DIR --target-length N
+    import sys
+
+    sys.exit(search_main())

@@ -5,7 +5,6 @@ extension method written into config.json; schemes transformers cannot express a
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
