@@ -173,7 +173,7 @@ def test_agreeing_rope_scaling_and_rope_parameters_are_fine():
 @pytest.mark.parametrize("seq_len", [-1, 0, 2.5, True, "8"])
 def test_rotary_update_refuses_bad_lengths(seq_len):
     rot = Rotary(16, rope_type="dynamic", factor=2.0, max_position_embeddings=32)
-    with pytest.raises(PosencError, match="seq_len must be an integer"):
+    with pytest.raises(PosencError, match="seq_len must be a positive integer"):
         rot.update(seq_len)
 
 
