@@ -26,7 +26,7 @@ def test_batched_positions_broadcast():
 
 @pytest.mark.parametrize("call, match", [
     (lambda: end_aligned_positions(5, 3), "k_len must be >= q_len"),
-    (lambda: end_aligned_positions(2, offset=1.5), "offset must be a positive integer"),
+    (lambda: end_aligned_positions(2, offset=1.5), "offset must be an integer"),
     (lambda: relative_positions(torch.tensor(3), torch.arange(2)), "query_positions must have shape"),
     (lambda: relative_positions(torch.zeros(2, 3), torch.zeros(3, 3)), "must share their leading"),
 ])

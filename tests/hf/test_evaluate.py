@@ -190,7 +190,7 @@ def test_settings_are_checked():
         EvalSettings(methods=["pi"]).validate()
     with pytest.raises(ConfigError, match="tasks: expected one of lm, passkey"):
         EvalSettings(tasks=["copy"]).validate()
-    with pytest.raises(ConfigError, match="eval_lens must be a positive integer"):
+    with pytest.raises(ConfigError, match="eval_lens must be an integer"):
         EvalSettings(eval_lens=[1.5]).validate()
 
 
