@@ -32,7 +32,7 @@ LAB_FLAGS = ["--tasks", "--schemes", "--d-model", "--layers", "--heads", "--rope
              "--device", "--threads", "--data", "--ckpt-every", "--nproc", "--dist-timeout", "--preset"]
 EXTEND_FLAGS = ["--target-length", "--method", "--transformers-version", "--factor", "--short-factor",
                 "--long-factor"]
-PICK_FLAGS = ["--target-context", "--train-context", "--budget", "--task", "--rope-theta"]
+PICK_FLAGS = ["--target-context", "--train-context", "--budget", "--task", "--rope-theta", "--config"]
 PLOT_FLAGS = {"sinusoidal": ["--max-len", "--dim", "--base"],
               "rope": ["--config", "--head-dim", "--theta", "--rope-type", "--factor", "--original",
                        "--max-position-embeddings", "--seq-len"],

@@ -18,7 +18,7 @@ from posenc.extensions import ExtensionSpec, method_config
 from posenc.tools.contexts import MAX_CONTEXT
 
 # the snippet's rope_theta when the existing model's base is not given: visibly not a number to copy
-THETA_PLACEHOLDER = "<your model's rope_theta: see `posenc inspect config.json`, or pass --rope-theta>"
+THETA_PLACEHOLDER = "<your model's rope_theta: pass --rope-theta, or --config config.json to read it>"
 
 HELP = "Recommend a positional encoding / context-extension method for a target context, budget and task."
 
@@ -125,8 +125,26 @@ def _factor(target: int, train: int) -> float:
     return target / train  # exact: transformers warns when a yarn factor differs from Lmax / L0
 
 
-def pick(target_context: int, train_context: int, budget: str = "none", task: str = "lm",
-         extrapolation_needed: bool = False, *, rope_theta: float | None = None) -> Recommendation:
+def config_context(config) -> tuple[float, int]:
+    """(rope_theta, trained context) of an existing model's config, read as ``posenc inspect`` reads them: the
+    global (full-attention) layer type's base and the original, pre-extension context. PosencError for a config
+    without language-model RoPE (ALiBi, learned positions, a vision tower)."""
+    from posenc.tools.inspect import inspect_config
+
+    report = inspect_config(config)
+    entries = report.get("rope") or []
+    if not entries:
+        raise PosencError(f"pick reads rope_theta and the trained context from a RoPE language-model config; this "
+                          f"one is {report['scheme']}" + (" (a vision tower)" if "vision" in report else ""))
+    entry = next((e for e in entries if e["layer_type"] in (None, "full_attention")), entries[0])
+    context = entry["original_context"] or entry["max_position_embeddings"]
+    if context is None:
+        raise PosencError("the config states no context length (max_position_embeddings): give --train-context")
+    return entry["rope_theta"], context
+
+
+def pick(target_context: int, train_context: int | None = None, budget: str = "none", task: str = "lm",
+         extrapolation_needed: bool = False, *, rope_theta: float | None = None, config=None) -> Recommendation:
     """Recommend a positional-encoding strategy.
 
     target_context: tokens the model must handle; train_context: tokens it was (budget none/finetune: an existing
@@ -134,8 +152,15 @@ def pick(target_context: int, train_context: int, budget: str = "none", task: st
     "finetune" (a short fine-tune of an existing model), "pretrain" (train a new model); task: "lm", "code",
     "retrieval" or "encoder" (bidirectional); extrapolation_needed: inputs may exceed every length ever trained on;
     rope_theta: the existing model's base (budget none/finetune), written into the snippet (None: a placeholder
-    string, never a made-up number).
+    string, never a made-up number); config: an existing model's config.json (path or mapping): rope_theta and
+    train_context default to what it says (``config_context``).
     """
+    if config is not None:
+        theta, context = config_context(config)
+        rope_theta = theta if rope_theta is None else rope_theta
+        train_context = context if train_context is None else train_context
+    if train_context is None:
+        raise PosencError("train_context is required (or give config= to read it from a model config)")
     _check_inputs(target_context, train_context, budget, task, rope_theta)
     inputs = {"target_context": target_context, "train_context": train_context, "budget": budget, "task": task,
               "extrapolation_needed": bool(extrapolation_needed), "rope_theta": rope_theta}
@@ -147,8 +172,8 @@ def pick(target_context: int, train_context: int, budget: str = "none", task: st
         if rope_theta is None and rec.config_snippet:  # never a made-up base for an existing model
             rec.config_snippet["rope_parameters"]["rope_theta"] = THETA_PLACEHOLDER
             rec.parameters["rope_theta"] = THETA_PLACEHOLDER
-            rec.notes.append("rope_theta in the snippet is a placeholder: use your model's own value (`posenc "
-                             "inspect config.json` shows it; `--rope-theta` fills it in)")
+            rec.notes.append("rope_theta in the snippet is a placeholder: use your model's own value (`--config "
+                             "config.json` or `--rope-theta` fills it in; `posenc inspect config.json` shows it)")
     rec.inputs = inputs
     return rec
 
@@ -309,8 +334,11 @@ def format_recommendation(rec: Recommendation) -> str:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--target-context", type=int, required=True, help="tokens the model must handle")
-    parser.add_argument("--train-context", type=int, required=True,
-                        help="tokens the model was trained at (existing model) or will be trained at (pretrain)")
+    parser.add_argument("--train-context", type=int, default=None,
+                        help="tokens the model was trained at (existing model) or will be trained at (pretrain); "
+                             "read from --config when not given")
+    parser.add_argument("--config", default=None,
+                        help="an existing model's config.json: its rope_theta and original context are used")
     parser.add_argument("--budget", choices=BUDGETS, default="none",
                         help="none: use an existing model as is; finetune: a short fine-tune; pretrain: new model")
     parser.add_argument("--task", choices=TASKS, default="lm", help="workload (encoder = bidirectional)")
@@ -324,6 +352,6 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     rec = pick(args.target_context, args.train_context, args.budget, args.task, args.extrapolation_needed,
-               rope_theta=args.rope_theta)
+               rope_theta=args.rope_theta, config=args.config)
     print(json.dumps(rec.to_dict(), indent=2) if args.json else format_recommendation(rec))
     return 0
