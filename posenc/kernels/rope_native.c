@@ -4,8 +4,12 @@
  * ctypes. Each "row" is one head vector of `dim` elements; the first `rdim` are rotated, the rest copied (unless
  * rotating in place). Each element is loaded, widened to float (double for fp64), rotated and rounded back once.
  *
- * Leading dimensions (up to MAX_DIMS) are described by sizes and element strides for x, out and the cos/sin table;
- * a table stride of 0 broadcasts it (e.g. over heads). Rows are split over `nthreads` pthreads.
+ * Leading dimensions (up to MAX_DIMS) are described by sizes and element strides for x, out and the table; a table
+ * stride of 0 broadcasts it (e.g. over heads). The table is either per row (cos/sin rows addressed by those strides)
+ * or indexed: the strides then address an int64 position per row, and the row's cos/sin is row `pos` of a
+ * contiguous [table_rows, rdim / 2] table. Positions are range-checked before anything is written, so a caller can
+ * grow its table and retry. One call runs several launches (q and k, and the blocked pieces of each); rows of a
+ * launch are split over `nthreads` pthreads.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -20,8 +24,18 @@
 enum { DT_F32 = 0, DT_F64 = 1, DT_BF16 = 2, DT_F16 = 3 };
 enum { LAYOUT_INTERLEAVED = 0, LAYOUT_HALF = 1 };
 
+/* one launch's geometry, prepared (and cached per shape) by the caller; pointers come with each call */
+typedef struct {
+    int32_t which;                       /* 0: the (x0, out0) pair of the call, 1: (x1, out1) */
+    int32_t dtype, layout, inverse, copy_tail, stream, ndim, nthreads;
+    int64_t x_off, out_off, table_off;   /* element offsets of this launch's first row (table: of its position) */
+    int64_t dim, rdim;
+    int64_t sizes[MAX_DIMS], xs[MAX_DIMS], os[MAX_DIMS], cs[MAX_DIMS];
+} launch_t;
+
 typedef struct {
     const char *x; char *out; const char *cos; const char *sin;
+    const int64_t *pos;                  /* NULL: cs addresses table rows; else cs addresses positions */
     int dtype, layout, inverse, copy_tail, stream, ndim;
     int64_t sizes[MAX_DIMS], xs[MAX_DIMS], os[MAX_DIMS], cs[MAX_DIMS];
     int64_t dim, rdim, row_begin, row_end;
@@ -232,7 +246,8 @@ static void *run_rows(void *arg) {
         const char *xr = jb->x + xo * esize;
         char *dest = jb->out + oo * esize;
         char *orow = buf ? buf : dest;
-        const char *cr = jb->cos + co * csize, *sr = jb->sin + co * csize;
+        const int64_t tr = jb->pos ? jb->pos[co] * h : co;       /* element offset of the row's cos/sin */
+        const char *cr = jb->cos + tr * csize, *sr = jb->sin + tr * csize;
 
         switch (jb->dtype) {
         case DT_F32:
@@ -301,34 +316,23 @@ int posenc_rope_has_f16(void) {
 #endif
 }
 
-/* Entry point. Returns 0 on success, nonzero on a bad argument or failed allocation. */
-int posenc_rope(const void *x, void *out, const void *cos, const void *sin, int dtype, int layout, int inverse,
-                int copy_tail, int stream, int ndim, const int64_t *sizes, const int64_t *x_strides, const int64_t *out_strides,
-                const int64_t *cs_strides, int64_t dim, int64_t rdim, int nthreads) {
-    if (ndim < 1 || ndim > MAX_DIMS || rdim % 2 || rdim > dim || rdim <= 0 || dtype < 0 || dtype > 3) return 2;
-    if (dtype == DT_F16 && !posenc_rope_has_f16()) return 2;
-    job_t base;
-    memset(&base, 0, sizeof base);
-    base.x = (const char *)x; base.out = (char *)out; base.cos = (const char *)cos; base.sin = (const char *)sin;
-    base.dtype = dtype; base.layout = layout; base.inverse = inverse; base.copy_tail = copy_tail; base.ndim = ndim;
-    base.stream = stream && out != x;
-    base.dim = dim; base.rdim = rdim;
-    int64_t rows = 1;
-    for (int d = 0; d < ndim; d++) {
-        base.sizes[d] = sizes[d]; base.xs[d] = x_strides[d]; base.os[d] = out_strides[d]; base.cs[d] = cs_strides[d];
-        rows *= sizes[d];
-    }
+/* Rows of one launch over nthreads threads. Returns 0, or 3 on a failed allocation. */
+static int run_job(const job_t *base, int64_t rows, int nthreads) {
     if (rows == 0) return 0;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 256) nthreads = 256;
     if (nthreads > rows) nthreads = (int)rows;
-
+    if (nthreads == 1) {
+        job_t one = *base;
+        one.row_begin = 0; one.row_end = rows;
+        return run_rows(&one) ? 3 : 0;
+    }
     job_t jobs[256];
     pthread_t tids[256];
     int started[256] = {0};
     int rc = 0;
     for (int t = 0; t < nthreads; t++) {
-        jobs[t] = base;
+        jobs[t] = *base;
         jobs[t].row_begin = rows * t / nthreads;
         jobs[t].row_end = rows * (t + 1) / nthreads;
     }
@@ -342,4 +346,47 @@ int posenc_rope(const void *x, void *out, const void *cos, const void *sin, int 
         if (started[t]) { pthread_join(tids[t], &res); if (res) rc = 3; }
     }
     return rc;
+}
+
+/* Entry point: run `n` launches over one or two tensors (q and k: x0 -> out0, x1 -> out1; pointers as plain
+ * arguments, the cheapest thing to pass through ctypes); cos/sin are the table. pos: NULL (per-row table) or
+ * `pos_numel` int64 positions, each of which must lie in [0, table_rows): otherwise 4 is returned before anything is
+ * written. Returns 0 on success, 2 on a bad argument, 3 on a failed allocation. */
+int posenc_rope_run(int n, const launch_t *launches, const void *x0, void *out0, const void *x1, void *out1,
+                    const void *cos, const void *sin, const int64_t *pos, int64_t pos_numel, int64_t table_rows) {
+    if (pos) {
+        int64_t bad = 0;
+        for (int64_t i = 0; i < pos_numel; i++)        /* one branch-free pass; any miss -> 4, nothing written */
+            bad |= (pos[i] < 0) | (pos[i] >= table_rows);
+        if (bad) return 4;
+    }
+    for (int l = 0; l < n; l++) {
+        const launch_t *L = &launches[l];
+        if (L->ndim < 1 || L->ndim > MAX_DIMS || L->rdim % 2 || L->rdim > L->dim || L->rdim <= 0 || L->dtype < 0
+            || L->dtype > 3 || (L->dtype == DT_F16 && !posenc_rope_has_f16())) return 2;
+        const int esize = L->dtype == DT_F64 ? 8 : (L->dtype == DT_F32 ? 4 : 2);
+        const int csize = L->dtype == DT_F64 ? 8 : 4;
+        job_t base;
+        memset(&base, 0, sizeof base);
+        if (L->which < 0 || L->which > 1) return 2;
+        base.x = (const char *)(L->which ? x1 : x0) + L->x_off * esize;
+        base.out = (char *)(L->which ? out1 : out0) + L->out_off * esize;
+        if (pos) {
+            base.pos = pos + L->table_off;
+            base.cos = (const char *)cos; base.sin = (const char *)sin;
+        } else {
+            base.cos = (const char *)cos + L->table_off * csize; base.sin = (const char *)sin + L->table_off * csize;
+        }
+        base.dtype = L->dtype; base.layout = L->layout; base.inverse = L->inverse; base.copy_tail = L->copy_tail;
+        base.ndim = L->ndim; base.stream = L->stream && base.out != base.x;
+        base.dim = L->dim; base.rdim = L->rdim;
+        int64_t rows = 1;
+        for (int d = 0; d < L->ndim; d++) {
+            base.sizes[d] = L->sizes[d]; base.xs[d] = L->xs[d]; base.os[d] = L->os[d]; base.cs[d] = L->cs[d];
+            rows *= L->sizes[d];
+        }
+        int rc = run_job(&base, rows, L->nthreads);
+        if (rc) return rc;
+    }
+    return 0;
 }

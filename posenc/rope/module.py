@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from posenc.errors import PosencError
-from posenc.rope.apply import LAYOUTS, _rotate_fast, check_position_dtype, rope_cos_sin
+from posenc.kernels.rope_checks import TableIndexError
+from posenc.rope.apply import LAYOUTS, RopeTable, apply_rope_table_qk, check_position_dtype, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.scaling import _lookup
 
@@ -164,24 +165,42 @@ class Rotary(nn.Module):
         """
         if not (q.is_floating_point() and k.is_floating_point()):
             raise PosencError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
-        if q.dim() != 4 or k.dim() != 4:
-            raise PosencError(f"q and k must be [batch, heads, seq, head_dim]; got q {list(q.shape)}, "
-                              f"k {list(k.shape)}")
-        if q.shape[-1] != self.config.head_dim or k.shape[-1] != self.config.head_dim:
-            raise PosencError(f"q and k last dim must be head_dim={self.config.head_dim}; got q {list(q.shape)}, "
-                              f"k {list(k.shape)}")
-        if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-            raise PosencError(f"q and k must share batch and seq; got q {list(q.shape)}, k {list(k.shape)}")
-        positions = torch.as_tensor(positions, device=q.device)
-        batch, seq = q.shape[0], q.shape[2]
-        if tuple(positions.shape) not in ((seq,), (batch, seq), (1, seq)):
+        qs, ks, head_dim = q.shape, k.shape, self.config.head_dim
+        if len(qs) != 4 or len(ks) != 4:
+            raise PosencError(f"q and k must be [batch, heads, seq, head_dim]; got q {list(qs)}, k {list(ks)}")
+        if qs[3] != head_dim or ks[3] != head_dim:
+            raise PosencError(f"q and k last dim must be head_dim={head_dim}; got q {list(qs)}, k {list(ks)}")
+        batch, seq = qs[0], qs[2]
+        if batch != ks[0] or seq != ks[2]:
+            raise PosencError(f"q and k must share batch and seq; got q {list(qs)}, k {list(ks)}")
+        if not (isinstance(positions, torch.Tensor) and positions.device == q.device):
+            positions = torch.as_tensor(positions, device=q.device)
+        ps = positions.shape
+        if not (ps == (seq,) or ps == (batch, seq) or ps == (1, seq)):
             raise PosencError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
-                              f"got {list(positions.shape)}")
+                              f"got {list(ps)}")
+        # fast path (CPU, cached table, integer positions, no length rule): the kernel reads row `position` of the
+        # table and range-checks it itself; a position past the table falls through to cos_sin, which grows it
+        # (the buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards)
+        buffers = self._buffers
+        cos_cached = buffers["cos_cached"]
+        if (self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq and cos_cached.shape[0]
+                and not positions.is_floating_point() and q.dtype != torch.float64):
+            index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
+            table = self.__dict__.get("_table")
+            if table is None or table.source is not cos_cached:             # the buffers were regrown or moved
+                table = RopeTable(cos_cached, buffers["sin_cached"])
+                self.__dict__["_table"] = table
+            try:
+                return table.rotate_qk(q, k, index, layout=self.layout)
+            except TableIndexError:
+                pass
         cos, sin = self.cos_sin(positions)
         if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        cos, sin = cos.to(q.device), sin.to(q.device)
-        return _rotate_fast((q, k), cos, sin, self.layout, self.rotary_dim, False, None)
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        cos, sin = cos.to(q.device, dtype), sin.to(q.device, dtype)
+        return apply_rope_table_qk(q, k, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -228,7 +228,7 @@ def test_inputs_that_would_give_silent_wrong_answers_are_rejected():
     for dtype in (torch.bfloat16, torch.float16):                          # bf16 rounds position 257 to 256
         with pytest.raises(PosencError, match="positions must be integers, float32 or float64"):
             apply_rope(torch.randn(300, 8), torch.arange(300).to(dtype))
-    with pytest.raises(PosencError, match="attention_scaling must be a finite number"):
+    with pytest.raises(PosencError, match="attention_scaling must be a positive finite number"):
         apply_rope(torch.randn(4, 8), torch.arange(4), attention_scaling=float("nan"))
     from posenc.absolute import SinusoidalPositionalEncoding
     with pytest.raises(PosencError, match="positions must be integers, float32 or float64"):
