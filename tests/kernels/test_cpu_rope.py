@@ -293,3 +293,25 @@ def test_bad_out_and_inplace_arguments():
         posenc.apply_rope(x.clone().requires_grad_(), pos, inplace=True)
     with pytest.raises(PosencError, match="inv_freq requires grad"):
         posenc.apply_rope(x, pos, inv_freq=default_inv_freq(8).requires_grad_(), inplace=True)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_every_bf16_bit_pattern_rounds_like_torch(layout):
+    # all 65536 bf16 values (normals, subnormals, zeros, infinities, NaNs) as both members of a pair: the vector
+    # rounding (vcvtne2ps2bf16 where the CPU has AVX512-BF16, with subnormal results routed to integer rounding)
+    # must match torch's unfused fp32 ops rounded to bf16, bit for bit
+    bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    g = torch.Generator().manual_seed(7)
+    a = bits.reshape(512, 128)
+    b = bits[torch.randperm(1 << 16, generator=g)].reshape(512, 128)
+    x = torch.stack((a, b), 0)[:, None]                                 # [2, 1, 512, 128]
+    angles = torch.cat((torch.zeros(1, 64), torch.full((1, 64), 1e-30), torch.randn(510, 64, generator=g) * 9))
+    cos, sin = angles.cos(), angles.sin()
+    for inverse in (False, True):
+        got = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout=layout, rotary_dim=128, inverse=inverse,
+                                 native=True)
+        want = _unfused_rope(x, cos, sin, layout, 128, inverse)
+        nan = want.isnan()                  # (torch writes one canonical NaN; the kernel keeps the payload)
+        assert torch.equal(got.isnan(), nan) and nan.any()
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
