@@ -9,13 +9,17 @@ Why C through ctypes (see docs/performance.md for the measurements):
 - Built with -march=native (AVX-512/AVX2 speed up the bf16/fp16 conversions ~1.6x; a portable build if the
   compiler refuses) and cached in ``$POSENC_CACHE_DIR`` (default ``~/.cache/posenc``) under a hash of the source,
   compiler, flags and CPU model/features, written atomically so concurrent processes are safe.
-- No compiler, a failed build, ``POSENC_NATIVE=0``, or an unsupported input (odd strides, float16 without
-  compiler support) -> the eager fallback below, which is exact too: chunked over leading dims so its
-  temporaries stay cache-sized, fp32 math for half-precision inputs.
+- No compiler, a failed build, ``POSENC_NATIVE=0`` (or ``eager_only()`` in tests), or an unsupported input (odd
+  strides, float16 without compiler support) -> the eager fallback below, which is exact too: chunked over leading
+  dims so its temporaries stay cache-sized, fp32 math for half-precision inputs.
+- Per-call cost matters as much as bandwidth (a decode step rotates 40 vectors): q and k go through one ctypes call
+  with plain pointer arguments, the launch geometry is cached per shape, and the kernel reads each vector's cos/sin
+  row of a cached table through its position (no gathered copy), range-checking the positions itself.
 
 Tensor shapes used throughout:
     x, out: [..., dim] (the last dim is the head dim; any leading dims: batch, heads, seq, ...)
-    cos, sin: broadcastable to [..., rotary_dim // 2], float32 (float64 for float64 x)
+    cos, sin: broadcastable to [..., rotary_dim // 2], float32 (float64 for float64 x); or, with ``index`` (int64
+        positions broadcastable to x's leading dims), a contiguous table [rows, rotary_dim // 2]
 """
 
 from __future__ import annotations

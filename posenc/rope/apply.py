@@ -556,7 +556,7 @@ class RopeTable:
     written (on CPU the kernel reads the rows itself; elsewhere they are gathered first).
     """
 
-    __slots__ = ("cos", "sin", "source", "rotary_dim")
+    __slots__ = ("cos", "sin", "source", "rotary_dim", "dtype", "device")
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
         if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor) or cos.shape != sin.shape \
@@ -567,7 +567,7 @@ class RopeTable:
                               f"{cos.dtype} {cos.device} and {sin.dtype} {sin.device}")
         self.source = cos                                   # what the table was made from (callers compare it)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        self.rotary_dim = 2 * cos.shape[1]
+        self.rotary_dim, self.dtype, self.device = 2 * cos.shape[1], cos.dtype, cos.device
 
     def rotate_qk(self, q: torch.Tensor, k: torch.Tensor, index, *, layout: str = "interleaved",
                   inplace: bool = False, out=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -578,9 +578,8 @@ class RopeTable:
         if qs[-1] != ks[-1] or qs[-2] != ks[-2] or q.dtype != k.dtype or q.device != k.device:
             raise PosencError(f"q and k must share seq, dim, dtype and device; got q {list(qs)} {q.dtype}, "
                               f"k {list(ks)} {k.dtype}")
-        if self.cos.dtype != (torch.float64 if q.dtype == torch.float64 else torch.float32) or \
-                self.cos.device != q.device:
-            raise PosencError(f"this table is {self.cos.dtype} on {self.cos.device}; q is {q.dtype} on {q.device} "
+        if self.dtype != (torch.float64 if q.dtype == torch.float64 else torch.float32) or q.device != self.device:
+            raise PosencError(f"this table is {self.dtype} on {self.device}; q is {q.dtype} on {q.device} "
                               "(the table must be float64 for float64 q, else float32, on q's device)")
         if self.rotary_dim > qs[-1]:
             raise PosencError(f"the table rotates {self.rotary_dim} dims, more than the head dim {qs[-1]}")
