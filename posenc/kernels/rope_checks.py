@@ -138,8 +138,11 @@ def check_writes(xs: Sequence[torch.Tensor], writes: Sequence[torch.Tensor], x_n
     xs: the inputs read; writes: the tensors written (xs themselves for in place; then writes[i] is xs[i]).
     x_names / w_names name them in messages (e.g. ("q", "k") and ("out[0]", "out[1]")). The common case (separate
     buffers, or in place on separate tensors) costs a byte-range comparison per pair."""
-    inplace = writes is xs or all(w is x for w, x in zip(writes, xs))
-    inference_ok = torch.is_inference_mode_enabled()
+    inplace = writes is xs
+    if not inplace:
+        inplace = True
+        for w, x in zip(writes, xs):
+            inplace = inplace and w is x
     x_spans = [_span(x) for x in xs]
     w_spans = x_spans if inplace else [_span(w) for w in writes]
     ranges = sorted(x_spans if inplace else x_spans + w_spans)
@@ -147,7 +150,7 @@ def check_writes(xs: Sequence[torch.Tensor], writes: Sequence[torch.Tensor], x_n
     for i in range(1, len(ranges)):
         disjoint = disjoint and ranges[i][0] >= ranges[i - 1][1]
     for w, name, (_, _, overlaps) in zip(writes, w_names, w_spans):
-        if w.is_inference() and not inference_ok:
+        if w.is_inference() and not torch.is_inference_mode_enabled():
             raise RopeAliasError(f"{name} is an inference tensor: writing it (in place or as out=) is only "
                                  "allowed inside torch.inference_mode(), as for torch's in-place ops")
         if overlaps and w.numel() > 1:

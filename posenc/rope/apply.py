@@ -190,7 +190,8 @@ def _check_out(out, xs: Sequence[torch.Tensor], inplace: bool, name: str) -> lis
         raise PosencError(f"{name} must be {'a tensor' if len(xs) == 1 else f'a tuple of {len(xs)} tensors'} "
                           f"like the input(s), got {type(out).__name__}")
     for o, x in zip(outs, xs):
-        if o.shape != x.shape or o.dtype != x.dtype or o.device != x.device:
+        if o.shape != x.shape or o.dtype != x.dtype or (o.is_cpu != x.is_cpu or not o.is_cpu and
+                                                          o.device != x.device):
             raise PosencError(f"{name} must match the input's shape, dtype and device {list(x.shape)} {x.dtype} "
                               f"{x.device}; got {list(o.shape)} {o.dtype} {o.device}")
     return outs
