@@ -65,7 +65,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     The angle is formed in float64 so that large positions (1e5 and beyond) keep full precision.
     Non-finite positions, inv_freq or attention_scaling are refused (they would give NaN tables).
     """
-    positions = check_position_dtype(_as_positions(positions, None))
+    positions = check_position_dtype(as_positions(positions, None))
     attention_scaling = check_float(attention_scaling, "attention_scaling", positive=True)
     inv64 = _checked_inv_freq(inv_freq, positions.device)
     return _angles_cos_sin(positions, inv64, attention_scaling, dtype)
@@ -86,8 +86,8 @@ def math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _as_positions(positions, device) -> torch.Tensor:
-    """positions as a tensor on ``device`` (None: where it is), at least 1-D; clear errors for non-numbers.
+def as_positions(positions, device=None) -> torch.Tensor:
+    """positions as a tensor on ``device`` (None: where it is); a PosencError for non-numbers, half precision, NaN/inf.
 
     Integer positions cost no scan; float positions are checked to be finite (NaN/inf would rotate by NaN)."""
     if isinstance(positions, torch.Tensor):
@@ -367,7 +367,7 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
         _check_layout(layout)
     x = xs[0]
     device = x.device
-    p = _as_positions(positions, device)
+    p = as_positions(positions, device)
     if p.dim() == 0:
         p = p.reshape(1)
     ps = p.shape
@@ -528,7 +528,7 @@ def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotar
         return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
     if len(cshape) != 2:
         raise PosencError(f"with index=, cos and sin must be tables [rows, rotary_dim // 2], got {list(cshape)}")
-    idx = _as_positions(index, device)
+    idx = as_positions(index, device)
     if idx.dtype not in _INT_DTYPES:
         raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
     if idx.dim() == 0:
@@ -586,7 +586,7 @@ class RopeTable:
             raise PosencError(f"the table rotates {self.rotary_dim} dims, more than the head dim {qs[-1]}")
         if layout not in LAYOUTS:
             _check_layout(layout)
-        idx = _as_positions(index, q.device)
+        idx = as_positions(index, q.device)
         if idx.dtype not in _INT_DTYPES:
             raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
         if idx.dim() == 0:

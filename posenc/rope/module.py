@@ -20,7 +20,7 @@ from torch import nn
 
 from posenc.errors import PosencError
 from posenc.kernels.rope_checks import TableIndexError
-from posenc.rope.apply import LAYOUTS, RopeTable, apply_rope_table_qk, check_position_dtype, rope_cos_sin
+from posenc.rope.apply import LAYOUTS, RopeTable, apply_rope_table_qk, as_positions, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.scaling import _lookup
 
@@ -139,10 +139,9 @@ class Rotary(nn.Module):
 
         Applies the length rule first (seq_len = max(positions) + 1), then reads the cache (integer positions).
         """
-        positions = torch.as_tensor(positions, device=self.inv_freq.device)
+        positions = as_positions(positions, self.inv_freq.device)     # numbers only: no NaN/inf, no half precision
         if positions.numel() == 0:
             raise PosencError("positions must not be empty")
-        check_position_dtype(positions)
         if positions.min() < 0:
             raise PosencError(f"positions must be >= 0, got min {positions.min().item()}")
         seq_len = int(positions.max().ceil()) + 1 if positions.is_floating_point() else int(positions.max()) + 1
@@ -173,8 +172,7 @@ class Rotary(nn.Module):
         batch, seq = qs[0], qs[2]
         if batch != ks[0] or seq != ks[2]:
             raise PosencError(f"q and k must share batch and seq; got q {list(qs)}, k {list(ks)}")
-        if not (isinstance(positions, torch.Tensor) and positions.device == q.device):
-            positions = torch.as_tensor(positions, device=q.device)
+        positions = as_positions(positions, q.device)
         ps = positions.shape
         if not (ps == (seq,) or ps == (batch, seq) or ps == (1, seq)):
             raise PosencError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "

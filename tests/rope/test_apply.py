@@ -267,6 +267,9 @@ def test_nonsense_positions_are_refused(positions, match):
         apply_rope(torch.randn(2, 4, 8), positions)
     with pytest.raises(PosencError, match=match):
         apply_rope_qk(torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8), positions)
+    from posenc.rope.module import Rotary                     # the module reads positions the same way
+    with pytest.raises(PosencError, match=match):
+        Rotary(8)(torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8), positions)
 
 
 @pytest.mark.parametrize("kwargs, match", [
