@@ -315,3 +315,24 @@ def test_every_bf16_bit_pattern_rounds_like_torch(layout):
         nan = want.isnan()                  # (torch writes one canonical NaN; the kernel keeps the payload)
         assert torch.equal(got.isnan(), nan) and nan.any()
         assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_table_index_path_through_blocked_launches(dtype, monkeypatch):
+    # the public call reads cos/sin rows through the positions; small table blocks force the blocked order
+    # (blocks of 5 rows plus a leftover) with per-batch positions [batch, 1, seq], q and k in one call
+    monkeypatch.setattr(cpu_rope, "_TABLE_BLOCK_BYTES", 5 * 64 * 4)
+    cpu_rope._plans.clear()
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 23, 64, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(2, 1, 23, 64, generator=g, dtype=torch.float64).to(dtype)
+    positions = (torch.arange(23) + torch.tensor([[5000], [17]]))[:, None]        # [2, 1, 23]
+    try:
+        for layout in ("interleaved", "half"):
+            rq, rk = posenc.apply_rope_qk(q, k, positions, layout=layout)
+            for t, r in ((q, rq), (k, rk)):
+                assert_close_to_oracle(r, reference_rope(t, positions, default_inv_freq(64).tolist(), layout, 64),
+                                       dtype)
+    finally:
+        cpu_rope._plans.clear()
