@@ -276,8 +276,13 @@ class RopeTableCache:
 
     def get(self, key, build) -> _Table:
         """The entry for ``key``, made by ``build()`` (which validates the frequencies) on a miss."""
-        entry = self._entries.get(key)
+        entries = self._entries
+        entry = entries.get(key)
         if entry is not None and (entry.ref is None or entry.ref() is not None):
+            try:
+                entries.move_to_end(key)         # least recently used is evicted first
+            except KeyError:                     # evicted by another thread meanwhile: still valid for this call
+                pass
             return entry
         entry = build()
         with self._lock:

@@ -356,6 +356,9 @@ def test_tables_are_keyed_by_dtype_and_bounded():
         assert cache.grow(e, 100)
         entries.append(e)
     assert len(cache) == 2 and cache.nbytes <= 1 << 20
+    assert cache.get(("k", 2), None) is entries[2]                      # a hit makes it the most recent...
+    cache.get(("k", 4), lambda: _Table(default_inv_freq(8).double(), 1.0, torch.float32))
+    assert cache.get(("k", 2), None) is entries[2]                      # ...so ("k", 3) went first
     assert not cache.grow(entries[-1], 1 << 20)                        # past max_table_bytes: refused
     cos, _ = entries[-1].cos_sin
     want, _ = _angles_cos_sin(torch.arange(cos.shape[0]), entries[-1].inv64, 1.0, torch.float32)
