@@ -28,7 +28,8 @@ from torch import nn
 
 from posenc._validate import check_int
 from posenc.errors import PosencError
-from posenc.rope.apply import LAYOUTS, apply_rope_table, check_position_dtype, math_dtype, rope_cos_sin
+from posenc.kernels.rope_checks import TableIndexError
+from posenc.rope.apply import LAYOUTS, RopeTable, apply_rope_table_qk, as_positions, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
 from posenc.rope.multiaxis import MROPE_AXES, as_axis_positions, position_axes, select_axes
@@ -177,16 +178,15 @@ class Rotary(nn.Module):
         the position of its axis. Applies the length rule first (seq_len = max(positions) + 1 over every axis),
         then reads the cache (integer positions).
         """
-        positions = torch.as_tensor(positions, device=self.inv_freq.device)
+        positions = as_positions(positions, self.inv_freq.device)     # numbers only: no NaN/inf, no half precision
         if self.axes is not None:
             positions = as_axis_positions(positions, self.n_axes)
         return self._cos_sin(positions)
 
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos_sin`` for positions already in axis-first form (multi-axis types)."""
+        """``cos_sin`` for positions already checked (and in axis-first form for multi-axis types)."""
         if positions.numel() == 0:
             raise PosencError("positions must not be empty")
-        check_position_dtype(positions)
         if positions.min() < 0:
             raise PosencError(f"positions must be >= 0, got min {positions.min().item()}")
         seq_len = int(positions.max().ceil()) + 1 if positions.is_floating_point() else int(positions.max()) + 1
@@ -214,28 +214,46 @@ class Rotary(nn.Module):
         """
         if not (q.is_floating_point() and k.is_floating_point()):
             raise PosencError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
-        if q.dim() != 4 or k.dim() != 4:
-            raise PosencError(f"q and k must be [batch, heads, seq, head_dim]; got q {list(q.shape)}, "
-                              f"k {list(k.shape)}")
-        if q.shape[-1] != self.config.head_dim or k.shape[-1] != self.config.head_dim:
-            raise PosencError(f"q and k last dim must be head_dim={self.config.head_dim}; got q {list(q.shape)}, "
-                              f"k {list(k.shape)}")
-        if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-            raise PosencError(f"q and k must share batch and seq; got q {list(q.shape)}, k {list(k.shape)}")
-        positions = torch.as_tensor(positions, device=q.device)
+        qs, ks, head_dim = q.shape, k.shape, self.config.head_dim
+        if len(qs) != 4 or len(ks) != 4:
+            raise PosencError(f"q and k must be [batch, heads, seq, head_dim]; got q {list(qs)}, k {list(ks)}")
+        if qs[3] != head_dim or ks[3] != head_dim:
+            raise PosencError(f"q and k last dim must be head_dim={head_dim}; got q {list(qs)}, k {list(ks)}")
+        batch, seq = qs[0], qs[2]
+        if batch != ks[0] or seq != ks[2]:
+            raise PosencError(f"q and k must share batch and seq; got q {list(qs)}, k {list(ks)}")
+        positions = as_positions(positions, q.device)
         if self.axes is not None:
             positions = as_axis_positions(positions, self.n_axes)
-        batch, seq = q.shape[0], q.shape[2]
-        per_axis = tuple(positions.shape[1:]) if self.axes is not None else tuple(positions.shape)
-        if per_axis not in ((seq,), (batch, seq), (1, seq)):
+        ps = positions.shape
+        per_axis = tuple(ps[1:]) if self.axes is not None else tuple(ps)
+        if not (per_axis == (seq,) or per_axis == (batch, seq) or per_axis == (1, seq)):
             lead = f"[{self.n_axes}, ...] with ... " if self.axes is not None else ""
             raise PosencError(f"positions must have shape {lead}[seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
-                              f"got {list(positions.shape)}")
+                              f"got {list(ps)}")
+        # fast path (CPU, cached table, integer positions, no length rule): the kernel reads row `position` of the
+        # table and range-checks it itself; a position past the table falls through to cos_sin, which grows it
+        # (the buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards)
+        buffers = self._buffers
+        cos_cached = buffers["cos_cached"]
+        if (self.axes is None and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
+                and cos_cached.shape[0]
+                and not positions.is_floating_point() and q.dtype != torch.float64):
+            index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
+            table = self.__dict__.get("_table")
+            if table is None or table.source is not cos_cached:             # the buffers were regrown or moved
+                table = RopeTable(cos_cached, buffers["sin_cached"])
+                self.__dict__["_table"] = table
+            try:
+                return table.rotate_qk(q, k, index, layout=self.layout)
+            except TableIndexError:
+                pass
         cos, sin = self._cos_sin(positions)
         if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return tuple(apply_rope_table(x, cos.to(x.device, math_dtype(x.dtype)), sin.to(x.device, math_dtype(x.dtype)),
-                                      layout=self.layout, rotary_dim=self.rotary_dim) for x in (q, k))
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        cos, sin = cos.to(q.device, dtype), sin.to(q.device, dtype)
+        return apply_rope_table_qk(q, k, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim)
 
     def extra_repr(self) -> str:
         c = self.config
