@@ -160,10 +160,11 @@ def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: i
                      resume=run.resume)
     configs = {}
     for method in cfg.extensions:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         configs[method] = extension_config(method, model, cfg.factor, cfg.train_len, fit)
         if get_method(method).fit is not None:
             info.setdefault("fit", {})[method] = {"wall_s": round(time.perf_counter() - t0, 2),
+                                                  "cpu_s": round(time.process_time() - c0, 2),
                                                   **configs[method].details}
         if get_method(method).train_positions is not None:
             continue  # a fine-tuning mode (PoSE): untrained, it is its base method
