@@ -96,13 +96,14 @@ _EXPORTS = {
     "KVCache": "posenc.nn.attention",
     "ModelConfig": "posenc.nn.model",
     "TinyLM": "posenc.nn.model",
-    # Hugging Face models: patch, export, evaluate
+    # Hugging Face models: patch, export, evaluate, search
     "patch": "posenc.hf.patch",
     "unpatch": "posenc.hf.patch",
     "is_patched": "posenc.hf.patch",
     "export_lab_model": "posenc.hf.export",
     "evaluate_model": "posenc.hf.evaluate",
     "EvalSettings": "posenc.hf.evaluate",
+    "search_model": "posenc.hf.search",
 }
 
 __all__ = sorted(_EXPORTS) + ["SCHEME_NAMES", "__version__"]

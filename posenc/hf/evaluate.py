@@ -23,8 +23,10 @@ with its own frequencies (as the lab does) whatever ran before.
 Loading: ``--device``/``--dtype``; ``--device-map auto`` spreads a large model over the visible GPUs and the CPU
 through accelerate (when installed; otherwise a note and a plain load); attention is the model's default
 implementation (SDPA) unless ``--attn-implementation`` says otherwise.
-Outputs (``--out DIR``): results.json with the lab's row schema {task, scheme, scaling, finetuned, train_len,
-eval_len, metric, value, std, seed, protocol, depth} plus meta, written atomically; a side-by-side table is printed.
+Outputs: the lab's tables (each task's report section: rows = model and method, e.g. "rope + YaRN, zero-shot",
+columns = length) are printed; with ``--out DIR`` also results.json ({meta, results, curves}: the lab's row schema
+{task, scheme, scaling, finetuned, train_len, eval_len, metric, value, std, seed, protocol, depth} and per-position
+losses), report.md and the lab's plots (posenc.lab.report through posenc.hf.lab_bridge), written atomically.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import math
+import os
 import platform
 import sys
 import time
@@ -63,6 +66,7 @@ class EvalSettings:
     methods: list[str] = field(default_factory=lambda: ["none"])   # "none" = the config as it is
     factor: float | None = None             # extension factor for methods other than none
     replace_scaling: bool = False           # allow replacing a scaling the config already has
+    config: str | None = None               # a config file to load the model with (e.g. posenc search's output)
     data: str | None = None                 # corpus (lab semantics): None = the CPython stdlib
     eval_tokens: int = 49152
     sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
@@ -112,8 +116,10 @@ class EvalSettings:
 
 def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float | None = None,
                    replace_scaling: bool = False, device: str = "cpu", dtype: str = "float32",
-                   device_map: str | None = None, attn_implementation: str | None = None, log=print):
+                   device_map: str | None = None, attn_implementation: str | None = None,
+                   config_file: str | None = None, log=print):
     """Load a local causal LM (offline), optionally with an extension method written into its config.
+    ``config_file``: load with this config instead of the folder's config.json (a searched LongRoPE config).
 
     -> (model in eval mode, its config as loaded, the ExtendResult or None). ``device_map="auto"`` needs
     accelerate: without it the model is loaded on ``device`` and ``log`` says so.
@@ -123,7 +129,9 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
-    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    if config_file is not None and not Path(config_file).is_file():
+        raise FileNotFoundError(f"config {config_file}: no such config file")
+    config = AutoConfig.from_pretrained(str(config_file or folder), local_files_only=True)
     extended = None
     if method not in (None, "none"):
         from posenc.hf.scaling import extend_for_factor
@@ -170,6 +178,16 @@ def original_context(config) -> int | None:
     if report.get("rope"):
         return report["rope"][0].get("original_context") or fallback
     return report.get("claimed_context") or fallback
+
+
+def config_method(config) -> str:
+    """The extension method a loaded config file already applies (its rope_type, when that names a registered
+    method, e.g. a searched ``longrope``), else "none": the label of rows measured with ``--config``."""
+    from posenc.extensions import method_names
+
+    params = getattr(config, "rope_parameters", None)
+    rope_type = params.get("rope_type") if isinstance(params, dict) else None
+    return rope_type if rope_type in method_names() else "none"
 
 
 def input_device(model) -> torch.device:
@@ -306,7 +324,10 @@ def _windows(n_tokens: int, length: int, stride: int | None) -> int:
 @torch.no_grad()
 def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, progress: bool = True,
                    log=print) -> dict:
-    """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results"} (the lab's row schema)."""
+    """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results", "curves"} (the lab's row schema).
+
+    Rows of method "none" carry scaling "none", except with ``settings.config``: then the method that config applies
+    (``config_method``: "longrope" for a searched config), so the lab's tables label them "rope + LongRoPE"."""
     from posenc.hf.lab_bridge import passkey_rate, perplexity, validation_bytes
     from posenc.tools.inspect import detect_scheme
 
@@ -326,17 +347,21 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         data_meta, byte_level = None, is_byte_tokenizer(tokenizer)
     name = Path(model_dir).name
     rows: list[dict] = []
-    meta: dict = {"model": str(model_dir), "byte_tokens": byte_level, "settings": asdict(s), "methods": {},
+    meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s),
+                  "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-                  "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {}}
+                  "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
+                  "loadavg_start": _loadavg()}
+    curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
     for method in s.methods:
         t0 = time.perf_counter()
         model, config, extended = load_causal_lm(model_dir, method=method, factor=s.factor,
                                                  replace_scaling=s.replace_scaling, device=s.device, dtype=s.dtype,
                                                  device_map=s.device_map, attn_implementation=s.attn_implementation,
-                                                 log=log)
+                                                 config_file=s.config, log=log)
         scheme = detect_scheme(config.to_dict())[0]
+        scaling = method if method != "none" or s.config is None else config_method(config)
         train_len = extended.original_context if extended else original_context(config)
         limit = position_limit(config)
         vocab = model.get_output_embeddings().weight.shape[0]
@@ -344,7 +369,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         meta["methods"][method] = {"scheme": scheme, "original_context": train_len, "position_limit": limit,
                                    "rope_parameters": getattr(config, "rope_parameters", None),
                                    "changes": extended.changes if extended else [],
-                                   "attn_implementation": getattr(config, "_attn_implementation", None),
+                                   "attn_implementation": getattr(model.config, "_attn_implementation", None),
                                    "device_map": getattr(model, "hf_device_map", None)}
         common = dict(model=name)
         if "lm" in s.tasks:
@@ -355,7 +380,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                     jobs.append((L, stride, f"sliding (stride {stride})"))
             for L, stride, protocol in jobs:
                 if limit is not None and L > limit:
-                    rows.append(_row("lm", scheme, method, train_len, L, "ppl", None, s.seed, protocol=protocol,
+                    rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", None, s.seed, protocol=protocol,
                                      note=f"n/a (positions limited to {limit})", **common))
                     continue
                 per_batch = max(1, budget // L)
@@ -365,8 +390,10 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                 r = perplexity(logits_model(model, max_len=limit, bar=bar), stream, L, n_tokens=s.eval_tokens,
                                stride=stride, device=input_device(model), batch_tokens=budget)
                 bar.close()
-                rows.append(_row("lm", scheme, method, train_len, L, "ppl", r and r["ppl"], s.seed,
+                rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", r and r["ppl"], s.seed,
                                  protocol=protocol, n_scored=r and r["n_scored"], **common))
+                if r is not None and stride is None and L == max(s.eval_lens):
+                    curves[f"{scheme}|{scaling}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
         if "passkey" in s.tasks:
             for L in s.eval_lens:
                 chars = passkey_chars(tokenizer, L, byte_level)
@@ -375,7 +402,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                 for depth in s.passkey_depths:
                     if chars is None or (limit is not None and L > limit):
                         why = "too short for the passkey episode" if chars is None else f"positions limited to {limit}"
-                        rows.append(_row("passkey", scheme, method, train_len, L, "exact_match", None, s.seed,
+                        rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", None, s.seed,
                                          depth=depth, note=f"n/a ({why})", **common))
                         continue
                     _reset_length_state(model)
@@ -385,13 +412,34 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                      device=input_device(model))
                     if byte_level:
                         bar.tick()
-                    rows.append(_row("passkey", scheme, method, train_len, L, "exact_match", v, s.seed, depth=depth,
+                    rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", v, s.seed, depth=depth,
                                      chars=chars, **common))
                 bar.close()
         meta["timings_s"][method] = round(time.perf_counter() - t0, 1)
         del model
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
-    return {"meta": meta, "results": rows}
+    meta["loadavg_end"] = _loadavg()
+    return {"meta": meta, "results": rows, "curves": curves}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _lab_readable(doc: dict) -> bool:
+    """The lab's tables and plots place lengths against the training length: they need it on every row."""
+    return bool(doc["results"]) and all(r.get("train_len") for r in doc["results"])
+
+
+def report_tables(doc: dict) -> str:
+    """The lab's tables for these rows (posenc.lab.report.main_table: one per task and protocol, rows = model and
+    method side by side); ``side_by_side`` when the model's original context is unknown."""
+    from posenc.hf.lab_bridge import lab_tables
+
+    return lab_tables(doc) if _lab_readable(doc) else side_by_side(doc)
 
 
 def side_by_side(doc: dict) -> str:
@@ -434,6 +482,50 @@ def write_results(doc: dict, out_dir: str) -> Path:
     return path
 
 
+def write_outputs(doc: dict, out_dir: str) -> list[Path]:
+    """results.json, the lab's plots and report.md into ``out_dir`` (created) -> the paths written."""
+    from posenc._atomic import atomic_write_text
+    from posenc.hf.lab_bridge import lab_plots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_results(doc, out)]
+    plots = lab_plots(doc, out) if _lab_readable(doc) else []
+    written += [out / name for name in plots]
+    written.append(atomic_write_text(out / "report.md", report_markdown(doc, plots)))
+    return written
+
+
+def report_markdown(doc: dict, plots: list[str] = ()) -> str:
+    """report.md: what was measured, on what, how long; the lab's tables and plots."""
+    meta, s = doc["meta"], doc["meta"]["settings"]
+    tokens = ("the model's byte tokenizer: the corpus bytes, the lab's stream" if meta["byte_tokens"]
+              else "the model's tokenizer (lengths count its tokens)")
+    data = meta.get("data") or {}
+    lines = [f"# posenc eval: `{meta['model']}`", "",
+             f"Measured wall time: **{meta['wall_s']:.0f} s** on {s['device']} ({s['dtype']}, {meta['threads']} "
+             f"threads), started {meta['started']}; Python {meta['python']}, torch {meta['torch']}, "
+             f"{meta['platform']}; load average (1/5/15 min) {meta.get('loadavg_start')} at the start, "
+             f"{meta.get('loadavg_end')} at the end.", "", "## Settings", "",
+             f"- tasks: {', '.join(s['tasks'])}; evaluation lengths: {s['eval_lens']} tokens; tokens: {tokens}",
+             f"- perplexity: about {s['eval_tokens']} tokens scored per length; sliding stride {s['sliding_stride']} "
+             f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}",
+             f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed {s['seed']}"]
+    if data:
+        lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files), validation "
+                     f"{data.get('val_bytes')} bytes")
+    for method, m in meta["methods"].items():
+        what = "the config as it is" if method == "none" else f"{method} at factor {s['factor']:g}"
+        lines.append(f"- method {method}: {what}; scheme {m['scheme']}, original context {m['original_context']}, "
+                     f"attention {m['attn_implementation']}"
+                     + (f"; config: {'; '.join(m['changes'])}" if m["changes"] else ""))
+    lines += ["", "## Results", "", report_tables(doc), ""]
+    lines += [line for name in plots for line in (f"![{name}]({name})", "")]
+    lines += ["## Timings (s)", "", "| method | load + evaluate |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in meta["timings_s"].items()]
+    return "\n".join(lines) + "\n"
+
+
 # ---- command line ------------------------------------------------------------------------------------------------
 
 def _ints(text: str) -> list[int]:
@@ -462,6 +554,8 @@ def add_arguments(parser) -> None:
                         help="none and/or extension methods written into the config (linear,ntk,dynamic,yarn,...)")
     parser.add_argument("--factor", type=float, default=None, help="extension factor (target / original context)")
     parser.add_argument("--replace", action="store_true", help="replace a rope scaling the config already has")
+    parser.add_argument("--config", default=None,
+                        help="load the model with this config file instead of its config.json (posenc search output)")
     parser.add_argument("--data", default=None, help="text file or folder (default: the CPython stdlib, as the lab)")
     parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
     parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
@@ -475,7 +569,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--attn-implementation", default=None, help="eager, sdpa, flash_attention_2 (default: model's)")
     parser.add_argument("--batch-tokens", type=int, default=None, help="tokens per forward (default: from vocab)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    parser.add_argument("--out", default=None, help="folder for results.json")
+    parser.add_argument("--out", default=None, help="folder for results.json, report.md and the plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -483,15 +577,16 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
-                            replace_scaling=args.replace, data=args.data, eval_tokens=args.eval_tokens,
+                            replace_scaling=args.replace, config=args.config, data=args.data,
+                            eval_tokens=args.eval_tokens,
                             sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
                             passkey_depths=args.passkey_depths, passkey_trials=args.passkey_trials, seed=args.seed,
                             device=args.device, dtype=args.dtype, device_map=args.device_map,
                             attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens)
     doc = evaluate_model(args.model, settings, progress=not args.no_progress)
-    print(side_by_side(doc))
+    print(report_tables(doc))
     if args.out:
-        print(f"wrote {write_results(doc, args.out)}")
+        print(f"wrote {', '.join(p.name for p in write_outputs(doc, args.out))} into {args.out}")
     print(f"wall {doc['meta']['wall_s']:.1f} s")
     return 0
 

@@ -5,7 +5,8 @@ the lab's logits.
     posenc export runs/lm/checkpoints/lm-rope-seed0.safetensors --out exported/rope --rope-scaling yarn --factor 4
 
 The lab's block (posenc.model.TinyLM): pre-norm, nn.LayerNorm with bias, fused qkv and output projection without
-bias, GELU MLP with biases, final LayerNorm, output head tied to the token embedding, inputs scaled by sqrt(d_model).
+bias, GELU MLP with biases (LayerNorms and MLP without biases when ModelConfig.bias is False), final LayerNorm,
+output head tied to the token embedding, inputs scaled by sqrt(d_model).
 Each scheme goes to the transformers architecture whose block holds those weights exactly (the choice was made by
 reading the modelling files of transformers 5.24):
 
@@ -20,11 +21,11 @@ reading the modelling files of transformers 5.24):
                 positions < max_positions (default 16 x the training length): exact up to there, an index error past.
     alibi       MptForCausalLM (Press et al. 2022 ALiBi as MPT applies it): the bias is added after the 1/sqrt(Dh)
                 scaling, its slopes equal the lab's for every head count, GELU is exact, no biases anywhere. MPT's
-                LayerNorms and MLP have no biases, so a checkpoint exports only when those are all zero (a freshly
-                initialised model; a trained one is refused with the numbers). BLOOM is not exact (a LayerNorm on the
-                embeddings and tanh-GELU); Falcon's alibi=True adds the bias *before* the 1/sqrt(Dh) scaling and
-                rounds it to bfloat16. A lab option for bias-free LayerNorms and MLP would make trained ALiBi models
-                exportable through MPT.
+                LayerNorms and MLP have no biases, so a checkpoint exports when those are all zero: a model trained
+                with the lab's bias-free option (ModelConfig.bias False, ``posenc lab --bias no``: MPT's block), or
+                a freshly initialised one; a model trained with biases is refused with the numbers. BLOOM is not
+                exact (a LayerNorm on the embeddings and tanh-GELU); Falcon's alibi=True adds the bias *before* the
+                1/sqrt(Dh) scaling and rounds it to bfloat16.
     rope+alibi  refused: no transformers architecture applies both.
 
 Common to all: the tied head is untied (input embedding = W * sqrt(d_model), lm_head = W), so both are exact.
@@ -158,7 +159,8 @@ def _mpt_refusal(a) -> str | None:
             "does (after the 1/sqrt(head_dim) scaling, the paper's slopes), but MPT's block has no LayerNorm or MLP "
             f"biases and here {'; '.join(problems)}. BLOOM adds a LayerNorm on the embeddings and uses tanh-GELU; "
             "Falcon (alibi=True) adds the bias before the 1/sqrt(head_dim) scaling and rounds it to bfloat16. "
-            "A lab model option with bias-free LayerNorms and MLP would make trained ALiBi models exportable")
+            "Train the ALiBi model with MPT's bias-free block (posenc lab --bias no; ModelConfig(bias=False)) "
+            "to export it")
 
 
 def _mpt(a, max_positions: int):

@@ -1,7 +1,8 @@
 """Everything posenc.hf needs from the lab, in one module, so the lab's layout can change behind it.
 
-Readers: export.py (checkpoints, the TinyLM's anatomy, its position scheme) and evaluate.py (the lab's perplexity
-protocols, passkey episodes, corpus and extension-method conventions). Nothing else in posenc.hf imports posenc.lab,
+Readers: export.py (checkpoints, the TinyLM's anatomy, its position scheme), evaluate.py (the lab's perplexity
+protocols, passkey episodes, corpus, extension-method conventions, report tables and plots) and search.py (the
+corpus's training split). Nothing else in posenc.hf imports posenc.lab,
 posenc.model or posenc.schemes.
 """
 
@@ -125,6 +126,8 @@ def anatomy(model: torch.nn.Module) -> Anatomy:
     """Read a TinyLM's weights and settings into an ``Anatomy`` (tensors detached, float32)."""
     cfg = model.cfg
     sd = {k: v.detach().float() for k, v in model.state_dict().items()}
+    for name in [k for k in sd if k.endswith(".weight")]:  # a bias-free model (ModelConfig.bias False): zeros
+        sd.setdefault(name[:-len("weight")] + "bias", torch.zeros(sd[name].shape[0]))
     gelu = model.blocks[0].mlp[1]
     if not isinstance(gelu, torch.nn.GELU):
         raise ConfigError(f"the lab model's MLP activation is {type(gelu).__name__}, expected GELU")
@@ -237,9 +240,34 @@ def passkey_key_digits() -> int:
     return KEY_DIGITS
 
 
+def training_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
+    """The lab corpus's training split (uint8 bytes) and its provenance: text a search may fit to, kept apart from
+    the validation split that ``posenc eval`` scores."""
+    from posenc.lab.data import load_corpus
+
+    corpus = load_corpus(data)
+    return corpus.train, dict(corpus.meta)
+
+
 def validation_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
     """The lab corpus's validation split (uint8 bytes) and its provenance: the stdlib by default, or ``data``."""
     from posenc.lab.data import load_corpus
 
     corpus = load_corpus(data)
     return corpus.val, dict(corpus.meta)
+
+
+# ---- the lab's report tables and plots -----------------------------------------------------------------------
+
+def lab_tables(doc: dict) -> str:
+    """The lab's result tables (each task's ``report`` section, posenc.lab.report.main_table) for {"results": rows}."""
+    from posenc.lab.report import main_table
+
+    return main_table(doc)
+
+
+def lab_plots(doc: dict, out: str | os.PathLike) -> list[str]:
+    """The lab's plots (each task's ``plot``, posenc.lab.report.make_plots) written into ``out``; -> file names."""
+    from posenc.lab.report import make_plots
+
+    return make_plots(doc, Path(out))

@@ -124,11 +124,12 @@ class PosencRotaryEmbedding(nn.Module):
         return table, table
 
 
-def _find_rotary(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
-    """-> (parent module, attribute name, rotary module) of the model's single ``rotary_emb``."""
+def find_rotary(model: nn.Module, what: str = "patch") -> tuple[nn.Module, str, nn.Module]:
+    """-> (parent module, attribute name, rotary module) of the model's single ``rotary_emb`` (transformers 5
+    decoders compute cos/sin there once per forward). ``what`` names the caller in the error."""
     found = [(name, module) for name, module in model.named_modules() if name.rsplit(".", 1)[-1] == "rotary_emb"]
     if len(found) != 1:
-        raise PosencError(f"patch: {type(model).__name__} has {len(found)} modules named rotary_emb; expected one "
+        raise PosencError(f"{what}: {type(model).__name__} has {len(found)} modules named rotary_emb; expected one "
                           "(a text decoder of a supported family)")
     name, module = found[0]
     parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
@@ -201,7 +202,7 @@ def patch(model: nn.Module) -> nn.Module:
     if is_patched(model):
         return model
     _check_supported(model)
-    parent, attr, rotary = _find_rotary(model)
+    parent, attr, rotary = find_rotary(model)
     wrapper = PosencRotaryEmbedding(rotary)
     _install_dispatcher(type(rotary).__module__, wrapper)
     setattr(parent, attr, wrapper)

@@ -75,6 +75,8 @@ FLAGS = [
     ("--rope-base", "rope_base", float, "RoPE theta"),
     ("--rope-layout", "rope_layout", str, "RoPE pair layout: half (HF) or interleaved"),
     ("--scale-embeddings", "scale_embeddings", _bool, "multiply token embeddings by sqrt(d_model) (yes/no)"),
+    ("--bias", "bias", _bool, "LayerNorm and MLP biases (yes/no); no: MPT's bias-free block, which lets trained "
+                              "ALiBi models export to transformers (posenc export)"),
     ("--scheme-options", "scheme_options", _options, "scheme-specific settings, key=value,key=value"),
     ("--train-len", "train_len", int, "training sequence length"),
     ("--batch-size", "batch_size", int, "sequences per step"),

@@ -50,6 +50,7 @@ def write_report(doc: dict, out: Path) -> Path:
         f"- model: d_model {m['d_model']}, {m['n_layers']} layers, {m['n_heads']} heads "
         f"(head dim {m['d_model'] // m['n_heads']}), byte vocab {m['vocab_size']}, RoPE base {m['rope_base']:g} "
         f"({m['rope_layout']}), token embeddings scaled by sqrt(d_model): {'yes' if m['scale_embeddings'] else 'no'}"
+        + ("" if m.get("bias", True) else ", no LayerNorm or MLP biases (MPT's block)")
         + (f", scheme options {m['scheme_options']}" if m.get("scheme_options") else ""),
         f"- training: length {s['train_len']}, batch {s['batch_size']}, {t['steps']} AdamW steps, lr {t['lr']:g} "
         f"(warmup {t['warmup']}, cosine), weight decay {t['weight_decay']}, clip {t['grad_clip']}",

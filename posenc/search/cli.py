@@ -1,10 +1,14 @@
-"""``posenc search SOURCE --target-length N --out DIR``: LongRoPE's factor search on a saved lab model.
+"""``posenc search SOURCE --target-length N ...``: LongRoPE's factor search on a saved lab model or on a local
+transformers model folder.
 
     posenc search runs/extend --target-length 1024 --out runs/extend/longrope            # lm-rope, lowest seed
     posenc search runs/extend/checkpoints/lm-rope-seed1.safetensors --target-length 1024 --out lr1 --paper
     posenc extend CONFIG.json --method longrope --longrope lr1/rope_scaling.json --target-length 1024 --out new.json
+    posenc search exported/rope --target-length 512 --population 16 --parents 8 --generations 6     # a model folder
 
-SOURCE is a ``posenc lab`` run folder (its ``checkpoints/TASK-SCHEME-seedN``) or one checkpoint file. The search is
+A folder holding a config.json (and no checkpoints/) is a transformers model: the search is
+``posenc.hf.search`` (its options: ``posenc search MODEL_DIR --help``; docs/hf.md). Otherwise SOURCE is a
+``posenc lab`` run folder (its ``checkpoints/TASK-SCHEME-seedN``) or one lab checkpoint file, and the search is
 the lab's ``longrope-search`` method (posenc/extensions/longrope_search.py): candidates scored by perplexity at the
 target length on a search split of the validation text, the winner chosen on a disjoint held-out split, both after
 the first ``--reserved`` tokens (the text the lab reports on). DIR receives:
@@ -20,10 +24,28 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-HELP = "LongRoPE's evolutionary factor search on a lab model; writes a Hugging Face longrope config"
+HELP = ("LongRoPE's evolutionary factor search on a lab model or a transformers model folder; writes a Hugging "
+        "Face longrope config")
 
 
 def add_arguments(parser) -> None:
+    """The command's own arguments: SOURCE, then the options of the search that fits it (``run`` parses them)."""
+    import argparse
+
+    parser.add_argument("source", help="a posenc lab run folder or one of its checkpoints (.safetensors), or a local "
+                                       "transformers model folder (config.json, weights, tokenizer)")
+    parser.add_argument("options", nargs=argparse.REMAINDER,
+                        help="lab model: --target-length N --out DIR [...] (posenc search RUN_DIR --help); model "
+                             "folder: --target-length N [...] (posenc search MODEL_DIR --help)")
+
+
+def is_model_folder(source: Path) -> bool:
+    """A transformers model folder (config.json, no lab checkpoints/) rather than a lab run folder."""
+    return source.is_dir() and (source / "config.json").is_file() and not (source / "checkpoints").is_dir()
+
+
+def lab_arguments(parser) -> None:
+    """Options for a lab model."""
     parser.add_argument("source", help="a posenc lab run folder or one of its checkpoints (.safetensors)")
     parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
     parser.add_argument("--out", required=True, help="folder to write rope_scaling.json, the factors and the state to")
@@ -63,6 +85,24 @@ def _reserved(source: Path, given: int | None) -> int:
 
 
 def run(args) -> int:
+    import argparse
+
+    if is_model_folder(Path(args.source)):
+        from posenc.hf import search as hf_search
+
+        add, go = hf_search.add_arguments, hf_search.run
+    else:
+        add, go = lab_arguments, run_lab_search
+    parser = argparse.ArgumentParser(prog="posenc search", description=HELP)
+    add(parser)
+    try:
+        inner = parser.parse_args([args.source, *args.options])
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed as one line)
+        return int(exc.code or 0)
+    return go(inner)
+
+
+def run_lab_search(args) -> int:
     import torch
 
     from posenc._validate import check_int

@@ -72,6 +72,9 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     Raises ConfigError (a ValueError) for a non-RoPE config, an unknown method, a target not longer than the
     original context, or a result the registry rejects.
     """
+    from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
+    from posenc.rope.scaling import MULTI_AXIS_KEYS
+
     m = get_method(method)
     if m.fit is not None:
         raise ConfigError(f"method {method!r} computes its config from a trained model and data, which extend does "
@@ -85,6 +88,17 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         raise ConfigError(f"extend needs a RoPE config; this one is {scheme} ({why}). "
                           + ("ALiBi runs past its trained length without a config change"
                              if scheme == "alibi" else "its positions cannot be rescaled by a config edit"))
+    if vision_config_of(cfg) is cfg:
+        raise ConfigError("this is a vision tower with 2-D (axial) RoPE: its positions are the row and column of "
+                          "each image patch, bounded by the image size, so there is no context to extend; extend "
+                          "the language model's config instead")
+    if layer_type_parameters(cfg) is not None:
+        raise ConfigError("this config has RoPE parameters per layer type (local / global layers, e.g. Gemma 3, "
+                          "ModernBERT): extend writes one RoPE dict for every layer, which would also rescale the "
+                          "local layers; edit the full_attention entry by hand")
+    outer, text_key = cfg, None
+    if rope_section(cfg) is not cfg:      # multimodal: the language model's RoPE lives in its text_config
+        text_key, cfg = "text_config", dict(cfg["text_config"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
@@ -108,6 +122,8 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     options = {k: v for k, v in (("short_factor", short_factor), ("long_factor", long_factor)) if v is not None}
     written = transformers_config(method, method_config(method, spec, **options), spec)
     scaling, notes = dict(written.scaling), list(written.notes)
+    # M-RoPE keys say how positions split over the pairs (Qwen2-VL ...): they stay with any scaling
+    scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params})
     theta = scaling.pop("rope_theta", rc.theta)
     new = dict(cfg)
     lmax_key = "max_position_embeddings"
@@ -126,7 +142,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         new.pop("rope_scaling", None)   # transformers 5 prefers rope_scaling when both exist: drop the stale one
         new.pop("rope_theta", None)     # moved inside rope_parameters
     else:
-        new["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
+        new["rope_scaling"] = None if scaling == {"rope_type": "default"} else scaling
         new["rope_theta"] = theta
         new.pop("rope_parameters", None)
         if partial is None and "partial_rotary_factor" in old_inner:
@@ -169,6 +185,9 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                         "(base 10000 is hard-coded), so this config changes nothing there; it takes effect only in "
                         "code that reads these keys (posenc, some serving runtimes)")
     notes.append(m.note)
+    if text_key is not None:
+        changes = [f"{text_key}.{change}" for change in changes]
+        new = {**outer, text_key: new}
     return ExtendResult(config=new, method=method, factor=s, original_context=original, target_length=target_length,
                         transformers_version=transformers_version, changes=changes, notes=notes, check=check)
 

@@ -123,16 +123,42 @@ def _factor(target: int, train: int) -> float:
     return target / train  # exact: transformers warns when a yarn factor differs from Lmax / L0
 
 
-def pick(target_context: int, train_context: int, budget: str = "none", task: str = "lm",
-         extrapolation_needed: bool = False, *, rope_theta: float | None = None) -> Recommendation:
+def config_context(config) -> tuple[float, int]:
+    """(rope_theta, trained context) of an existing model's config, read as ``posenc inspect`` reads them: the
+    global (full-attention) layer type's base and the original, pre-extension context. PosencError for a config
+    without language-model RoPE (ALiBi, learned positions, a vision tower)."""
+    from posenc.tools.inspect import inspect_config
+
+    report = inspect_config(config)
+    entries = report.get("rope") or []
+    if not entries:
+        raise PosencError(f"pick reads rope_theta and the trained context from a RoPE language-model config; this "
+                          f"one is {report['scheme']}" + (" (a vision tower)" if "vision" in report else ""))
+    entry = next((e for e in entries if e["layer_type"] in (None, "full_attention")), entries[0])
+    context = entry["original_context"] or entry["max_position_embeddings"]
+    if context is None:
+        raise PosencError("the config states no context length (max_position_embeddings): give --train-context")
+    return entry["rope_theta"], context
+
+
+def pick(target_context: int, train_context: int | None = None, budget: str = "none", task: str = "lm",
+         extrapolation_needed: bool = False, *, rope_theta: float | None = None, config=None) -> Recommendation:
     """Recommend a positional-encoding strategy.
 
     target_context: tokens the model must handle; train_context: tokens it was (budget none/finetune: an existing
     model's original context) or will be (budget pretrain) trained at; budget: "none" (use an existing model as is),
     "finetune" (a short fine-tune of an existing model), "pretrain" (train a new model); task: "lm", "code",
     "retrieval" or "encoder" (bidirectional); extrapolation_needed: inputs may exceed every length ever trained on;
-    rope_theta: the existing model's base (budget none/finetune), used in the snippet (default 10000).
+    rope_theta: the existing model's base (budget none/finetune), used in the snippet (default 10000);
+    config: an existing model's config.json (path or mapping): rope_theta and train_context default to what it
+    says (``config_context``).
     """
+    if config is not None:
+        theta, context = config_context(config)
+        rope_theta = theta if rope_theta is None else rope_theta
+        train_context = context if train_context is None else train_context
+    if train_context is None:
+        raise PosencError("train_context is required (or give config= to read it from a model config)")
     _check_inputs(target_context, train_context, budget, task, rope_theta)
     inputs = {"target_context": target_context, "train_context": train_context, "budget": budget, "task": task,
               "extrapolation_needed": bool(extrapolation_needed), "rope_theta": rope_theta}
@@ -309,8 +335,11 @@ def format_recommendation(rec: Recommendation) -> str:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--target-context", type=int, required=True, help="tokens the model must handle")
-    parser.add_argument("--train-context", type=int, required=True,
-                        help="tokens the model was trained at (existing model) or will be trained at (pretrain)")
+    parser.add_argument("--train-context", type=int, default=None,
+                        help="tokens the model was trained at (existing model) or will be trained at (pretrain); "
+                             "read from --config when not given")
+    parser.add_argument("--config", default=None,
+                        help="an existing model's config.json: its rope_theta and original context are used")
     parser.add_argument("--budget", choices=BUDGETS, default="none",
                         help="none: use an existing model as is; finetune: a short fine-tune; pretrain: new model")
     parser.add_argument("--task", choices=TASKS, default="lm", help="workload (encoder = bidirectional)")
@@ -323,6 +352,6 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     rec = pick(args.target_context, args.train_context, args.budget, args.task, args.extrapolation_needed,
-               rope_theta=args.rope_theta)
+               rope_theta=args.rope_theta, config=args.config)
     print(json.dumps(rec.to_dict(), indent=2) if args.json else format_recommendation(rec))
     return 0

@@ -194,15 +194,31 @@ def test_settings_are_checked():
         EvalSettings(eval_lens=[1.5]).validate()
 
 
-def test_eval_command_writes_lab_rows(exported, text_file, tmp_path, capsys):
+def test_eval_command_writes_the_labs_outputs(exported, text_file, tmp_path, capsys):
+    """Several methods in one run: the lab's side-by-side tables (rows = methods, one cell per length, the values
+    of results.json), results.json in the lab's schema, report.md and the lab's plots."""
+    from posenc.lab.tables import fmt
+
     _, folder = exported
     assert eval_main([str(folder), "--eval-lens", "32,64", "--data", text_file, "--eval-tokens", "300",
-                      "--methods", "none,yarn", "--factor", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+                      "--methods", "none,yarn,linear", "--factor", "2", "--out", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "| yarn | non-overlapping |" in out and "| none | sliding (stride 32) |" in out
     doc = json.loads((tmp_path / "results.json").read_text())
     keys = {"task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "value", "std", "seed",
             "protocol", "depth"}
-    assert all(keys <= set(r) for r in doc["results"]) and len(doc["results"]) == 2 * 3
+    assert all(keys <= set(r) for r in doc["results"]) and len(doc["results"]) == 3 * 3
+    table = out.split("Perplexity, sliding")[0]
+    for label, method in (("rope", "none"), ("rope + YaRN, zero-shot", "yarn"), ("rope + PI, zero-shot", "linear")):
+        cells = [fmt(r) for L in (32, 64) for r in doc["results"]
+                 if r["scaling"] == method and r["eval_len"] == L and r["protocol"] == "non-overlapping"]
+        assert f"| {label} | {cells[0]} | {cells[1]} |" in table
+    assert "| model | 32 (1x) | 64 (2x) |" in table and "sliding (stride 32)" in out
+    assert set(doc["curves"]) == {"rope|none|zs|0", "rope|yarn|zs|0", "rope|linear|zs|0"}
+    assert all(len(c) == 64 for c in doc["curves"].values())
+    report = (tmp_path / "report.md").read_text()
+    assert "| rope + YaRN, zero-shot |" in report and "load average" in report
+    for png in ("ppl_vs_length.png", "per_position_loss.png"):
+        assert f"![{png}]({png})" in report
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert eval_main([str(tmp_path / "missing")]) == 2
     assert "posenc eval: error: model " in capsys.readouterr().err

@@ -5,7 +5,6 @@ extension method written into config.json; schemes transformers cannot express a
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -80,6 +79,30 @@ def test_round_trip_logits_equal(case, tmp_path):
     assert meta["architecture"] == res.architecture and meta["lab_model"]["scheme"] == scheme
 
 
+def test_trained_bias_free_alibi_model_round_trips_through_mpt(tmp_path):
+    """ModelConfig(bias=False) is MPT's block: a model trained a few steps (every weight moved, LayerNorm gains
+    included) exports to MptForCausalLM with the lab's logits, past its training length too."""
+    torch.manual_seed(0)
+    model = build_lab_model(scheme="alibi", bias=False, **SHAPE).train()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    text = torch.tensor(list(b"def f(x):\n    return x * 2 + 1\n" * 20))
+    for step in range(8):
+        x = torch.stack([text[i:i + TRAIN_LEN + 1] for i in range(step, step + 64, 16)])
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    assert all(not torch.equal(v, start[k]) for k, v in model.state_dict().items() if v.is_floating_point())
+    res = export_lab_model(save(tmp_path, model), tmp_path / "out", max_positions=128)
+    assert res.architecture == "MptForCausalLM" and res.check_max_rel_err <= 1e-4
+    x = tokens(3 * TRAIN_LEN)
+    with torch.no_grad():
+        want = model(x)
+    assert_rel_close(hf_logits(tmp_path / "out", x), want)
+
+
 def test_architectures_and_limits(tmp_path):
     from transformers import AutoConfig
 
@@ -99,7 +122,7 @@ def test_refusals_name_the_reason(tmp_path):
     with pytest.raises(ConfigError, match="rope\\+alibi.*no transformers architecture applies RoPE and an ALiBi"):
         export_lab_model(save(tmp_path, lab_model("rope+alibi")), tmp_path / "a")
     # a trained ALiBi model has LayerNorm and MLP biases, which MPT's block cannot hold
-    with pytest.raises(ConfigError, match="MPT.*LayerNorm biases are non-zero.*MLP biases are non-zero"):
+    with pytest.raises(ConfigError, match="MPT.*LayerNorm biases are non-zero.*MLP biases are non-zero.*--bias no"):
         export_lab_model(save(tmp_path, lab_model("alibi")), tmp_path / "b")
     with pytest.raises(ConfigError, match="rope_scaling: only a RoPE model"):
         export_lab_model(save(tmp_path, lab_model("nope")), tmp_path / "c", rope_scaling="yarn", factor=2.0)

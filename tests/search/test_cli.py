@@ -81,3 +81,11 @@ def test_bad_input_is_one_line(searched, tmp_path, capsys):
     assert "--longrope" in capsys.readouterr().err
     assert main(["search", argv[1], "--target-length", str(L0), "--out", str(tmp_path / "o")]) == 2
     assert f"--target-length must be an integer >= {L0 + 1}" in capsys.readouterr().err
+
+
+def test_a_transformers_model_folder_goes_to_the_hf_search(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert main(["search", str(tmp_path), "--help"]) == 0
+    assert "--heldout-windows" in capsys.readouterr().out           # posenc.hf.search's options
+    assert main(["search", str(tmp_path.parent), "--help"]) == 0    # not a model folder: the lab model's options
+    assert "--search-seed" in capsys.readouterr().out
