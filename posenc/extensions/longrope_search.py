@@ -67,7 +67,7 @@ def search_splits(text: torch.Tensor, *, reserved: int, length: int, windows: in
     return text[a:a + need], text[b:b + need], where
 
 
-def search_model(model, text: torch.Tensor, spec: ExtensionSpec, *, reserved: int, budget: SearchBudget,
+def search_lab_model(model, text: torch.Tensor, spec: ExtensionSpec, *, reserved: int, budget: SearchBudget,
                  seed: int, checkpoint: str | Path | None = None, resume: bool = True, progress: bool = True,
                  device=None) -> tuple[LongRopeResult, dict]:
     """Run LongRoPE's search on ``model`` (a TinyLM with an extendable RoPE scheme, any device) over ``text``
@@ -114,7 +114,7 @@ def _fit(spec: ExtensionSpec, ctx: FitContext) -> tuple[dict, dict]:
     reserved = max(s.get("eval_tokens", 0), s.get("sliding_tokens", 0)) + 1
     scheme = getattr(ctx.model.cfg, "scheme", "model")
     checkpoint = Path(ctx.out) / "search" / f"{ctx.task}-{scheme}-seed{ctx.seed}-longrope.json" if ctx.out else None
-    result, where = search_model(ctx.model, ctx.corpus.val, spec, reserved=reserved, budget=budget, seed=ctx.seed,
+    result, where = search_lab_model(ctx.model, ctx.corpus.val, spec, reserved=reserved, budget=budget, seed=ctx.seed,
                                  checkpoint=checkpoint, resume=ctx.resume, progress=ctx.progress, device=ctx.device)
     return result.rope_scaling(), search_details(result, where)
 

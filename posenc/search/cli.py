@@ -108,7 +108,7 @@ def run_lab_search(args) -> int:
     from posenc._validate import check_int
     from posenc.errors import ConfigError
     from posenc.extensions import ExtensionSpec
-    from posenc.extensions.longrope_search import SearchBudget, search_model
+    from posenc.extensions.longrope_search import SearchBudget, search_lab_model
     from posenc.hf.lab_bridge import find_run_checkpoint, load_lab_model, validation_bytes
     from posenc.rope.config import load_rope_config
     from posenc.tools._io import write_json_atomic
@@ -129,7 +129,7 @@ def run_lab_search(args) -> int:
                           windows=args.windows or 4)
     text, _ = validation_bytes(args.data)
     out = Path(args.out)
-    result, where = search_model(model, text, spec, reserved=_reserved(source, args.reserved), budget=budget,
+    result, where = search_lab_model(model, text, spec, reserved=_reserved(source, args.reserved), budget=budget,
                                  seed=args.search_seed, checkpoint=out / "search.json", resume=not args.fresh,
                                  progress=not args.quiet)
     scaling = result.rope_scaling()
