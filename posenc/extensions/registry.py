@@ -125,7 +125,8 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     calls it before evaluating; ``details``, e.g. the search time, go into results.json). train_positions(batch,
     seq_len, spec, generator) -> LongTensor [batch, seq_len]: a fine-tuning method that trains at the ORIGINAL
     length with these position ids (PoSE); the lab fine-tunes it at L0 and has no zero-shot row for it (its
-    zero-shot model is the plain scaling's). Options: the write function's keyword-only arguments (e.g. longrope's factor lists).
+    zero-shot model is the plain scaling's). Options: the write function's keyword-only arguments (e.g. longrope's
+    factor lists).
     """
     check_new_name("extension method", name, METHODS, replace)
     if not isinstance(label, str) or not label:
