@@ -20,6 +20,7 @@ COMMANDS = {
     "plot": "posenc.tools.plot",
     "inspect": "posenc.tools.inspect",
     "extend": "posenc.tools.extend",
+    "search": "posenc.search.cli",
     "pick": "posenc.tools.pick",
     "export": "posenc.hf.export",
     "eval": "posenc.hf.evaluate",

@@ -170,10 +170,12 @@ def set_lab_extension(model: torch.nn.Module, method: str | None, factor: float 
 # ---- extension methods: the lab's conventions ------------------------------------------------------------------
 
 def lab_methods() -> tuple[str, ...]:
-    """The extension methods the lab evaluates without a search (the registry's, less LongRoPE's fixed factors)."""
+    """The extension methods the lab evaluates zero-shot without a search (the registry's, less LongRoPE's fixed
+    factors, the searched ``fit`` methods and the PoSE fine-tuning modes, which are their base method untrained)."""
     from posenc.extensions import METHODS
 
-    return tuple(name for name, m in METHODS.items() if m.fit is None and name != "longrope")
+    return tuple(name for name, m in METHODS.items()
+                 if m.fit is None and m.train_positions is None and name != "longrope")
 
 
 def lab_config_factor(method: str, factor: float, original: int) -> float:

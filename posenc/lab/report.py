@@ -43,7 +43,8 @@ def write_report(doc: dict, out: Path) -> Path:
     lines = [
         f"# posenc lab: preset `{meta['preset']}`",
         "",
-        f"Measured wall time: **{meta['wall_s']:.0f} s** on {meta['device']} ({_threads(meta['threads'])}), "
+        f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time of the process {meta.get('cpu_s', '?')} s) on "
+        f"{meta['device']} ({_threads(meta['threads'])}), "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",
@@ -61,7 +62,9 @@ def write_report(doc: dict, out: Path) -> Path:
         f"- extension methods on the {', '.join(s['extended_schemes'])} model: {', '.join(s['extensions']) or 'none'} "
         f"with factor {meta['extension_factor']:g} and original length = train length {s['train_len']}"
         + (f"; fine-tuned {s['finetune_steps']} steps at {s['finetune_len'] or max(s['eval_lens'])}"
-           if s["finetune_steps"] else ""),
+           if s["finetune_steps"] else "")
+        + ("; PoSE methods fine-tune at the train length" if any(e.startswith("pose-") for e in s["extensions"])
+           else ""),
     ]
     if data:
         lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files, list hash "
@@ -77,4 +80,26 @@ def write_report(doc: dict, out: Path) -> Path:
         lines += [f"![{name}]({name})", ""]
     lines += ["## Timings (s)", "", markdown(["model", "train", "eval"],
               [[k, str(v["train"]), str(v["eval"])] for k, v in meta["timings_s"].items()]), ""]
+    costs = extension_costs(meta)
+    if costs:
+        lines += ["## Extension costs", "", costs, ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def extension_costs(meta: dict) -> str:
+    """One row per model and method: the search (a ``fit``) and the fine-tune (steps, length, batch, tokens,
+    wall and CPU seconds), from results.json's meta["extensions"]."""
+    from posenc.extensions import method_label
+
+    body = []
+    for key, info in (meta.get("extensions") or {}).items():
+        for method, fit in (info.get("fit") or {}).items():
+            body.append([key, method_label(method), f"search: {fit.get('evaluations')} evaluations", "", "",
+                         str(fit.get("search_s", fit.get("wall_s"))), ""])
+        for method, ft in (info.get("finetune") or {}).items():
+            body.append([key, "plain RoPE" if method == "none" else method_label(method),
+                         f"fine-tune ({ft['positions']} positions)", f"{ft['steps']} x {ft['batch']} x {ft['len']}",
+                         f"{ft['tokens']:,}", str(ft["wall_s"]), str(ft["cpu_s"])])
+    if not body:
+        return ""
+    return markdown(["model", "method", "stage", "steps x batch x length", "tokens", "wall s", "CPU s"], body)

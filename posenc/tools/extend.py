@@ -14,9 +14,10 @@ built-ins (s = target / original context L0, unless --factor is given):
               relative to it, so the config cannot state the target).
     yarn      {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L0}; max = target.
     llama3    Llama 3.1's published low_freq_factor 1, high_freq_factor 4, plus factor and L0; max = target.
-    longrope  short/long factor lists from --short-factor/--long-factor JSON files; without them an
+    longrope  short/long factor lists from --short-factor/--long-factor JSON files, or both from --longrope FILE
+              (``posenc search``'s rope_scaling.json: factors searched on the model); without them an
               UNSEARCHED initialisation: short = 1 (unchanged inside L0), long_j = default_j / yarn_j (YaRN's
-              keep/blend/interpolate per pair, from the registry). LongRoPE's evolutionary search is not run.
+              keep/blend/interpolate per pair, from the registry). extend runs no search (posenc search does).
 """
 
 from __future__ import annotations
@@ -227,8 +228,22 @@ def add_arguments(parser) -> None:
                         help="scaling factor (default target / original context)")
     parser.add_argument("--short-factor", help="longrope: JSON file with rotary_dim/2 short factors")
     parser.add_argument("--long-factor", help="longrope: JSON file with rotary_dim/2 long factors")
+    parser.add_argument("--longrope", metavar="FILE",
+                        help="longrope: both factor lists from one JSON file holding a longrope dict (posenc search's "
+                             "rope_scaling.json, or a config.json whose rope_scaling/rope_parameters has them)")
     parser.add_argument("--replace", action="store_true",
                         help="replace an existing non-default rope scaling instead of refusing")
+
+
+def longrope_factors(path: str | os.PathLike) -> tuple[list, list]:
+    """(short_factor, long_factor) from a JSON file holding a longrope dict, or a config whose rope_scaling /
+    rope_parameters holds one (``posenc search`` writes rope_scaling.json)."""
+    data = read_config(path)
+    for candidate in (data, data.get("rope_scaling"), data.get("rope_parameters")):
+        if isinstance(candidate, Mapping) and "long_factor" in candidate and "short_factor" in candidate:
+            return candidate["short_factor"], candidate["long_factor"]
+    raise ConfigError(f"--longrope {path}: expected a longrope dict with short_factor and long_factor (posenc "
+                      "search's rope_scaling.json), or a config whose rope_scaling/rope_parameters holds one")
 
 
 def run(args) -> int:
@@ -236,8 +251,13 @@ def run(args) -> int:
     src_file = src / "config.json" if src.is_dir() else src
     if not args.in_place and args.out != "-" and Path(args.out).resolve() == src_file.resolve():
         raise ConfigError(f"--out {args.out} is the input file; pass --in-place to overwrite it")
-    if (args.short_factor or args.long_factor) and "short_factor" not in get_method(args.method).options:
-        raise ConfigError("--short-factor/--long-factor only apply to --method longrope")
+    if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(
+            args.method).options:
+        raise ConfigError("--short-factor/--long-factor/--longrope only apply to --method longrope")
+    if args.longrope:
+        if args.short_factor or args.long_factor:
+            raise ConfigError("--longrope gives both factor lists: drop --short-factor/--long-factor")
+        args.short_factor, args.long_factor = longrope_factors(args.longrope)
     result = extend_config(src, args.target_length, args.method, transformers_version=args.transformers_version,
                            factor=args.factor, short_factor=args.short_factor, long_factor=args.long_factor,
                            replace=args.replace)

@@ -241,9 +241,10 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     Methods that keep max_position_embeddings at the original length (dynamic NTK) are evaluated at the target
     length factor * original. LongRoPE uses ``longrope`` ({"short_factor", "long_factor"}) if given, else its
     unsearched initialisation (YaRN's per-pair ratio), labelled as such. Methods that compute their config from a
-    trained model (``fit``) are skipped: there is no model here. ``own`` = (rope_type, params,
-    max_position_embeddings) of a config that already uses one of the methods: that method is drawn with the
-    config's own parameters (Llama 3.1: llama3 at its factor 8, although its context claims 16x), labelled so.
+    trained model (``fit``) are skipped: there is no model here; so are fine-tuning modes (``train_positions``,
+    PoSE), whose frequencies are their base method's. ``own`` = (rope_type, params, max_position_embeddings) of a
+    config that already uses one of the methods: that method is drawn with the config's own parameters (Llama 3.1:
+    llama3 at its factor 8, although its context claims 16x), labelled so.
     """
     from posenc.extensions import ExtensionSpec, method_config, method_names
     from posenc.rope.config import load_rope_config
@@ -261,7 +262,7 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     configs = {"default (no scaling)": cfg({"rope_type": "default"}, original)}
     for name in method_names():
         method = METHODS[name]
-        if method.fit is not None:
+        if method.fit is not None or method.train_positions is not None:
             continue
         label = method.label
         options = {}

@@ -68,9 +68,10 @@ def test_encoder_alibi_is_symmetric():
        task=st.sampled_from(TASKS), extrapolate=st.booleans())
 def test_laws(target, train, budget, task, extrapolate):
     rec = pick(target, train, budget, task, extrapolate)
-    # every reason cites its evidence; every alternative says why not
-    assert rec.reasons and all(("facts.md" in r or "lesson" in r or "published" in r or "fits in" in r)
-                               for r in rec.reasons)
+    # every reason cites its evidence (a paper via facts.md, the lesson, or posenc's own measurement in lab.md);
+    # every alternative says why not
+    assert rec.reasons and all(("facts.md" in r or "lesson" in r or "published" in r or "fits in" in r
+                                or "docs/lab.md" in r) for r in rec.reasons)
     assert all(a["why_not"] for a in rec.alternatives)
     if budget != "pretrain" and target <= train:
         assert rec.method == "none" and rec.config_snippet == {}
@@ -157,3 +158,13 @@ def test_closed_pipe_ends_quietly(tmp_path):
     finally:
         os.close(write_end)
     assert proc.returncode == 141 and proc.stderr == b"", proc.stderr
+
+
+def test_finetune_and_longrope_advice_cite_the_lab_measurements():
+    """The fine-tune recommendation and the LongRoPE alternative quote posenc's measured extend study."""
+    rec = pick(1024, 128, "finetune", "lm", False)
+    assert any("6.82" in r and "docs/lab.md" in r for r in rec.reasons)          # YaRN fine-tuned, lab.md table
+    why = {a["option"]: a["why_not"] for a in rec.alternatives}
+    longrope = why["LongRoPE"]
+    assert "9.73" in longrope and "posenc search" in longrope
+    assert "PoSE" in why

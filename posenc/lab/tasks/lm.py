@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from posenc._validate import check_int
 from posenc.errors import ConfigError
@@ -16,11 +15,7 @@ from posenc.lab.data import LMSampler
 from posenc.lab.plots import legend, log_axes, mark_unsupported, note_coinciding, pyplot, save, series, style
 from posenc.lab.tables import bands_cell, fmt, markdown, model_label, pivot
 from posenc.lab.tasks.registry import Task, register_task
-
-
-def _batches(n: int, per_batch: int):
-    for i in range(0, n, per_batch):
-        yield range(i, min(n, i + per_batch))
+from posenc.perplexity import window_losses
 
 
 @torch.no_grad()
@@ -33,6 +28,7 @@ def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride
     stride S: sliding window; after the first window each pass scores only its S newest tokens, with
     eval_len - S tokens of context. About ``n_tokens`` tokens are scored either way.
     -> {"ppl", "loss", "n_scored", "per_position"?} or None if the model cannot encode eval_len positions.
+    Scoring: ``posenc.perplexity.window_losses`` (shared with LongRoPE's search fitness).
     """
     if not supports_length(model, eval_len):
         return None
@@ -45,15 +41,11 @@ def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride
         spans = [(0, 0)] + [(s, eval_len - stride) for s in range(stride, max(0, last) + 1, stride)]
     if spans[-1][0] + eval_len + 1 > len(tokens):
         raise ConfigError(f"eval_len {eval_len}: the validation text ({len(tokens)} bytes) is too short")
-    offs = torch.arange(eval_len + 1)
     total, count = 0.0, 0
     pos_sum = torch.zeros(eval_len, dtype=torch.float64)
-    per_batch = max(1, batch_tokens // eval_len)
-    for rows in _batches(len(spans), per_batch):
-        starts = torch.tensor([spans[r][0] for r in rows])
-        window = tokens[starts[:, None] + offs].long().to(device)
-        logits = model(window[:, :-1])
-        loss = F.cross_entropy(logits.transpose(1, 2).float(), window[:, 1:], reduction="none").cpu().double()
+    batches = window_losses(model, tokens, [start for start, _ in spans], eval_len,
+                            batch_size=max(1, batch_tokens // eval_len), device=device)
+    for rows, loss in batches:
         for b, r in enumerate(rows):
             first = spans[r][1]
             total += loss[b, first:].sum().item()
