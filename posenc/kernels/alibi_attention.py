@@ -80,6 +80,8 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
     backend: "auto", "chunked" or "flex". Returns [B, H, Tq, Dv] in q's dtype.
     """
     check_choice(backend, "backend", BACKENDS)
+    if not isinstance(causal, bool):   # a truthy string or number would silently mean causal
+        raise PosencError(f"causal must be True or False, got {causal!r}")
     offset = _check_inputs(q, k, v, q_offset)
     H = q.shape[1]
     slopes = alibi_slopes(H).to(q.device) if slopes is None else check_slopes(slopes, H, q.device, what="H")
@@ -210,13 +212,18 @@ def _split_applies(q, k, v, offset) -> bool:
 
 def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | None, block: int) -> torch.Tensor:
     """CPU: SDPA over blocks of ``block`` queries (one call when bidirectional or block >= Tq), each against the keys
-    it can see, the bias a view of one template. Reverses whichever of q or (k, v) is smaller. Differentiable."""
+    it can see, the bias a view of one template. Reverses whichever of q or (k, v) is smaller. Differentiable.
+
+    q: [B, H, Tq, D]; k, v: [B, Hkv, Tk, D/Dv]; slopes: [H]; offset: position of query 0. Returns [B, H, Tq, Dv].
+    """
     B, H, Tq, _ = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     template = bias_template(slopes, Tq, Tk, offset, causal)
     if q.dtype == torch.float64:
         template = template.double()  # other dtypes: SDPA on CPU adds an fp32 bias in its fp32 accumulator
-    reverse_q = Tq * H < Tk * Hkv
+    # reverse the side that is cheaper to copy: q and the output (Tq * H rows) or k and v (Tk * Hkv rows); on a tie
+    # q, whose copy is freed before the output is turned around (peak extra memory: one output, not k and v)
+    reverse_q = Tq * H <= Tk * Hkv
     if reverse_q:   # row r is query Tq-1-r: the bias of (row r, key c) is template[L-1-(r+c)]
         template, q, k_rev, v_rev = template.flip(1), q.flip(2), k, v
     else:
@@ -239,7 +246,10 @@ def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | 
         if out is None:   # one output, filled block by block: no list of blocks and no concatenation
             out = o.new_empty(B, H, Tq, o.shape[-1])
         out[:, :, s:e] = o
-    return out.flip(2) if reverse_q else out
+    if not reverse_q:
+        return out
+    del q, o
+    return out.flip(2)
 
 
 def split_causal_attention(q, k, v, slopes, *, offset: int, scale: float | None, outer: int = SPLIT_OUTER,

@@ -333,6 +333,8 @@ def test_flex_matches_oracle(causal, dtype):
     ({"scale": float("nan")}, None, "scale must be a positive finite number"),
     ({"scale": "0.5"}, None, "scale must be a number, got '0.5'"),
     ({"backend": "cuda"}, None, "backend: expected one of auto, chunked, flex"),
+    ({"causal": "no"}, None, "causal must be True or False, got 'no'"),
+    ({"causal": 1}, None, "causal must be True or False, got 1"),
 ])
 def test_bad_input_names_the_argument(kwargs, shapes, match):
     shapes = shapes or ((1, 4, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16))
