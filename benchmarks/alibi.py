@@ -78,7 +78,9 @@ def make_variant(name: str, q, k, v, causal: bool):
         return lambda: posenc.alibi_attention(q, k, v, causal=causal)
     if name == "flex":
         return lambda: posenc.alibi_attention(q, k, v, causal=causal, backend="flex")
-    slopes = alibi_slopes(H).to(q.device)
+    if q.device.type != "cpu":
+        raise ValueError(f"{name}: the block and split schedules are the CPU paths")
+    slopes = alibi_slopes(H)
     if name.startswith("blocks_"):
         block = int(name.split("_")[1])
         return lambda: causal_blocks(q, k, v, slopes, causal=causal, offset=0, scale=None, block=block)

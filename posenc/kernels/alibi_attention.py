@@ -157,18 +157,19 @@ def _check_inputs(q, k, v, q_offset) -> int:
 # the one new query is cheaper to reverse than the cache. A natural-order bias would be a Toeplitz matrix, whose
 # view needs a negative stride, which torch does not allow.
 
-def bias_template(slopes: torch.Tensor, q_len: int, k_len: int, offset: int, causal: bool) -> torch.Tensor:
-    """fp32 [H, q_len + k_len - 1]: entry t holds the bias at distance d = t - (k_len - 1 - offset).
+def bias_template(slopes: torch.Tensor, q_len: int, k_len: int, offset: int, causal: bool,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[H, q_len + k_len - 1] in ``dtype``: entry t holds the bias at distance d = t - (k_len - 1 - offset).
 
     d = (query position) - (key position) runs from offset - (k_len - 1) (query 0, last key) to q_len - 1 + offset
     (last query, key 0). Bias: -m_h * |d| (bidirectional), or -m_h * d for d >= 0 and -inf for d < 0 (causal).
-    Built in float64 (exact distances), stored fp32.
+    Built in float64 (exact distances), rounded once to ``dtype`` (fp32; fp64 for fp64 inputs).
     """
     d = torch.arange(q_len + k_len - 1, device=slopes.device, dtype=torch.float64) - (k_len - 1 - offset)
     bias = -slopes.double().unsqueeze(1) * d.abs()
     if causal:
         bias.masked_fill_(d < 0, float("-inf"))
-    return bias.float()
+    return bias.to(dtype)
 
 
 def hankel_view(template: torch.Tensor, first: int, rows: int, cols: int) -> torch.Tensor:
@@ -210,6 +211,10 @@ def _split_applies(q, k, v, offset) -> bool:
             and v.shape[-1] == q.shape[-1])
 
 
+def _template_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | None, block: int) -> torch.Tensor:
     """CPU: SDPA over blocks of ``block`` queries (one call when bidirectional or block >= Tq), each against the keys
     it can see, the bias a view of one template. Reverses whichever of q or (k, v) is smaller. Differentiable.
@@ -218,9 +223,8 @@ def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | 
     """
     B, H, Tq, _ = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
-    template = bias_template(slopes, Tq, Tk, offset, causal)
-    if q.dtype == torch.float64:
-        template = template.double()  # other dtypes: SDPA on CPU adds an fp32 bias in its fp32 accumulator
+    # fp64 inputs get an fp64 bias; others fp32, which SDPA on CPU adds in its fp32 accumulator
+    template = bias_template(slopes, Tq, Tk, offset, causal, _template_dtype(q))
     # reverse the side that is cheaper to copy: q and the output (Tq * H rows) or k and v (Tk * Hkv rows); on a tie
     # q, whose copy is freed before the output is turned around (peak extra memory: one output, not k and v)
     reverse_q = Tq * H <= Tk * Hkv
@@ -276,7 +280,7 @@ def split_causal_attention(q, k, v, slopes, *, offset: int, scale: float | None,
     if head:
         out[:, :, :head] = causal_blocks(q[:, :, :head], k[:, :, :head + offset], v[:, :, :head + offset], slopes,
                                          causal=True, offset=offset, scale=scale, block=inner)
-    template = bias_template(slopes, Tq, Tk, offset, True).to(q.dtype)
+    template = bias_template(slopes, Tq, Tk, offset, True, _template_dtype(q))
     L = template.shape[1]
 
     # diagonal squares, all blocks at once: batch = block, heads = (batch, head) merged
@@ -318,7 +322,7 @@ def split_causal_attention(q, k, v, slopes, *, offset: int, scale: float | None,
 def _device_blocks(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
     """Not CPU: the same blocks and reversed keys, each block's bias copied out contiguous in q's dtype."""
     Tq, Tk = q.shape[2], k.shape[2]
-    template = bias_template(slopes, Tq, Tk, offset, causal).to(q.dtype)
+    template = bias_template(slopes, Tq, Tk, offset, causal, q.dtype)
     k_rev, v_rev = k.flip(2), v.flip(2)
     outs = []
     for s in range(0, Tq, block):

@@ -193,6 +193,16 @@ def test_split_schedule_is_not_used_under_autograd(small_split):
 
 
 @pytest.mark.parametrize("causal", [True, False])
+def test_float64_inputs_get_a_float64_bias(causal):
+    # 12 heads: slopes like 2^-0.5 whose multiples are not exact in fp32; an fp32 template would cost ~1e-8 here
+    q, k, v = qkv(1, 12, 12, 20, 30, dtype=torch.float64)
+    slopes = torch.tensor(reference.alibi_slopes(12), dtype=torch.float32)
+    expected = oracle(q, k, v, slopes.tolist(), causal=causal)
+    out = alibi_attention(q, k, v, slopes, causal=causal)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
 def test_block_schedule_reversing_queries_or_keys_agree(causal):
     # a decoding step (Tq=1, the query is reversed) and a long prefill block (the keys are) against the oracle
     for shape in ((2, 4, 2, 1, 300), (1, 8, 2, 5, 300), (1, 2, 2, 40, 40)):
