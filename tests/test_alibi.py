@@ -58,12 +58,12 @@ def test_kv_cache_alignment():
     (lambda: alibi_slopes(0), r"n_heads must be an integer in \[1, 65536\], got 0"),
     (lambda: alibi_slopes(2.0), "n_heads must be an integer"),
     (lambda: alibi_slopes("8"), "n_heads must be an integer"),
-    (lambda: alibi_bias(4, -1), "q_len must be an integer >= 1"),
+    (lambda: alibi_bias(4, -1), "q_len must be a positive integer"),
     (lambda: alibi_bias(4, 5, 3), "k_len must be >= q_len"),
     (lambda: alibi_bias(4, 5, slopes=torch.ones(3)), r"slopes must have shape \[n_heads\] = \[4\]"),
     (lambda: alibi_bias(2, 5, slopes=["a", "b"]), "slopes must be a tensor or sequence of 2 numbers"),
     (lambda: alibi_bias(2, 5, dtype=torch.int64), "dtype must be a floating torch.dtype"),
-    (lambda: alibi_bias(2, 5, max_elements=0), "max_elements must be an integer >= 1"),
+    (lambda: alibi_bias(2, 5, max_elements=0), "max_elements must be a positive integer"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):
