@@ -51,8 +51,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (Unix), or None: benchmarks record it beside each number on a shared machine."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def environment(device: str | torch.device = "cpu") -> dict:
-    """What the numbers were measured on: machine, library versions, thread count."""
+    """What the numbers were measured on: machine, library versions, thread count, load average at the start."""
     env = {
         "cpu_model": cpu_model(),
         "python": platform.python_version(),
@@ -62,6 +70,7 @@ def environment(device: str | torch.device = "cpu") -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
+        "load_average_start": load_average(),
     }
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(torch.device(device))

@@ -1,19 +1,28 @@
-"""RoPE speed, side by side in one process: posenc vs the peers vs an equal-bytes copy (the floor).
+"""RoPE speed, side by side in one process: posenc's public calls vs the peers vs two floors.
 
-    python benchmarks/rope.py                       # decode, prefill and long shapes; fp32 and bf16
+    python benchmarks/rope.py --threads 1           # decode, prefill and long shapes; fp32 and bf16
     python benchmarks/rope.py --quick               # smaller shapes, shorter timing (a smoke run)
-    python benchmarks/rope.py --shapes prefill --dtypes bf16
+    python benchmarks/rope.py --shapes decode,prefill --dtypes bf16
 
-Each implementation rotates q [B, Hq, T, D] and k [B, Hk, T, D] (GQA, Llama-3-8B-like head counts); timing is
-torch.utils.benchmark's blocked_autorange median after warm-up, the minimum over --repeats rounds (other
-processes on a shared machine only ever make a round slower). Before timing, every peer's output is compared
-with posenc's in the peer's own layout (Hugging Face: half-split; rotary-embedding-torch, torchtune: interleaved),
-so the comparison is like for like. A peer that is not installed (or fails) is reported as unavailable.
+Each implementation rotates q [B, Hq, T, D] and k [B, Hk, T, D] (GQA, Llama-3-8B-like head counts) at integer
+positions. posenc rows time what users call: ``posenc.apply_rope_qk`` (default: fresh outputs; ``out=``;
+``inplace=True``) and the ``posenc.Rotary`` module, positions in and rotated tensors out (tables included). One row
+labelled "(internal)" times the kernel behind them with a precomputed table, as a reference.
+The floors: a copy of the same bytes into preallocated buffers (``copy_``) and an allocate-and-copy
+(``torch.empty_like`` + ``copy_``: what any out-of-place op pays for fresh outputs).
 
-Columns: ms (median per call, q and k together), GB/s (bytes of q and k read + written / time; tables not
-counted), x_copy (time / the copy floor's time), posenc_speedup (this row's time / posenc's time in the same
-layout), max_err (max |peer - posenc|), ok (within tolerance of posenc).
-Results are also written to benchmarks/results/rope-<device>.json.
+Timing: torch.utils.benchmark's blocked_autorange median after warm-up, the minimum over --repeats rounds that
+interleave the implementations (other processes on a shared machine only ever make a round slower, and hit every
+row alike); the 1-minute load average of the best round is recorded beside each number. Before timing, every
+peer's output is compared with posenc's in the peer's own layout (Hugging Face: half-split; rotary-embedding-torch,
+torchtune: interleaved), so the comparison is like for like. A peer that is not installed (the ``bench`` extra) or
+fails is reported as unavailable.
+
+Columns: ms (median per call, q and k together), GB/s (bytes of q and k read + written / time; tables not counted),
+x_copy / x_alloc (time / the floor's time), vs_posenc (time / ``posenc.apply_rope_qk``'s in the same layout),
+vs_hf (time / transformers' eager apply_rotary_pos_emb), max_err (max |output - posenc|), ok (within tolerance),
+load (1-minute load average). The targets (issue 15) are checked at the end. Results are also written to
+benchmarks/results/rope-<device>[-quick].json.
 """
 
 from __future__ import annotations
@@ -29,12 +38,14 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import RESULTS_DIR, device_tag, environment, gbps, print_table, save_json, time_fn  # noqa: E402
+from _common import (RESULTS_DIR, device_tag, environment, gbps, load_average, print_table, save_json,  # noqa: E402
+                     time_fn)
 
 import posenc  # noqa: E402
 from posenc.kernels import cpu_rope  # noqa: E402
 from posenc.kernels.rope_dispatch import rope as posenc_rope  # noqa: E402
 from posenc.rope.apply import default_inv_freq, rope_cos_sin  # noqa: E402
+from posenc.rope.module import Rotary  # noqa: E402
 
 # name -> (batch, seq, q heads, kv heads, head dim, first position)
 SHAPES = {
@@ -125,39 +136,61 @@ class Case:
                         for lay in ("half", "interleaved")}
 
 
+POSENC_DEFAULT = "posenc.apply_rope_qk"          # the row every other row is compared with (vs_posenc)
+HF = "transformers eager apply_rotary_pos_emb"
+COPY, ALLOC = "copy floor (preallocated)", "alloc+copy floor (empty_like + copy_)"
+
+
 def candidates(case: Case, device: str, compile_times: dict):
-    """Yield (name, layout, is_posenc, make) where make() returns the timed callable (or raises if unavailable)."""
-    q, k, cos, sin, d = case.q, case.k, case.cos, case.sin, case.d
+    """Yield (name, layout, make) where make() returns the timed callable (or raises if unavailable)."""
+    q, k, cos, sin, d, pos = case.q, case.k, case.cos, case.sin, case.d, case.positions
 
     def copy_floor():
         qo, ko = case.q_out, case.k_out
         return lambda: (qo.copy_(q), ko.copy_(k))
-    yield "copy floor (preallocated)", None, False, copy_floor
+    yield COPY, None, copy_floor
+
+    def alloc_copy_floor():
+        return lambda: (torch.empty_like(q).copy_(q), torch.empty_like(k).copy_(k))
+    yield ALLOC, None, alloc_copy_floor
 
     for lay in ("half", "interleaved"):
-        def kernel_out(lay=lay):
+        suffix = "" if lay == "half" else " interleaved"
+
+        def default(lay=lay):
+            return lambda: posenc.apply_rope_qk(q, k, pos, layout=lay)
+        yield POSENC_DEFAULT + suffix, lay, default
+
+        def with_out(lay=lay):
             out = (case.q_out, case.k_out)
-            return lambda: posenc_rope((q, k), cos, sin, layout=lay, rotary_dim=d, out=out)
-        yield f"posenc {lay}, out=", lay, True, kernel_out
+            return lambda: posenc.apply_rope_qk(q, k, pos, layout=lay, out=out)
+        yield f"posenc.apply_rope_qk out={suffix}", lay, with_out
 
-    def kernel_inplace():
+    def inplace():
         qi, ki = q.clone(), k.clone()   # rotated again on every call: timing only (norms are preserved)
-        return lambda: posenc_rope((qi, ki), cos, sin, layout="half", rotary_dim=d, inplace=True)
-    yield "posenc half, inplace", "half", False, kernel_inplace
+        return lambda: posenc.apply_rope_qk(qi, ki, pos, layout="half", inplace=True)
+    yield "posenc.apply_rope_qk inplace=True", "half", inplace
 
-    def end_to_end():
-        pos = case.positions
-        return lambda: posenc.apply_rope_qk(q, k, pos, layout="half")
-    yield "posenc.apply_rope_qk (table+alloc)", "half", False, end_to_end
+    def module():
+        rot = Rotary(d, layout="half").to(q.device)
+        rot(q, k, pos)                  # builds its table once, as in a model
+        return lambda: rot(q, k, pos)
+    yield "posenc.Rotary (module)", "half", module
+
+    def kernel():
+        out = (case.q_out, case.k_out)
+        return lambda: posenc_rope((q, k), cos, sin, layout="half", rotary_dim=d, out=out)
+    yield "posenc kernel, given table, out= (internal)", "half", kernel
 
     if device == "cpu":
         def eager_fallback():
+            out = (case.q_out, case.k_out)
+
             def run():
-                cpu_rope.rope_into(q, cos, sin, case.q_out, layout="half", rotary_dim=d, native=False)
-                cpu_rope.rope_into(k, cos, sin, case.k_out, layout="half", rotary_dim=d, native=False)
-                return case.q_out, case.k_out
+                with cpu_rope.eager_only():
+                    return posenc.apply_rope_qk(q, k, pos, layout="half", out=out)
             return run
-        yield "posenc eager fallback (no compiler)", "half", False, eager_fallback
+        yield "posenc.apply_rope_qk out=, eager fallback (POSENC_NATIVE=0)", "half", eager_fallback
 
     def hf():
         apply_rotary_pos_emb = load_hf()
@@ -165,7 +198,7 @@ def candidates(case: Case, device: str, compile_times: dict):
         cos2 = torch.cat((cos, cos), -1)[None].to(q.dtype)
         sin2 = torch.cat((sin, sin), -1)[None].to(q.dtype)
         return lambda: apply_rotary_pos_emb(q, k, cos2, sin2)
-    yield "transformers eager apply_rotary_pos_emb", "half", False, hf
+    yield HF, "half", hf
 
     def compiled():
         fn = torch.compile(plain_half, dynamic=False)
@@ -173,27 +206,27 @@ def candidates(case: Case, device: str, compile_times: dict):
         fn(q, k, cos, sin)
         compile_times[f"{case.t}:{q.dtype}"] = time.perf_counter() - t0
         return lambda: fn(q, k, cos, sin)
-    yield "torch.compile(plain formula)", "half", False, compiled
+    yield "torch.compile(plain formula)", "half", compiled
 
     def ret():
         RotaryEmbedding = load_rotary_embedding_torch()
         rot = RotaryEmbedding(dim=d, cache_max_seq_len=max(8192, case.start + case.t)).to(q.device)
         return lambda: (rot.rotate_queries_or_keys(q, seq_dim=-2, offset=case.start),
                         rot.rotate_queries_or_keys(k, seq_dim=-2, offset=case.start))
-    yield "rotary-embedding-torch", "interleaved", False, ret
+    yield "rotary-embedding-torch", "interleaved", ret
 
     def tt():
         RoPE, how = load_torchtune()
         mod = RoPE(dim=d, max_seq_len=case.start + case.t).to(q.device)
         qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()   # its layout: [B, T, H, D]
-        pos = None if case.start == 0 else case.positions[None].expand(case.b, -1)
+        tpos = None if case.start == 0 else case.positions[None].expand(case.b, -1)
 
         def run():
-            return mod(qt, input_pos=pos), mod(kt, input_pos=pos)
+            return mod(qt, input_pos=tpos), mod(kt, input_pos=tpos)
         run.transform = lambda outs: tuple(o.transpose(1, 2) for o in outs)
         run.note = " ".join(how.split())
         return run
-    yield "torchtune RotaryPositionalEmbeddings", "interleaved", False, tt
+    yield "torchtune RotaryPositionalEmbeddings", "interleaved", tt
 
     if device != "cpu":
         def liger():
@@ -202,18 +235,18 @@ def candidates(case: Case, device: str, compile_times: dict):
             sin2 = torch.cat((sin, sin), -1)[None].to(q.dtype)
             qc, kc = q.clone(), k.clone()      # liger rotates in place
             return lambda: fn.apply(qc, kc, cos2, sin2)
-        yield "liger-kernel rope (in place)", "half", False, liger
+        yield "liger-kernel rope (in place)", "half", liger
 
         def flash():
             fn = load_flash_attn()
             qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()   # [B, T, H, D]
-            c, s = cos.to(q.dtype), sin.to(q.dtype)
+            c, s_ = cos.to(q.dtype), sin.to(q.dtype)
 
             def run():
-                return fn(qt, c, s, interleaved=False), fn(kt, c, s, interleaved=False)
+                return fn(qt, c, s_, interleaved=False), fn(kt, c, s_, interleaved=False)
             run.transform = lambda outs: tuple(o.transpose(1, 2) for o in outs)
             return run
-        yield "flash-attn apply_rotary_emb", "half", False, flash
+        yield "flash-attn apply_rotary_emb", "half", flash
 
 
 def check(name, fn, case: Case, layout: str | None):
@@ -231,9 +264,9 @@ def check(name, fn, case: Case, layout: str | None):
 
 def run_case(shape_name, shape, dtype_name, dtype, device, args, compile_times):
     case = Case(shape, dtype, device)
-    rows, fns, base = [], {}, {}
-    for name, layout, is_posenc, make in candidates(case, device, compile_times):
-        row = {"shape": shape_name, "dtype": dtype_name, "impl": name, "layout": layout, "posenc": is_posenc}
+    rows, fns = [], {}
+    for name, layout, make in candidates(case, device, compile_times):
+        row = {"shape": shape_name, "dtype": dtype_name, "impl": name, "layout": layout}
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -258,40 +291,63 @@ def run_case(shape_name, shape, dtype_name, dtype, device, args, compile_times):
                 with torch.no_grad(), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     t = time_fn(fn, min_run_time=args.min_run_time, device=device)
-                row["seconds"] = min(t, row.get("seconds", float("inf")))
+                if t < row.get("seconds", float("inf")):
+                    row["seconds"], row["load"] = t, load_average()
             except Exception as exc:  # noqa: BLE001
                 row["unavailable"] = f"{type(exc).__name__}: {str(exc)[:160]}"
                 fns.pop(row["impl"])
+    by_name = {r["impl"]: r.get("seconds") for r in rows}
+    base = {lay: by_name.get(POSENC_DEFAULT + ("" if lay == "half" else " interleaved")) for lay in
+            ("half", "interleaved")}
     for row in rows:
-        if "seconds" in row:
-            row["ms"] = row["seconds"] * 1e3
-            row["GB/s"] = gbps(case.bytes, row["seconds"])
-        if row["impl"].startswith("copy floor"):
-            base["copy"] = row.get("seconds")
-        if row.pop("posenc"):
-            base[row["layout"]] = row.get("seconds")
-    for row in rows:
-        if row.get("seconds") and base.get("copy"):
-            row["x_copy"] = row["seconds"] / base["copy"]
-        ref = base.get(row["layout"])
-        if row.get("seconds") and ref:
-            row["posenc_speedup"] = row["seconds"] / ref
+        sec = row.get("seconds")
+        if sec:
+            row["ms"] = sec * 1e3
+            row["GB/s"] = gbps(case.bytes, sec)
+            for col, ref in (("x_copy", by_name.get(COPY)), ("x_alloc", by_name.get(ALLOC)),
+                             ("vs_posenc", base.get(row["layout"])), ("vs_hf", by_name.get(HF))):
+                if ref:
+                    row[col] = sec / ref
         row["bytes"] = case.bytes
         row["shape_dims"] = dict(zip(("batch", "seq", "q_heads", "kv_heads", "head_dim", "start"), shape))
     fns.clear()
     return rows
 
 
-COLUMNS = ["impl", "layout", "ms", "GB/s", "x_copy", "posenc_speedup", "max_err", "ok"]
+COLUMNS = ["impl", "layout", "ms", "GB/s", "x_copy", "x_alloc", "vs_posenc", "vs_hf", "max_err", "ok", "load"]
+
+# issue 15's targets: (shape kind, row, measure, floor/peer column, limit per dtype)
+TARGETS = [
+    ("decode", POSENC_DEFAULT, "vs_hf", {"fp32": 0.5, "bf16": 0.5}, "decode: apply_rope_qk <= 0.5x transformers"),
+    ("prefill", POSENC_DEFAULT, "x_alloc", {"fp32": 1.5, "bf16": 1.5}, "prefill default <= 1.5x alloc+copy"),
+    ("prefill", "posenc.apply_rope_qk out=", "x_copy", {"fp32": 1.2, "bf16": 1.5}, "prefill out= vs copy"),
+    ("decode", "posenc.Rotary (module)", "vs_posenc", {"fp32": 1.0, "bf16": 1.0}, "Rotary <= apply_rope_qk"),
+    ("prefill", "posenc.Rotary (module)", "vs_posenc", {"fp32": 1.0, "bf16": 1.0}, "Rotary <= apply_rope_qk"),
+]
+
+
+def target_rows(results) -> list[dict]:
+    """One row per (target, dtype) found in the results: the measured ratio, the limit, and whether it is met."""
+    out = []
+    for shape, impl, col, limits, what in TARGETS:
+        for r in results:
+            if r["shape"] == shape and r["impl"] == impl and r["dtype"] in limits and r.get(col) is not None:
+                limit = limits[r["dtype"]]
+                out.append({"target": what, "shape": shape, "dtype": r["dtype"], "measured": r[col],
+                            "limit": limit, "met": r[col] <= limit, "load": r.get("load")})
+    return out
 
 
 def show(rows, shape_name, dtype_name, shape, markdown=False):
     b, t, hq, hk, d, start = shape
-    shown = [r if "unavailable" not in r else
-             {"impl": r["impl"], "layout": r["layout"], "ms": "unavailable: " + r["unavailable"]} for r in rows]
+    shown = [r if "unavailable" not in r else {"impl": r["impl"], "layout": r["layout"], "ms": "unavailable"}
+             for r in rows]
     print_table(shown, COLUMNS, markdown=markdown,
                 title=f"{shape_name} {dtype_name}: B{b} T{t} Hq{hq} Hk{hk} D{d} (positions from {start}); "
                       f"{rows[0]['bytes'] / 2**20:.3g} MiB moved")
+    for r in rows:
+        if "unavailable" in r:
+            print(f"  unavailable: {r['impl']}: {r['unavailable']}")
 
 
 def main(argv=None) -> int:
@@ -334,6 +390,9 @@ def main(argv=None) -> int:
                 if rows:
                     dims = rows[0]["shape_dims"]
                     show(rows, shape_name, dtype_name, tuple(dims.values()), args.markdown)
+        if saved.get("targets"):
+            print_table(saved["targets"], ["target", "shape", "dtype", "measured", "limit", "met", "load"],
+                        title="targets (issue 15)", markdown=args.markdown)
         return 0
 
     env = environment(args.device)
@@ -342,27 +401,36 @@ def main(argv=None) -> int:
     if native is not None:
         native["first_use_seconds"] = time.perf_counter() - t0
     print(f"posenc RoPE benchmark on {env.get('gpu', env['cpu_model'])} ({env['cpu_count']} CPUs, "
-          f"{env['torch_threads']} torch threads), torch {env['torch']}")
+          f"{env['torch_threads']} torch threads), torch {env['torch']}, load average {env['load_average_start']}")
+    print(f"command: python benchmarks/rope.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     if native is not None:
         built = "cached build" if native["build_seconds"] is None else f"built in {native['build_seconds']:.2f} s"
         print(f"native CPU kernel: {'available' if native['available'] else 'UNAVAILABLE: ' + native['reason']}"
               f" ({built}; first use {native['first_use_seconds']:.3f} s)")
 
     results, compile_times = [], {}
+    started = time.perf_counter()
     for shape_name in shapes:
         for dtype_name in dtypes:
             shape = table[shape_name]
             rows = run_case(shape_name, shape, dtype_name, DTYPES[dtype_name], args.device, args, compile_times)
             results += rows
             show(rows, shape_name, dtype_name, shape, args.markdown)
+    targets = target_rows(results) if not args.quick else []
+    if targets:
+        print_table(targets, ["target", "shape", "dtype", "measured", "limit", "met", "load"],
+                    title="targets (issue 15)", markdown=args.markdown)
     if compile_times:
         print("\ntorch.compile first-call seconds: " +
               ", ".join(f"T{k.split(':')[0]} {k.split(':')[1].replace('torch.', '')}: {v:.1f}"
                         for k, v in compile_times.items()))
+    env["load_average_end"] = load_average()
+    env["wall_seconds"] = round(time.perf_counter() - started, 1)
     out = args.out or os.path.join(RESULTS_DIR, f"rope-{device_tag(args.device)}{'-quick' if args.quick else ''}.json")
     save_json({"benchmark": "rope", "environment": env, "args": vars(args), "native_kernel": native,
-               "torch_compile_first_call_seconds": compile_times, "results": results}, out)
-    print(f"\nsaved {out}")
+               "torch_compile_first_call_seconds": compile_times, "results": results, "targets": targets}, out)
+    print(f"\nsaved {out} ({env['wall_seconds']} s; load average {env['load_average_start']} -> "
+          f"{env['load_average_end']})")
     return 0
 
 

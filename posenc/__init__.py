@@ -79,7 +79,8 @@ _EXPORTS = {
     "LongRopeResult": "posenc.search.longrope",
     "longrope_scaling": "posenc.search.longrope_space",
     "longrope_cos_sin": "posenc.search.longrope_space",
-    "lm_perplexity": "posenc.search.fitness",
+    "lm_perplexity": "posenc.perplexity",
+    "window_losses": "posenc.perplexity",
     "perplexity_fitness": "posenc.search.fitness",
     "pose_position_ids": "posenc.pose",
     "pose_chunks": "posenc.pose",
@@ -95,6 +96,14 @@ _EXPORTS = {
     "KVCache": "posenc.nn.attention",
     "ModelConfig": "posenc.nn.model",
     "TinyLM": "posenc.nn.model",
+    # Hugging Face models: patch, export, evaluate, search
+    "patch": "posenc.hf.patch",
+    "unpatch": "posenc.hf.patch",
+    "is_patched": "posenc.hf.patch",
+    "export_lab_model": "posenc.hf.export",
+    "evaluate_model": "posenc.hf.evaluate",
+    "EvalSettings": "posenc.hf.evaluate",
+    "search_model": "posenc.hf.search",
 }
 
 __all__ = sorted(_EXPORTS) + ["SCHEME_NAMES", "__version__"]

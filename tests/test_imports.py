@@ -11,12 +11,9 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "posenc"
 
-# Owned by other work this round (the rope developer removes the config <-> scaling cycle and module.py's private
-# imports; the kernels keep their private helpers inside posenc/kernels). Delete an entry once it is fixed.
-KNOWN_CYCLES = {frozenset({"posenc.rope.config", "posenc.rope.scaling"})}
-KNOWN_PRIVATE = {("posenc.rope.module", "posenc.rope.apply", "_rotate_fast"),
-                 ("posenc.rope.module", "posenc.rope.scaling", "_lookup"),
-                 ("posenc.kernels.triton_rope", "posenc.kernels.cpu_rope", "_collapse")}
+# Delete an entry once it is fixed.
+KNOWN_CYCLES: set = set()
+KNOWN_PRIVATE = {("posenc.kernels.triton_rope", "posenc.kernels.cpu_rope", "_collapse")}
 
 
 def _modules() -> dict[str, Path]:
@@ -44,8 +41,14 @@ def _imports(name: str) -> list[tuple[str, str | None]]:
     """(module imported, name taken from it or None) for every import statement of module ``name``."""
     tree = ast.parse(MODULES[name].read_text())
     is_pkg = MODULES[name].name == "__init__.py"
+    # imports under `if TYPE_CHECKING:` never run: annotations only, no runtime dependency
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}
     out = []
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             out += [(a.name, None) for a in node.names if a.name.startswith("posenc")]
         elif isinstance(node, ast.ImportFrom):

@@ -62,6 +62,7 @@ class MethodConfig:
     scaling: dict
     max_position_embeddings: int
     notes: tuple[str, ...] = ()
+    details: dict = field(default_factory=dict)  # what a ``fit`` reported (search time, scores), for results.json
 
 
 @dataclass
@@ -82,6 +83,7 @@ class FitContext:
     settings: dict = field(default_factory=dict)
     out: Any = None
     progress: bool = True
+    resume: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ class ExtensionMethod:
     keeps_original_length: bool = False
     lab_factor: float | None = None
     transformers_form: Callable[[dict, ExtensionSpec], tuple[dict, list]] | None = None
-    fit: Callable[[ExtensionSpec, FitContext], dict] | None = None
+    fit: Callable[[ExtensionSpec, FitContext], dict | tuple[dict, dict]] | None = None
+    train_positions: Callable[..., Any] | None = None
     options: tuple[str, ...] = ()
     origin: str = ""
 
@@ -109,7 +112,8 @@ METHODS: dict[str, ExtensionMethod] = {}
 def register_method(name: str, *, label: str, expects_finetune: bool = False, note: str = "",
                     defaults: Mapping | None = None, keeps_original_length: bool = False,
                     lab_factor: float | None = None, transformers_form: Callable | None = None,
-                    fit: Callable | None = None, replace: bool = False):
+                    fit: Callable | None = None, train_positions: Callable | None = None,
+                    replace: bool = False):
     """Decorator registering ``write(spec, **options) -> rope scaling mapping`` as extension method ``name``.
 
     label: display name (reports, plots, extend). expects_finetune / note: whether the method is meant to be
@@ -117,13 +121,18 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     ``METHODS[name].defaults``). keeps_original_length: max_position_embeddings stays L0 (dynamic NTK) instead of
     the target. lab_factor: the factor the lab evaluates with instead of target / L0. transformers_form(scaling,
     spec) -> (scaling, notes): the form transformers reads when the rope_type is posenc's own. fit(spec, ctx:
-    FitContext) -> scaling: compute the config from the trained model and data (the lab calls it before
-    evaluating). Options: the write function's keyword-only arguments (e.g. longrope's factor lists).
+    FitContext) -> scaling, or (scaling, details): compute the config from the trained model and data (the lab
+    calls it before evaluating; ``details``, e.g. the search time, go into results.json). train_positions(batch,
+    seq_len, spec, generator) -> LongTensor [batch, seq_len]: a fine-tuning method that trains at the ORIGINAL
+    length with these position ids (PoSE); the lab fine-tunes it at L0 and has no zero-shot row for it (its
+    zero-shot model is the plain scaling's). Options: the write function's keyword-only arguments (e.g. longrope's
+    factor lists).
     """
     check_new_name("extension method", name, METHODS, replace)
     if not isinstance(label, str) or not label:
         raise ConfigError(f"extension method {name!r}: label must be a non-empty string, got {label!r}")
-    for hook_name, hook in (("transformers_form", transformers_form), ("fit", fit)):
+    for hook_name, hook in (("transformers_form", transformers_form), ("fit", fit),
+                            ("train_positions", train_positions)):
         if hook is not None and not callable(hook):
             raise ConfigError(f"extension method {name!r}: {hook_name} must be callable, got {type(hook).__name__}")
 
@@ -137,7 +146,8 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
             defaults=dict(defaults or {}), keeps_original_length=bool(keeps_original_length),
             lab_factor=None if lab_factor is None else check_float(lab_factor, "lab_factor", min=1.0,
                                                                     error=ConfigError),
-            transformers_form=transformers_form, fit=fit, options=options, origin=origin_of(write))
+            transformers_form=transformers_form, fit=fit, train_positions=train_positions, options=options,
+            origin=origin_of(write))
         return write
 
     return decorator
@@ -158,9 +168,11 @@ def method_label(name: str) -> str:
     return METHODS[name].label if name in METHODS else name
 
 
-def method_config(name: str, spec: ExtensionSpec, *, scaling: Mapping | None = None, **options) -> MethodConfig:
-    """The config method ``name`` writes for ``spec``: its scaling mapping (or ``scaling``, e.g. from ``fit``),
-    max_position_embeddings (the target, or L0 for methods that keep it) and notes. ``options`` go to write()."""
+def method_config(name: str, spec: ExtensionSpec, *, scaling: Mapping | None = None, details: Mapping | None = None,
+                  **options) -> MethodConfig:
+    """The config method ``name`` writes for ``spec``: its scaling mapping (or ``scaling``, e.g. from ``fit``, with
+    its ``details``), max_position_embeddings (the target, or L0 for methods that keep it) and notes. ``options``
+    go to write()."""
     method = get_method(name)
     unknown = set(options) - set(method.options)
     if unknown:
@@ -174,7 +186,7 @@ def method_config(name: str, spec: ExtensionSpec, *, scaling: Mapping | None = N
         raise ConfigError(f"extension method {name!r} (registered in {method.origin}) must write a mapping with a "
                           f"'rope_type', got {scaling!r}")
     length = spec.original if method.keeps_original_length else spec.target
-    return MethodConfig(dict(scaling), int(length), tuple(notes))
+    return MethodConfig(dict(scaling), int(length), tuple(notes), dict(details or {}))
 
 
 def transformers_config(name: str, config: MethodConfig, spec: ExtensionSpec) -> MethodConfig:

@@ -9,17 +9,22 @@ Why C through ctypes (see docs/performance.md for the measurements):
 - Built with -march=native (AVX-512/AVX2 speed up the bf16/fp16 conversions ~1.6x; a portable build if the
   compiler refuses) and cached in ``$POSENC_CACHE_DIR`` (default ``~/.cache/posenc``) under a hash of the source,
   compiler, flags and CPU model/features, written atomically so concurrent processes are safe.
-- No compiler, a failed build, ``POSENC_NATIVE=0``, or an unsupported input (odd strides, float16 without
-  compiler support) -> the eager fallback below, which is exact too: chunked over leading dims so its
-  temporaries stay cache-sized, fp32 math for half-precision inputs.
+- No compiler, a failed build, ``POSENC_NATIVE=0`` (or ``eager_only()`` in tests), or an unsupported input (odd
+  strides, float16 without compiler support) -> the eager fallback below, which is exact too: chunked over leading
+  dims so its temporaries stay cache-sized, fp32 math for half-precision inputs.
+- Per-call cost matters as much as bandwidth (a decode step rotates 40 vectors): q and k go through one ctypes call
+  with plain pointer arguments, the launch geometry is cached per shape, and the kernel reads each vector's cos/sin
+  row of a cached table through its position (no gathered copy), range-checking the positions itself.
 
 Tensor shapes used throughout:
     x, out: [..., dim] (the last dim is the head dim; any leading dims: batch, heads, seq, ...)
-    cos, sin: broadcastable to [..., rotary_dim // 2], float32 (float64 for float64 x)
+    cos, sin: broadcastable to [..., rotary_dim // 2], float32 (float64 for float64 x); or, with ``index`` (int64
+        positions broadcastable to x's leading dims), a contiguous table [rows, rotary_dim // 2]
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -34,6 +39,8 @@ import warnings
 from importlib import resources
 
 import torch
+
+from posenc.kernels.rope_checks import TableIndexError
 
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}
 _LAYOUT_CODES = {"interleaved": 0, "half": 1}
@@ -50,6 +57,7 @@ _ARCH_FLAGS = ["-march=native"]
 
 _lock = threading.Lock()
 _plans: dict = {}                # geometry -> kernel launches (see _plan)
+_force = {"eager": False}        # eager_only(): the fallback even where the C kernel is loaded
 _state: dict = {"lib": None, "tried": False, "reason": None, "path": None, "build_seconds": None}
 
 
@@ -120,6 +128,14 @@ def _build(source: str, cc: str) -> tuple[str, float | None]:
     return path, time.perf_counter() - t0
 
 
+class _Launch(ctypes.Structure):
+    """Mirror of rope_native.c's launch_t: one launch's geometry (pointers are passed per call)."""
+    _fields_ = [(name, ctypes.c_int32) for name in
+                ("which", "dtype", "layout", "inverse", "copy_tail", "stream", "ndim", "nthreads")] + \
+               [(name, ctypes.c_int64) for name in ("x_off", "out_off", "table_off", "dim", "rdim")] + \
+               [(name, ctypes.c_int64 * _MAX_DIMS) for name in ("sizes", "xs", "os", "cs")]
+
+
 def _load():
     """The ctypes library, building it on first use; None (with the reason recorded) if unavailable."""
     if _state["tried"]:
@@ -136,10 +152,9 @@ def _load():
             source = resources.files("posenc.kernels").joinpath("rope_native.c").read_text()
             path, seconds = _build(source, cc)
             lib = ctypes.CDLL(path)
-            lib.posenc_rope.restype = ctypes.c_int
-            i64p = ctypes.POINTER(ctypes.c_int64)
-            lib.posenc_rope.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 6 + [i64p] * 4 + \
-                [ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+            lib.posenc_rope_run.restype = ctypes.c_int
+            lib.posenc_rope_run.argtypes = [ctypes.c_int, ctypes.POINTER(_Launch)] + [ctypes.c_void_p] * 7 + \
+                [ctypes.c_int64] * 2
             lib.posenc_rope_has_f16.restype = ctypes.c_int
             _state.update(lib=lib, path=path, build_seconds=seconds, has_f16=bool(lib.posenc_rope_has_f16()))
         except Exception as exc:  # any failure: the eager path is exact, only slower
@@ -203,58 +218,116 @@ def _blocked(sizes, xs, os_, cs, block):
         yield n * block, sizes[:-1] + [t % block], xs, os_, cs
 
 
-def _plan(shape, x_strides, out_strides, cs_strides, dtype, layout, rotary_dim, inverse, in_place, nthreads):
-    """The kernel launches for one geometry: [(x/out element offset, table element offset, ctypes args)], or None
-    if the kernel cannot address it. Cached: a decode loop calls with the same geometry every step."""
-    key = (shape, x_strides, out_strides, cs_strides, dtype, layout, rotary_dim, inverse, in_place, nthreads)
-    plan = _plans.get(key, False)
-    if plan is not False:
-        return plan
-    sizes, xs, os_, cs = _collapse(list(shape[:-1]), list(x_strides[:-1]), list(out_strides[:-1]),
-                                   list(cs_strides[:-1]))
-    plan = None
-    if len(sizes) <= _MAX_DIMS:
-        csize = 8 if dtype == torch.float64 else 4
-        numel = 1
-        for n in shape:
-            numel *= n
+def _table_strides(table_shape, table_stride, lead_ndim: int) -> list[int]:
+    """Element strides of a table (or position index) broadcast against ``lead_ndim`` leading dims, aligned from
+    the right; broadcast (size-1 or missing) dims get stride 0."""
+    out = [0] * lead_ndim
+    for i in range(1, min(len(table_shape), lead_ndim) + 1):
+        out[-i] = 0 if table_shape[-i] == 1 else table_stride[-i]
+    return out
+
+
+def _plan(xs, outs, cos, sin, index, dtype, layout, rotary_dim, inverse):
+    """The kernel launches for one geometry: (ctypes array of _Launch, count), or None if the kernel cannot take
+    these tensors (the eager fallback runs instead). Everything checked here is part of the cache key."""
+    if dtype not in _DTYPE_CODES or (dtype == torch.float16 and not _state.get("has_f16")) or len(xs) > 2:
+        return None
+    if cos.dtype != (torch.float64 if dtype == torch.float64 else torch.float32) or sin.dtype != cos.dtype:
+        return None
+    cst = cos.stride()
+    if cst[-1] != 1 or cst != sin.stride():
+        return None
+    if index is None:
+        table_geom = (cos.shape[:-1], cst[:-1])
+    elif cos.dim() != 2 or cst[0] != cos.shape[1] or index.dtype != torch.int64 or not index.is_contiguous():
+        return None
+    else:
+        table_geom = (index.shape, index.stride())
+    csize = 8 if dtype == torch.float64 else 4
+    block = max(1, _TABLE_BLOCK_BYTES // (rotary_dim * csize))      # rows of cos + sin per block
+    threads = torch.get_num_threads()
+    launches = []
+    for which, (x, o) in enumerate(zip(xs, outs)):
+        shape, x_strides, out_strides = x.shape, x.stride(), o.stride()
+        if x_strides[-1] != 1 or out_strides[-1] != 1:
+            return None
+        in_place = x.data_ptr() == o.data_ptr()
+        lead = len(shape) - 1
+        sizes, xs_, os_, cs = _collapse(list(shape[:-1]), list(x_strides[:-1]), list(out_strides[:-1]),
+                                        _table_strides(table_geom[0], table_geom[1], lead))
+        if len(sizes) > _MAX_DIMS:
+            return None
+        numel = x.numel()
+        nthreads = max(1, min(threads, numel // _GRAIN))
         # an output far bigger than the cache: non-temporal stores (see rope_native.c)
         stream = not in_place and numel * _DTYPE_BYTES[dtype] >= _STREAM_BYTES
-        block = max(1, _TABLE_BLOCK_BYTES // (rotary_dim * csize))      # rows of cos + sin per block
-        plan = []
-        for t0, sz, xst, ost, cst in _blocked(sizes, xs, os_, cs, block):
-            arr = ctypes.c_int64 * len(sz)
-            args = (_DTYPE_CODES[dtype], _LAYOUT_CODES[layout], int(inverse), int(not in_place), int(stream),
-                    len(sz), arr(*sz), arr(*xst), arr(*ost), arr(*cst), shape[-1], rotary_dim, nthreads)
-            plan.append((t0 * xs[-1], t0 * os_[-1], t0 * cs[-1], args))
-    if len(_plans) > 256:
-        _plans.clear()
-    _plans[key] = plan
-    return plan
+        for t0, sz, xst, ost, cst_ in _blocked(sizes, xs_, os_, cs, block):
+            launch = _Launch(which, _DTYPE_CODES[dtype], _LAYOUT_CODES[layout], int(inverse), int(not in_place),
+                             int(stream), len(sz), nthreads, t0 * xs_[-1], t0 * os_[-1], t0 * cs[-1], shape[-1],
+                             rotary_dim)
+            launch.sizes[:len(sz)], launch.xs[:len(sz)], launch.os[:len(sz)], launch.cs[:len(sz)] = sz, xst, ost, cst_
+            launches.append(launch)
+    return (_Launch * len(launches))(*launches), len(launches)
 
 
-def _native_into(x, cos, sin, out, layout, rotary_dim, inverse) -> bool:
-    """Run the C kernel if it can take these tensors; return False (nothing written) if it cannot."""
-    lib = _state["lib"] if _state["tried"] else _load()
-    dtype = x.dtype
-    if lib is None or dtype not in _DTYPE_CODES or (dtype == torch.float16 and not _state.get("has_f16")):
+def native_rope(xs, outs, cos, sin, index, layout: str, rotary_dim: int, inverse: bool) -> bool:
+    """Run the C kernel on every (xs[i] -> outs[i]) in one call if it can take them; False (nothing written) if not.
+
+    Without ``index``: cos, sin [..., rotary_dim // 2] broadcastable against each x's leading dims. With ``index``
+    (int64, contiguous, broadcastable against the leading dims): cos, sin are a contiguous [rows, rotary_dim // 2]
+    table and row index[...] of it rotates each vector; a position outside [0, rows) raises TableIndexError before
+    anything is written. All tensors share one dtype; the table is in the math dtype. At most two tensors (q, k).
+
+    This is the decode hot path: one flat cache key (shapes, strides, dtypes: whatever the plan depends on), then
+    one ctypes call with plain pointer arguments.
+    """
+    lib = _state["lib"]
+    if lib is None:
+        if _state["tried"] or _load() is None:
+            return False
+        lib = _state["lib"]
+    if _force["eager"]:
         return False
-    if cos.dtype != (torch.float64 if dtype == torch.float64 else torch.float32) or sin.dtype != cos.dtype:
-        return False
-    xst, ost, cst = x.stride(), out.stride(), cos.stride()
-    if xst[-1] != 1 or ost[-1] != 1 or cst[-1] != 1 or cst != sin.stride():
-        return False
-    xp, op = x.data_ptr(), out.data_ptr()
-    nthreads = max(1, min(torch.get_num_threads(), x.numel() // _GRAIN))
-    plan = _plan(x.shape, xst, ost, cst, dtype, layout, rotary_dim, inverse, xp == op, nthreads)
+    x0, o0 = xs[0], outs[0]
+    p0, q0 = x0.data_ptr(), o0.data_ptr()
+    two = len(xs) == 2
+    if two:
+        x1, o1 = xs[1], outs[1]
+        p1, q1 = x1.data_ptr(), o1.data_ptr()
+    else:
+        p1 = q1 = 0
+    # the cache key: everything the plan depends on; contiguous tensors are keyed by their shapes alone
+    if x0.is_contiguous() and o0.is_contiguous() and (not two or x1.is_contiguous() and o1.is_contiguous()):
+        geo = (x0.shape, p0 == q0, x1.shape, p1 == q1) if two else (x0.shape, p0 == q0)
+    elif two:
+        geo = (x0.shape, x0.stride(), o0.stride(), p0 == q0, x1.shape, x1.stride(), o1.stride(), p1 == q1)
+    else:
+        geo = (x0.shape, x0.stride(), o0.stride(), p0 == q0)
+    if index is None:
+        key = (geo, x0.dtype, cos.dtype, cos.shape, cos.stride(), sin.stride(), layout, rotary_dim, inverse,
+               torch.get_num_threads())
+    elif cos.is_contiguous() and sin.is_contiguous() and index.is_contiguous():
+        key = (geo, x0.dtype, cos.dtype, cos.shape[1], index.dtype, index.shape, layout, rotary_dim, inverse,
+               torch.get_num_threads())
+    else:
+        return False          # (the index path needs a contiguous table and index)
+    plan = _plans.get(key, False)
+    if plan is False:
+        plan = _plan(xs, outs, cos, sin, index, x0.dtype, layout, rotary_dim, inverse)
+        if len(_plans) > 256:
+            _plans.clear()
+        _plans[key] = plan
     if plan is None:
         return False
-    esize, csize = x.element_size(), cos.element_size()
-    cp, sp = cos.data_ptr(), sin.data_ptr()
-    for xoff, ooff, coff, args in plan:
-        rc = lib.posenc_rope(xp + xoff * esize, op + ooff * esize, cp + coff * csize, sp + coff * csize, *args)
-        if rc != 0:
-            raise RuntimeError(f"posenc native RoPE kernel failed with code {rc}")
+    if index is None:
+        rc = lib.posenc_rope_run(plan[1], plan[0], p0, q0, p1, q1, cos.data_ptr(), sin.data_ptr(), None, 0, 0)
+    else:
+        rc = lib.posenc_rope_run(plan[1], plan[0], p0, q0, p1, q1, cos.data_ptr(), sin.data_ptr(), index.data_ptr(),
+                                 index.numel(), cos.shape[0])
+    if rc:
+        if rc == 4:
+            raise TableIndexError(f"positions must lie in [0, {cos.shape[0]}) to index the cos/sin table")
+        raise RuntimeError(f"posenc native RoPE kernel failed with code {rc}")
     return True
 
 
@@ -277,6 +350,16 @@ def _chunks(x, out, cos, sin, dim: int = 0):
 def _pairs(t: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     h = t.shape[-1] // 2
     return (t[..., 0::2], t[..., 1::2]) if layout == "interleaved" else (t[..., :h], t[..., h:])
+
+
+def gather_table(cos: torch.Tensor, sin: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows index[...] of a [rows, R/2] table, as [*index.shape, R/2]; TableIndexError for a position outside it."""
+    rows = cos.shape[0]
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= rows):
+        raise TableIndexError(f"positions must lie in [0, {rows}) to index the cos/sin table")
+    flat = index.reshape(-1)
+    return (cos.index_select(0, flat).view(*index.shape, cos.shape[-1]),
+            sin.index_select(0, flat).view(*index.shape, sin.shape[-1]))
 
 
 def eager_rope_into(x, cos, sin, out, layout: str, rotary_dim: int, inverse: bool = False) -> torch.Tensor:
@@ -305,23 +388,51 @@ def eager_rope_into(x, cos, sin, out, layout: str, rotary_dim: int, inverse: boo
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# entry point
+# entry points
 # ---------------------------------------------------------------------------------------------------------------
 
+def rope_many(xs, outs, cos, sin, *, layout: str, rotary_dim: int, inverse: bool = False,
+              index: torch.Tensor | None = None) -> None:
+    """Write RoPE(xs[i]) into outs[i] for every i (outs[i] may be xs[i]: in place): the C kernel in one call when
+    it can take the tensors, else the eager fallback. See ``native_rope`` for cos/sin/index."""
+    if xs[0].is_cpu and len(xs) <= 2 and native_rope(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
+        return
+    if index is not None:
+        cos, sin = gather_table(cos, sin, index)
+    for x, o in zip(xs, outs):
+        eager_rope_into(x, cos, sin, o, layout, rotary_dim, inverse)
+
+
 def rope_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, *, layout: str,
-              rotary_dim: int, inverse: bool = False, native: bool | None = None) -> torch.Tensor:
+              rotary_dim: int, inverse: bool = False, native: bool | None = None,
+              index: torch.Tensor | None = None) -> torch.Tensor:
     """Write RoPE(x) into ``out`` (which may be ``x`` itself for in place) and return ``out``.
 
-    x, out: [..., dim] same shape and dtype; cos, sin: broadcastable to [..., rotary_dim // 2] in the math dtype.
-    ``inverse`` rotates by minus the angle (the backward pass). ``native``: None = C kernel when possible,
-    False = eager only (tests/benchmarks), True = require the C kernel.
-    Inputs are not checked here beyond what the kernel needs: posenc.rope.apply validates user input.
+    x, out: [..., dim] same shape and dtype; cos, sin: broadcastable to [..., rotary_dim // 2] in the math dtype
+    (or, with ``index``, a [rows, rotary_dim // 2] table indexed by it). ``inverse`` rotates by minus the angle (the
+    backward pass). ``native``: None = C kernel when possible, False = eager only (tests/benchmarks), True =
+    require the C kernel. Inputs are not checked here beyond what the kernel needs: posenc.rope.apply validates
+    user input (and posenc.kernels.rope_dispatch the aliasing rules).
     """
-    cos = cos.expand(*x.shape[:-1], rotary_dim // 2)
-    sin = sin.expand(*x.shape[:-1], rotary_dim // 2)
+    if index is not None:
+        index = index.contiguous()
     if x.device.type == "cpu" and native is not False:
-        if _native_into(x, cos, sin, out, layout, rotary_dim, inverse):
+        if native_rope((x,), (out,), cos, sin, index, layout, rotary_dim, inverse):
             return out
         if native:
             raise RuntimeError(f"native RoPE kernel cannot take this input ({native_info()['reason'] or 'layout'})")
+    if index is not None:
+        cos, sin = gather_table(cos, sin, index)
     return eager_rope_into(x, cos, sin, out, layout, rotary_dim, inverse)
+
+
+@contextlib.contextmanager
+def eager_only():
+    """Run the eager fallback instead of the C kernel inside this block (tests compare the two backends; users set
+    ``POSENC_NATIVE=0`` for the whole process)."""
+    previous = _force["eager"]
+    _force["eager"] = True
+    try:
+        yield
+    finally:
+        _force["eager"] = previous

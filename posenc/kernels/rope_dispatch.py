@@ -1,12 +1,23 @@
-"""Kernel dispatch for RoPE: picks the fastest exact path for the device and wires autograd.
+"""Kernel dispatch for RoPE: picks the fastest exact path for the device and applies torch's rules to every write.
 
     CUDA tensor + triton importable  -> posenc.kernels.triton_rope (q and k in one launch)
-    CPU tensor                       -> posenc.kernels.cpu_rope (C kernel, or its chunked eager fallback)
+    CPU tensor                       -> posenc.kernels.cpu_rope (C kernel, q and k in one call; or its eager fallback)
     anything else (mps, ...)         -> cpu_rope's eager fallback (plain torch ops, device-agnostic)
 
-Gradients flow to the rotated tensors through one autograd.Function whose backward is the inverse rotation
-(the same kernel with the angle negated); cos/sin are treated as constants here — posenc.rope.apply routes
-differentiable frequencies (cos/sin requiring grad) to its readable eager formula instead.
+The rules, identical whichever backend runs (a kernel writing through raw pointers must restate them):
+- gradients flow through one autograd.Function whose backward is the inverse rotation, itself that same Function
+  with the angle negated, so double backward (``create_graph=True``, ``gradgradcheck``) works;
+- ``inplace=True`` on tensors that require grad rotates out of place and then ``copy_``s back, so torch itself
+  records the in-place write (views, version counters, its refusal of leaves); a leaf that requires grad is refused
+  before anything is written;
+- ``out=`` while autograd is recording and any argument requires grad is refused, as torch's ``out=`` ops do;
+- every tensor written in place or through ``out=`` gets its version counter bumped, so a backward that saved it
+  raises instead of silently using rotated values;
+- overlapping memory (expanded outputs, out= overlapping an input, q and k sharing memory in place) is refused by
+  posenc.kernels.rope_checks.
+
+cos/sin are constants here (never differentiated): posenc.rope.apply routes differentiable frequencies to its
+readable eager formula instead.
 """
 
 from __future__ import annotations
@@ -15,77 +26,114 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from posenc.errors import PosencError
 from posenc.kernels import cpu_rope
+from posenc.kernels.rope_checks import RopeAliasError, check_writes
 
-# backend(xs, outs, cos, sin, layout, rotary_dim, inverse): write RoPE(xs[i]) into outs[i]
-Backend = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor, torch.Tensor, str, int, bool],
-                   None]
-
-
-def _cpu_backend(xs, outs, cos, sin, layout, rotary_dim, inverse):
-    for x, o in zip(xs, outs):
-        cpu_rope.rope_into(x, cos, sin, o, layout=layout, rotary_dim=rotary_dim, inverse=inverse)
+# backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse): write RoPE(xs[i]) into outs[i]
+Backend = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor, torch.Tensor,
+                    torch.Tensor | None, str, int, bool], None]
 
 
-def _triton_backend(xs, outs, cos, sin, layout, rotary_dim, inverse):
+def _cpu_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
+    if len(xs) > 2 or not cpu_rope.native_rope(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
+        cpu_rope.rope_many(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse, index=index)
+
+
+def _eager_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
+    cpu_rope.rope_many(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse, index=index)
+
+
+def _triton_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
     from posenc.kernels import triton_rope
+    if index is not None:
+        cos, sin = cpu_rope.gather_table(cos, sin, index)
     triton_rope.rope_into(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse)
 
 
 def backend_for(x: torch.Tensor) -> Backend:
     """The backend apply_rope uses for tensors on x's device."""
+    if x.is_cpu:
+        return _cpu_backend
     if x.device.type == "cuda":
         from posenc.kernels import triton_rope
         if triton_rope.available():
             return _triton_backend
-    return _cpu_backend
+    return _eager_backend
 
 
 class _Rope(torch.autograd.Function):
-    """outs = RoPE(xs) with gradient d xs = RoPE^-1(d outs) (a rotation's inverse is its transpose)."""
+    """outs = RoPE(xs) (or RoPE^-1 when inverse); d xs = RoPE^-1(d outs) through this same Function, so the
+    backward is differentiable too (a rotation's inverse is its transpose)."""
 
     @staticmethod
-    def forward(ctx, cos, sin, layout, rotary_dim, backend, *xs):
+    def forward(ctx, spec, cos, sin, index, *xs):
+        layout, rotary_dim, inverse, backend = spec
         outs = [torch.empty_like(x) for x in xs]
-        backend(xs, outs, cos, sin, layout, rotary_dim, False)
-        ctx.save_for_backward(cos, sin)
-        ctx.args = (layout, rotary_dim, backend)
+        backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse)
+        ctx.save_for_backward(cos, sin, index)
+        ctx.spec = spec
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        cos, sin = ctx.saved_tensors
-        layout, rotary_dim, backend = ctx.args
+        cos, sin, index = ctx.saved_tensors
+        layout, rotary_dim, inverse, backend = ctx.spec
         grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]
-        outs = [torch.empty_like(g) for g in grads]
-        backend(grads, outs, cos, sin, layout, rotary_dim, True)
-        return (None, None, None, None, None, *outs)
+        outs = _Rope.apply((layout, rotary_dim, not inverse, backend), cos, sin, index, *grads)
+        return (None, None, None, None, *outs)
+
+
+def _names(n: int, prefix: str, single: str) -> tuple[str, ...]:
+    return (single,) if n == 1 else tuple(f"{prefix}[{i}]" for i in range(n))
 
 
 def rope(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *, layout: str, rotary_dim: int,
-         inplace: bool = False, out: Sequence[torch.Tensor] | None = None,
-         backend: Backend | None = None) -> tuple[torch.Tensor, ...]:
-    """RoPE on each tensor of ``xs`` (e.g. (q,) or (q, k)) with one shared cos/sin table.
+         inplace: bool = False, out: Sequence[torch.Tensor] | None = None, index: torch.Tensor | None = None,
+         backend: Backend | None = None, names: Sequence[str] | None = None,
+         out_names: Sequence[str] | None = None) -> tuple[torch.Tensor, ...]:
+    """RoPE on each tensor of ``xs`` (e.g. (q,) or (q, k)) with one shared table, in one kernel call.
 
-    xs[i]: [..., dim], all on one device and dtype; cos, sin: broadcastable to [..., rotary_dim // 2] in the math
-    dtype (float32, float64 for float64 inputs). ``inplace`` overwrites xs; ``out`` gives preallocated outputs
-    (same shapes/dtypes). Returns the rotated tensors. Arguments are assumed validated (posenc.rope.apply).
+    xs[i]: [..., dim], all on one device and dtype. Without ``index``: cos, sin broadcastable to
+    [..., rotary_dim // 2]. With ``index`` (int64, contiguous, broadcastable to the leading dims): cos, sin are a
+    contiguous [rows, rotary_dim // 2] table and each vector takes row index[...]; a position outside the table
+    raises TableIndexError before anything is written. The table is in the math dtype (float32; float64 for float64
+    inputs). ``inplace`` overwrites xs; ``out`` gives preallocated outputs (same shapes/dtypes). ``names`` /
+    ``out_names`` name the tensors in error messages. Returns the rotated tensors. Shapes and dtypes are assumed
+    validated (posenc.rope.apply); the memory and autograd rules (module docstring) are checked here.
     """
     backend = backend or backend_for(xs[0])
-    math = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
-    cos, sin = cos.to(math), sin.to(math)          # the kernels read the table in the math dtype
-    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
-    if needs_grad:
-        if inplace or out is not None:
-            raise PosencError("inplace=True and out= cannot be used on tensors that require grad "
-                              "(autograd needs the input); call without them or under torch.no_grad()")
-        return _Rope.apply(cos, sin, layout, rotary_dim, backend, *xs)
-    if inplace:
-        outs = list(xs)
-    elif out is not None:
-        outs = list(out)
-    else:
+    grad_mode = torch.is_grad_enabled()
+    needs_grad = False
+    if grad_mode:
+        for x in xs:
+            needs_grad = needs_grad or x.requires_grad
+    if not inplace and out is None:
+        if needs_grad:
+            return _Rope.apply((layout, rotary_dim, False, backend), cos, sin, index, *xs)
         outs = [torch.empty_like(x) for x in xs]
-    backend(xs, outs, cos, sin, layout, rotary_dim, False)
-    return tuple(outs)
+        backend(xs, outs, cos, sin, index, layout, rotary_dim, False)
+        return tuple(outs)
+
+    names = names or _names(len(xs), "x", "x")
+    writes = xs if inplace else out
+    check_writes(xs, writes, names, names if inplace else (out_names or _names(len(xs), "out", "out")))
+    if out is not None and grad_mode and (needs_grad or any(o.requires_grad for o in out)):
+        raise RopeAliasError("out= does not support automatic differentiation, but one of the arguments requires "
+                             "grad (as for torch's out= ops): call without out=, or under torch.no_grad()")
+    if inplace and needs_grad:
+        for x, name in zip(xs, names):
+            if x.requires_grad and x.is_leaf:
+                raise RopeAliasError(f"a leaf Variable that requires grad ({name}) is being used in an in-place "
+                                     "operation: call without inplace=True, or under torch.no_grad()")
+        tracked = [x for x in xs if x.requires_grad]
+        rotated = _Rope.apply((layout, rotary_dim, False, backend), cos, sin, index, *tracked)
+        rest = [x for x in xs if not x.requires_grad]
+        if rest:
+            backend(rest, rest, cos, sin, index, layout, rotary_dim, False)
+            torch.autograd.graph.increment_version(rest)
+        for x, r in zip(tracked, rotated):
+            x.copy_(r)      # torch records the in-place write (view bookkeeping, version counter, CopyBackwards)
+        return tuple(xs)
+    backend(xs, writes, cos, sin, index, layout, rotary_dim, False)
+    torch.autograd.graph.increment_version(writes)
+    return tuple(writes)

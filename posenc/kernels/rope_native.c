@@ -4,8 +4,12 @@
  * ctypes. Each "row" is one head vector of `dim` elements; the first `rdim` are rotated, the rest copied (unless
  * rotating in place). Each element is loaded, widened to float (double for fp64), rotated and rounded back once.
  *
- * Leading dimensions (up to MAX_DIMS) are described by sizes and element strides for x, out and the cos/sin table;
- * a table stride of 0 broadcasts it (e.g. over heads). Rows are split over `nthreads` pthreads.
+ * Leading dimensions (up to MAX_DIMS) are described by sizes and element strides for x, out and the table; a table
+ * stride of 0 broadcasts it (e.g. over heads). The table is either per row (cos/sin rows addressed by those strides)
+ * or indexed: the strides then address an int64 position per row, and the row's cos/sin is row `pos` of a
+ * contiguous [table_rows, rdim / 2] table. Positions are range-checked before anything is written, so a caller can
+ * grow its table and retry. One call runs several launches (q and k, and the blocked pieces of each); rows of a
+ * launch are split over `nthreads` pthreads.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -20,8 +24,18 @@
 enum { DT_F32 = 0, DT_F64 = 1, DT_BF16 = 2, DT_F16 = 3 };
 enum { LAYOUT_INTERLEAVED = 0, LAYOUT_HALF = 1 };
 
+/* one launch's geometry, prepared (and cached per shape) by the caller; pointers come with each call */
+typedef struct {
+    int32_t which;                       /* 0: the (x0, out0) pair of the call, 1: (x1, out1) */
+    int32_t dtype, layout, inverse, copy_tail, stream, ndim, nthreads;
+    int64_t x_off, out_off, table_off;   /* element offsets of this launch's first row (table: of its position) */
+    int64_t dim, rdim;
+    int64_t sizes[MAX_DIMS], xs[MAX_DIMS], os[MAX_DIMS], cs[MAX_DIMS];
+} launch_t;
+
 typedef struct {
     const char *x; char *out; const char *cos; const char *sin;
+    const int64_t *pos;                  /* NULL: cs addresses table rows; else cs addresses positions */
     int dtype, layout, inverse, copy_tail, stream, ndim;
     int64_t sizes[MAX_DIMS], xs[MAX_DIMS], os[MAX_DIMS], cs[MAX_DIMS];
     int64_t dim, rdim, row_begin, row_end;
@@ -133,30 +147,66 @@ static void row_f32_half_avx512(const float *x, float *o, const float *restrict 
     }
 }
 
-/* rotate 16 pairs (a, b) by (c, s) in fp32 and round both results to bf16 (in the high 16 bits of each lane);
-   flip negates sin for the inverse rotation. Shared by the half and interleaved bf16 rows. */
-static inline void rotate16_bf16(__m512 a, __m512 b, __m512 cj, const float *s, __m512i flip,
-                                 __m512i *lo, __m512i *up) {
+/* rotate 16 pairs (a, b) by (c, s) in fp32; flip negates sin for the inverse rotation */
+static inline void rotate16(__m512 a, __m512 b, __m512 cj, const float *s, __m512i flip, __m512 *lo, __m512 *up) {
     const __m512 sj = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(s)), flip));
-    const __m512 lof = _mm512_sub_ps(_mm512_mul_ps(a, cj), _mm512_mul_ps(b, sj));
-    const __m512 upf = _mm512_add_ps(_mm512_mul_ps(a, sj), _mm512_mul_ps(b, cj));
+    *lo = _mm512_sub_ps(_mm512_mul_ps(a, cj), _mm512_mul_ps(b, sj));
+    *up = _mm512_add_ps(_mm512_mul_ps(a, sj), _mm512_mul_ps(b, cj));
+}
+
+/* both results rounded to bf16 by integer ops, each in the high 16 bits of its lane */
+static inline void bf16_round_both(__m512 lof, __m512 upf, __m512i *lo, __m512i *up) {
     *lo = bf16_round_hi(lof);
     *up = bf16_round_hi(upf);
     const __mmask16 nlo = _mm512_cmp_ps_mask(lof, lof, _CMP_UNORD_Q), nup = _mm512_cmp_ps_mask(upf, upf, _CMP_UNORD_Q);
     if (nlo | nup) { *lo = bf16_fix_nan(*lo, lof, nlo); *up = bf16_fix_nan(*up, upf, nup); }
 }
 
-static void row_bf16_half_avx512(const uint16_t *x, uint16_t *o, const float *restrict c,
-                                 const float *restrict s, int64_t h, int inverse) {
-    const __m512i flip = _mm512_set1_epi32(inverse ? (int)0x80000000u : 0);
+/* With AVX512-BF16, vcvtne2ps2bf16 rounds 32 floats to bf16 in one instruction, to nearest even with the same quiet
+ * NaNs as f32_to_bf16, except that it flushes denormal inputs to zero: a vector holding a denormal (vfpclassps
+ * finds it) takes the integer rounding, so the output stays bit-identical either way. */
+#if defined(__AVX512BF16__)
+#define BF16_FAST_PACK(lof, upf) (!(_mm512_fpclass_ps_mask(lof, 0x20) | _mm512_fpclass_ps_mask(upf, 0x20)))
+#else
+#define BF16_FAST_PACK(lof, upf) 0
+#endif
+
+/* 32 bf16 words: lof's 16 results in the low 256 bits, upf's in the high 256 bits */
+static inline __m512i bf16_pack_halves(__m512 lof, __m512 upf) {
+#if defined(__AVX512BF16__)
+    if (BF16_FAST_PACK(lof, upf)) return (__m512i)_mm512_cvtne2ps_pbh(upf, lof);
+#endif
     /* 16-bit word k of the result: high half of lane k of lo (k < 16), then of up: words 2k+1 of lo:up */
     const __m512i odd_words = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
                                                31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __m512i lo, up;
+    bf16_round_both(lof, upf, &lo, &up);
+    return _mm512_permutex2var_epi16(lo, odd_words, up);
+}
+
+/* 16 32-bit words, word j = (bf16(upf[j]) << 16) | bf16(lof[j]): the interleaved layout's pairs */
+static inline __m512i bf16_pack_pairs(__m512 lof, __m512 upf) {
+#if defined(__AVX512BF16__)
+    if (BF16_FAST_PACK(lof, upf)) {
+        const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                    23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(upf, lof));
+    }
+#endif
+    __m512i lo, up;
+    bf16_round_both(lof, upf, &lo, &up);
+    /* word = (lo >> 16) | (up & 0xffff0000): one ternary-logic op after the shift (A | (B & C) = 0xF8) */
+    return _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), up, _mm512_set1_epi32((int)0xffff0000u), 0xF8);
+}
+
+static void row_bf16_half_avx512(const uint16_t *x, uint16_t *o, const float *restrict c,
+                                 const float *restrict s, int64_t h, int inverse) {
+    const __m512i flip = _mm512_set1_epi32(inverse ? (int)0x80000000u : 0);
     for (int64_t j = 0; j < h; j += 16) {
         const __m512 a = bf16_widen16(x + j), b = bf16_widen16(x + j + h), cj = _mm512_loadu_ps(c + j);
-        __m512i lo, up;
-        rotate16_bf16(a, b, cj, s + j, flip, &lo, &up);
-        const __m512i both = _mm512_permutex2var_epi16(lo, odd_words, up);
+        __m512 lo, up;
+        rotate16(a, b, cj, s + j, flip, &lo, &up);
+        const __m512i both = bf16_pack_halves(lo, up);
         _mm256_storeu_si256((__m256i *)(o + j), _mm512_castsi512_si256(both));
         _mm256_storeu_si256((__m256i *)(o + j + h), _mm512_extracti64x4_epi64(both, 1));
     }
@@ -172,10 +222,9 @@ static void row_bf16_pairs_avx512(const char *x, char *o, const float *restrict 
         const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
         const __m512 b = _mm512_castsi512_ps(_mm512_and_si512(u, top));
         const __m512 cj = _mm512_loadu_ps(c + j);
-        __m512i lo, up;
-        rotate16_bf16(a, b, cj, s + j, flip, &lo, &up);
-        /* word = (lo >> 16) | (up & 0xffff0000): one ternary-logic op after the shift (A | (B & C) = 0xF8) */
-        _mm512_storeu_si512((void *)(o + 4 * j), _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), up, top, 0xF8));
+        __m512 lo, up;
+        rotate16(a, b, cj, s + j, flip, &lo, &up);
+        _mm512_storeu_si512((void *)(o + 4 * j), bf16_pack_pairs(lo, up));
     }
 }
 #endif
@@ -189,6 +238,13 @@ static void row_bf16_pairs_avx512(const char *x, char *o, const float *restrict 
  * destination line from memory (read-for-ownership), so out-of-place RoPE would move 3 bytes per byte instead of
  * the copy's 2. Rows are rotated into a small aligned buffer, then streamed out. */
 static void stream_row(char *dst, const char *src, size_t n) {
+#if defined(__AVX512F__)
+    if (((uintptr_t)dst & 63) == 0 && (n & 63) == 0) {     /* one 64-byte store per cache line */
+        for (size_t i = 0; i < n; i += 64)
+            _mm512_stream_si512((void *)(dst + i), _mm512_load_si512((const void *)(src + i)));
+        return;
+    }
+#endif
 #if defined(__SSE2__)
     if (((uintptr_t)dst & 15) == 0 && (n & 15) == 0) {
         for (size_t i = 0; i < n; i += 16)
@@ -205,13 +261,85 @@ static void stream_fence(void) {
 #endif
 }
 
+/* ---- one row function per (dtype, layout, width), chosen once per launch -------------------------------- */
+typedef void (*row_fn)(const char *x, char *o, const char *c, const char *s, int64_t h, int layout, int inverse);
+
+static void rowp_f32(const char *x, char *o, const char *c, const char *s, int64_t h, int layout, int inverse) {
+    row_f32((const float *)x, (float *)o, (const float *)c, (const float *)s, h, layout, inverse ? -1.0f : 1.0f);
+}
+static void rowp_f64(const char *x, char *o, const char *c, const char *s, int64_t h, int layout, int inverse) {
+    row_f64((const double *)x, (double *)o, (const double *)c, (const double *)s, h, layout, inverse ? -1.0 : 1.0);
+}
+static void rowp_bf16(const char *x, char *o, const char *c, const char *s, int64_t h, int layout, int inverse) {
+    row_bf16((const uint16_t *)x, (uint16_t *)o, (const float *)c, (const float *)s, h, layout,
+             inverse ? -1.0f : 1.0f);
+}
+#ifdef HAVE_BF16_PAIRS
+static void rowp_bf16_pairs(const char *x, char *o, const char *c, const char *s, int64_t h, int layout,
+                            int inverse) {
+    (void)layout;
+    row_bf16_pairs(x, o, (const float *)c, (const float *)s, h, inverse ? -1.0f : 1.0f);
+}
+#endif
+#ifdef __FLT16_MAX__
+static void rowp_f16(const char *x, char *o, const char *c, const char *s, int64_t h, int layout, int inverse) {
+    row_f16((const _Float16 *)x, (_Float16 *)o, (const float *)c, (const float *)s, h, layout,
+            inverse ? -1.0f : 1.0f);
+}
+#endif
+#ifdef HAVE_AVX512_ROWS
+static void rowp_f32_half_avx512(const char *x, char *o, const char *c, const char *s, int64_t h, int layout,
+                                 int inverse) {
+    (void)layout;
+    row_f32_half_avx512((const float *)x, (float *)o, (const float *)c, (const float *)s, h, inverse);
+}
+static void rowp_bf16_half_avx512(const char *x, char *o, const char *c, const char *s, int64_t h, int layout,
+                                  int inverse) {
+    (void)layout;
+    row_bf16_half_avx512((const uint16_t *)x, (uint16_t *)o, (const float *)c, (const float *)s, h, inverse);
+}
+static void rowp_bf16_pairs_avx512(const char *x, char *o, const char *c, const char *s, int64_t h, int layout,
+                                   int inverse) {
+    (void)layout;
+    row_bf16_pairs_avx512(x, o, (const float *)c, (const float *)s, h, inverse);
+}
+#endif
+
+static row_fn pick_row(int dtype, int layout, int64_t h) {
+    switch (dtype) {
+    case DT_F32:
+#ifdef HAVE_AVX512_ROWS
+        if (layout == LAYOUT_HALF && h % 16 == 0) return rowp_f32_half_avx512;
+#endif
+        return rowp_f32;
+    case DT_F64:
+        return rowp_f64;
+    case DT_BF16:
+#ifdef HAVE_AVX512_ROWS
+        if (h % 16 == 0 && layout == LAYOUT_HALF) return rowp_bf16_half_avx512;
+        if (h % 16 == 0 && LITTLE_ENDIAN_BF16_PAIRS) return rowp_bf16_pairs_avx512;
+#endif
+#ifdef HAVE_BF16_PAIRS
+        if (layout == LAYOUT_INTERLEAVED) return rowp_bf16_pairs;
+#endif
+        return rowp_bf16;
+#ifdef __FLT16_MAX__
+    case DT_F16:
+        return rowp_f16;
+#endif
+    }
+    return NULL;
+}
+
 /* ---- one thread's share of rows ------------------------------------------------------------------------- */
 static void *run_rows(void *arg) {
     const job_t *jb = (const job_t *)arg;
     const int64_t dim = jb->dim, rdim = jb->rdim, h = rdim / 2;
     const int esize = jb->dtype == DT_F64 ? 8 : (jb->dtype == DT_F32 ? 4 : 2);
     const int csize = jb->dtype == DT_F64 ? 8 : 4;
-    const int layout = jb->layout;
+    const int layout = jb->layout, inverse = jb->inverse, tail = jb->copy_tail && dim > rdim;
+    const row_fn fn = pick_row(jb->dtype, layout, h);
+    if (!fn) return (void *)1;
 
     char *buf = NULL;                              /* the row before it is streamed out */
     if (jb->stream) {
@@ -219,70 +347,40 @@ static void *run_rows(void *arg) {
         if (!buf) return (void *)1;
     }
 
-    /* multi-index of the first row, then advanced like an odometer */
+    /* multi-index of the first row, then advanced like an odometer; the last dim runs as a tight inner loop */
+    const int last = jb->ndim - 1;
     int64_t idx[MAX_DIMS] = {0}, rem = jb->row_begin;
-    for (int d = jb->ndim - 1; d >= 0; d--) { idx[d] = rem % jb->sizes[d]; rem /= jb->sizes[d]; }
-
+    for (int d = last; d >= 0; d--) { idx[d] = rem % jb->sizes[d]; rem /= jb->sizes[d]; }
     int64_t xo = 0, oo = 0, co = 0;                /* element offsets of the current row */
-    for (int d = 0; d < jb->ndim; d++) { xo += idx[d] * jb->xs[d]; oo += idx[d] * jb->os[d]; co += idx[d] * jb->cs[d]; }
-    const float sgf = jb->inverse ? -1.0f : 1.0f;
-    const double sgd = jb->inverse ? -1.0 : 1.0;
+    for (int d = 0; d <= last; d++) { xo += idx[d] * jb->xs[d]; oo += idx[d] * jb->os[d]; co += idx[d] * jb->cs[d]; }
+    const int64_t n_in = jb->sizes[last], xs_in = jb->xs[last], os_in = jb->os[last], cs_in = jb->cs[last];
+    const size_t tail_bytes = (size_t)(dim - rdim) * esize, out_bytes = (size_t)(jb->copy_tail ? dim : rdim) * esize;
 
-    for (int64_t r = jb->row_begin; r < jb->row_end; r++) {
+    for (int64_t r = jb->row_begin; r < jb->row_end;) {
+        int64_t run = n_in - idx[last];
+        if (run > jb->row_end - r) run = jb->row_end - r;
         const char *xr = jb->x + xo * esize;
         char *dest = jb->out + oo * esize;
-        char *orow = buf ? buf : dest;
-        const char *cr = jb->cos + co * csize, *sr = jb->sin + co * csize;
-
-        switch (jb->dtype) {
-        case DT_F32:
-#ifdef HAVE_AVX512_ROWS
-            if (layout == LAYOUT_HALF && h % 16 == 0) {
-                row_f32_half_avx512((const float *)xr, (float *)orow, (const float *)cr, (const float *)sr, h,
-                                    jb->inverse);
-                break;
-            }
-#endif
-            row_f32((const float *)xr, (float *)orow, (const float *)cr, (const float *)sr, h, layout, sgf);
-            break;
-        case DT_F64:
-            row_f64((const double *)xr, (double *)orow, (const double *)cr, (const double *)sr, h, layout, sgd);
-            break;
-        case DT_BF16:
-#ifdef HAVE_AVX512_ROWS
-            if (h % 16 == 0 && (layout == LAYOUT_HALF || LITTLE_ENDIAN_BF16_PAIRS)) {
-                if (layout == LAYOUT_HALF)
-                    row_bf16_half_avx512((const uint16_t *)xr, (uint16_t *)orow, (const float *)cr,
-                                         (const float *)sr, h, jb->inverse);
-                else
-                    row_bf16_pairs_avx512(xr, orow, (const float *)cr, (const float *)sr, h, jb->inverse);
-                break;
-            }
-#endif
-#ifdef HAVE_BF16_PAIRS
-            if (layout == LAYOUT_INTERLEAVED) {
-                row_bf16_pairs(xr, orow, (const float *)cr, (const float *)sr, h, sgf);
-                break;
-            }
-#endif
-            row_bf16((const uint16_t *)xr, (uint16_t *)orow, (const float *)cr, (const float *)sr, h, layout, sgf);
-            break;
-#ifdef __FLT16_MAX__
-        case DT_F16:
-            row_f16((const _Float16 *)xr, (_Float16 *)orow, (const float *)cr, (const float *)sr, h, layout, sgf);
-            break;
-#endif
+        int64_t c = co;
+        for (int64_t i = 0; i < run; i++, xr += xs_in * esize, dest += os_in * esize, c += cs_in) {
+            char *orow = buf ? buf : dest;
+            const int64_t tr = jb->pos ? jb->pos[c] * h : c;      /* element offset of the row's cos/sin */
+            fn(xr, orow, jb->cos + tr * csize, jb->sin + tr * csize, h, layout, inverse);
+            if (tail)
+                memcpy(orow + rdim * esize, xr + rdim * esize, tail_bytes);
+            if (buf)
+                stream_row(dest, buf, out_bytes);
         }
-        if (jb->copy_tail && dim > rdim)
-            memcpy(orow + rdim * esize, xr + rdim * esize, (size_t)(dim - rdim) * esize);
-        if (buf)
-            stream_row(dest, buf, (size_t)(jb->copy_tail ? dim : rdim) * esize);
-
-        for (int d = jb->ndim - 1; d >= 0; d--) {   /* next row: step the offsets, carrying like an odometer */
-            if (++idx[d] < jb->sizes[d]) { xo += jb->xs[d]; oo += jb->os[d]; co += jb->cs[d]; break; }
-            xo -= (jb->sizes[d] - 1) * jb->xs[d]; oo -= (jb->sizes[d] - 1) * jb->os[d];
-            co -= (jb->sizes[d] - 1) * jb->cs[d];
-            idx[d] = 0;
+        r += run;
+        idx[last] += run; xo += run * xs_in; oo += run * os_in; co += run * cs_in;
+        if (idx[last] == n_in && r < jb->row_end) {   /* carry into the outer dims like an odometer */
+            idx[last] = 0; xo -= n_in * xs_in; oo -= n_in * os_in; co -= n_in * cs_in;
+            for (int d = last - 1; d >= 0; d--) {
+                if (++idx[d] < jb->sizes[d]) { xo += jb->xs[d]; oo += jb->os[d]; co += jb->cs[d]; break; }
+                xo -= (jb->sizes[d] - 1) * jb->xs[d]; oo -= (jb->sizes[d] - 1) * jb->os[d];
+                co -= (jb->sizes[d] - 1) * jb->cs[d];
+                idx[d] = 0;
+            }
         }
     }
     if (buf) {
@@ -301,34 +399,23 @@ int posenc_rope_has_f16(void) {
 #endif
 }
 
-/* Entry point. Returns 0 on success, nonzero on a bad argument or failed allocation. */
-int posenc_rope(const void *x, void *out, const void *cos, const void *sin, int dtype, int layout, int inverse,
-                int copy_tail, int stream, int ndim, const int64_t *sizes, const int64_t *x_strides, const int64_t *out_strides,
-                const int64_t *cs_strides, int64_t dim, int64_t rdim, int nthreads) {
-    if (ndim < 1 || ndim > MAX_DIMS || rdim % 2 || rdim > dim || rdim <= 0 || dtype < 0 || dtype > 3) return 2;
-    if (dtype == DT_F16 && !posenc_rope_has_f16()) return 2;
-    job_t base;
-    memset(&base, 0, sizeof base);
-    base.x = (const char *)x; base.out = (char *)out; base.cos = (const char *)cos; base.sin = (const char *)sin;
-    base.dtype = dtype; base.layout = layout; base.inverse = inverse; base.copy_tail = copy_tail; base.ndim = ndim;
-    base.stream = stream && out != x;
-    base.dim = dim; base.rdim = rdim;
-    int64_t rows = 1;
-    for (int d = 0; d < ndim; d++) {
-        base.sizes[d] = sizes[d]; base.xs[d] = x_strides[d]; base.os[d] = out_strides[d]; base.cs[d] = cs_strides[d];
-        rows *= sizes[d];
-    }
+/* Rows of one launch over nthreads threads. Returns 0, or 3 on a failed allocation. */
+static int run_job(const job_t *base, int64_t rows, int nthreads) {
     if (rows == 0) return 0;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 256) nthreads = 256;
     if (nthreads > rows) nthreads = (int)rows;
-
+    if (nthreads == 1) {
+        job_t one = *base;
+        one.row_begin = 0; one.row_end = rows;
+        return run_rows(&one) ? 3 : 0;
+    }
     job_t jobs[256];
     pthread_t tids[256];
     int started[256] = {0};
     int rc = 0;
     for (int t = 0; t < nthreads; t++) {
-        jobs[t] = base;
+        jobs[t] = *base;
         jobs[t].row_begin = rows * t / nthreads;
         jobs[t].row_end = rows * (t + 1) / nthreads;
     }
@@ -342,4 +429,47 @@ int posenc_rope(const void *x, void *out, const void *cos, const void *sin, int 
         if (started[t]) { pthread_join(tids[t], &res); if (res) rc = 3; }
     }
     return rc;
+}
+
+/* Entry point: run `n` launches over one or two tensors (q and k: x0 -> out0, x1 -> out1; pointers as plain
+ * arguments, the cheapest thing to pass through ctypes); cos/sin are the table. pos: NULL (per-row table) or
+ * `pos_numel` int64 positions, each of which must lie in [0, table_rows): otherwise 4 is returned before anything is
+ * written. Returns 0 on success, 2 on a bad argument, 3 on a failed allocation. */
+int posenc_rope_run(int n, const launch_t *launches, const void *x0, void *out0, const void *x1, void *out1,
+                    const void *cos, const void *sin, const int64_t *pos, int64_t pos_numel, int64_t table_rows) {
+    if (pos) {
+        int64_t bad = 0;
+        for (int64_t i = 0; i < pos_numel; i++)        /* one branch-free pass; any miss -> 4, nothing written */
+            bad |= (pos[i] < 0) | (pos[i] >= table_rows);
+        if (bad) return 4;
+    }
+    for (int l = 0; l < n; l++) {
+        const launch_t *L = &launches[l];
+        if (L->ndim < 1 || L->ndim > MAX_DIMS || L->rdim % 2 || L->rdim > L->dim || L->rdim <= 0 || L->dtype < 0
+            || L->dtype > 3 || (L->dtype == DT_F16 && !posenc_rope_has_f16())) return 2;
+        const int esize = L->dtype == DT_F64 ? 8 : (L->dtype == DT_F32 ? 4 : 2);
+        const int csize = L->dtype == DT_F64 ? 8 : 4;
+        job_t base;
+        memset(&base, 0, sizeof base);
+        if (L->which < 0 || L->which > 1) return 2;
+        base.x = (const char *)(L->which ? x1 : x0) + L->x_off * esize;
+        base.out = (char *)(L->which ? out1 : out0) + L->out_off * esize;
+        if (pos) {
+            base.pos = pos + L->table_off;
+            base.cos = (const char *)cos; base.sin = (const char *)sin;
+        } else {
+            base.cos = (const char *)cos + L->table_off * csize; base.sin = (const char *)sin + L->table_off * csize;
+        }
+        base.dtype = L->dtype; base.layout = L->layout; base.inverse = L->inverse; base.copy_tail = L->copy_tail;
+        base.ndim = L->ndim; base.stream = L->stream && base.out != base.x;
+        base.dim = L->dim; base.rdim = L->rdim;
+        int64_t rows = 1;
+        for (int d = 0; d < L->ndim; d++) {
+            base.sizes[d] = L->sizes[d]; base.xs[d] = L->xs[d]; base.os[d] = L->os[d]; base.cs[d] = L->cs[d];
+            rows *= L->sizes[d];
+        }
+        int rc = run_job(&base, rows, L->nthreads);
+        if (rc) return rc;
+    }
+    return 0;
 }

@@ -22,16 +22,24 @@ from posenc.errors import PosencError
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
 
+def _items(text: str, kind: str) -> list[str]:
+    """The comma-separated items of ``text``; an empty item ('96,,192', '128,') is refused, not skipped."""
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} with no empty entry, got {text!r}")
+    return items
+
+
 def _ints(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in _items(text, "integers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in _items(text, "numbers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
@@ -75,6 +83,8 @@ FLAGS = [
     ("--rope-base", "rope_base", float, "RoPE theta"),
     ("--rope-layout", "rope_layout", str, "RoPE pair layout: half (HF) or interleaved"),
     ("--scale-embeddings", "scale_embeddings", _bool, "multiply token embeddings by sqrt(d_model) (yes/no)"),
+    ("--bias", "bias", _bool, "LayerNorm and MLP biases (yes/no); no: MPT's bias-free block, which lets trained "
+                              "ALiBi models export to transformers (posenc export)"),
     ("--scheme-options", "scheme_options", _options, "scheme-specific settings, key=value,key=value"),
     ("--train-len", "train_len", int, "training sequence length"),
     ("--batch-size", "batch_size", int, "sequences per step"),
@@ -94,7 +104,13 @@ FLAGS = [
     ("--extended-schemes", "extended_schemes", _names, "schemes whose models get the extension methods (default rope)"),
     ("--ext-factor", "ext_factor", float, "extension factor (default: max eval length / train length)"),
     ("--finetune-steps", "finetune_steps", int, "also fine-tune the extended models per method for this many steps"),
-    ("--finetune-len", "finetune_len", int, "fine-tuning length (default: max eval length)"),
+    ("--finetune-len", "finetune_len", int,
+     "fine-tuning length (default: max eval length; PoSE methods fine-tune at --train-len)"),
+    ("--search-population", "search_population", int, "longrope-search: candidates per generation (paper: 64)"),
+    ("--search-generations", "search_generations", int, "longrope-search: generations (paper: 40)"),
+    ("--search-windows", "search_windows", int,
+     "longrope-search: windows of the target length in its search and held-out splits (cut from the validation "
+     "text after the part the lab reports on)"),
     ("--copy-examples", "copy_examples", int, "copy-task test sequences per length"),
     ("--passkey-depths", "passkey_depths", _floats, "comma-separated key depths in [0, 1]"),
     ("--passkey-trials", "passkey_trials", int, "passkey episodes per length x depth cell"),
@@ -110,7 +126,7 @@ FLAGS = [
 # other argument names the library may cite in a message, and the flag that sets them here
 ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", "preset": "--preset",
            "stride": "--sliding-stride", "nproc": "--nproc", "seq_len": "--train-len/--finetune-len",
-           "factor": "--ext-factor"}
+           "factor": "--ext-factor", "dist_timeout": "--dist-timeout"}
 
 
 def to_flags(message: str) -> str:
@@ -163,16 +179,21 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from posenc.lab import distributed, launch
+    from posenc.lab.data import load_corpus
     from posenc.lab.run import run_lab
     from posenc.plugins import load_plugins
 
-    status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
-    if status is not None:
-        return status
     try:
+        # everything that can be checked is checked here, before --nproc N re-launches: a bad flag is one line
         load_plugins(args.plugin)
         cfg = config_from_args(args)
-        with distributed.session(cfg.device) as (_, device):  # under torchrun: join the group; errors name the rank
+        timeout = distributed.timeout_seconds(args.dist_timeout)
+        if cfg.data is not None:
+            load_corpus(cfg.data)  # exists, readable, text
+        status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
+        if status is not None:
+            return status
+        with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
             run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
     except PosencError as exc:
         if exc.args and isinstance(exc.args[0], str):

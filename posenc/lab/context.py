@@ -19,6 +19,9 @@ import torch
 from posenc.lab.distributed import is_main_process, map_across_ranks
 
 
+DIVERGED = "diverged (non-finite)"  # the note of a row whose value is NaN/inf: training blew up
+
+
 @dataclass
 class Run:
     """cfg: the LabConfig; corpus: the text corpus (None when no task needs it); device: resolved once."""
@@ -69,6 +72,11 @@ class Evaluation:
     def device(self):
         return self.run.device
 
+    def __post_init__(self):
+        # weights with NaN/inf (a blown-up training run, or a checkpoint holding them): every metric of this model
+        # is "diverged", not a number (an accuracy from argmax over NaN logits would read as a real 0%)
+        self.diverged = not all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+
     def supports(self, length: int) -> bool:
         return supports_length(self.model, length)
 
@@ -81,7 +89,8 @@ class Evaluation:
         return f"{self.scheme}|{self.scaling}|{'ft' if self.finetuned else 'zs'}|{self.seed}"
 
     def row(self, eval_len: int, metric: str, value, **extra) -> dict:
-        """A result row; a None value gets the unsupported-length note, a non-finite one is marked diverged."""
+        """A result row; a None value gets the unsupported-length note; a non-finite value, or any value of a model
+        whose weights are not finite, is None with the note DIVERGED."""
         row = {"task": self.task, "scheme": self.scheme, "scaling": self.scaling, "finetuned": self.finetuned,
                "train_len": self.cfg.train_len, "eval_len": eval_len, "metric": metric, "value": value,
                "seed": self.seed, "protocol": None, "depth": None}
@@ -90,9 +99,14 @@ class Evaluation:
             row["bands"] = self.bands
         if value is None:
             row["note"] = self.unsupported_note
-        elif not math.isfinite(value):
-            row["value"], row["note"] = None, "diverged (non-finite)"
+        elif self.diverged or not math.isfinite(value):
+            row["value"], row["note"] = None, DIVERGED
         return row
+
+    def add_curve(self, values) -> None:
+        """Record this model's per-position curve (rounded); a non-finite point is stored as None (diverged)."""
+        self.curves[self.curve_key()] = [round(float(x), 4) if math.isfinite(x) and not self.diverged else None
+                                         for x in values]
 
     def map(self, fn: Callable, items, *, cost: Callable | None = None) -> list:
         """[fn(item) for item in items]; under torchrun each rank computes a share (balanced by ``cost``).

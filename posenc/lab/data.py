@@ -4,7 +4,9 @@ Default corpus: the CPython standard library's own .py files (found via sysconfi
 test suites, site-packages and caches. Files are sorted by relative path; a file goes to validation when the
 first byte of sha256(relative path) is < 26 (about 10%), so the split does not depend on file order or count.
 ``--data PATH`` takes a text file (split 90/10 by bytes) or a folder (every regular non-hidden file, same
-hash rule). Documents are joined with a blank line. Tokens are bytes, held as uint8 tensors.
+hash rule). Documents are joined with a blank line. Tokens are bytes, held as uint8 tensors. A user's data must be
+text: UTF-8 with at most 1% control bytes (other than tab, newline, carriage return and form feed) per file, so a
+binary file given by mistake is refused by name instead of trained on.
 
 Samplers (this LM one and the tasks' episode samplers, posenc/lab/tasks/) draw batch ``step`` from
 ``batch_generator(seed, step)`` alone, so every scheme sees the same data
@@ -30,6 +32,8 @@ EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages",
 VAL_HASH_THRESHOLD = 26  # first sha256 byte < 26 -> validation (~10.2%)
 DOC_SEPARATOR = b"\n\n"
 IGNORE = -100  # target value that the loss skips
+MAX_CONTROL_FRACTION = 0.01  # more control bytes than this in a file: not text
+_CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r\f") + b"\x7f"
 
 
 @dataclass
@@ -60,8 +64,29 @@ def _files_hash(root: Path, files: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def _join(root: Path, files: list[Path]) -> torch.Tensor:
-    data = DOC_SEPARATOR.join((root / rel).read_bytes() for rel in files)
+def check_text(data: bytes, where) -> bytes:
+    """``data`` if it is text (valid UTF-8, at most MAX_CONTROL_FRACTION control bytes), else DataError naming
+    ``where`` and the first offending byte."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"data: {where} is not text: not valid UTF-8 at byte {exc.start} (byte "
+                        f"0x{data[exc.start]:02x}); give UTF-8 text (convert with iconv) or a folder of text files"
+                        ) from None
+    control = len(data) - len(data.translate(None, _CONTROL))
+    if control > MAX_CONTROL_FRACTION * len(data):
+        raise DataError(f"data: {where} is not text: {control} of {len(data)} bytes are control characters "
+                        f"(more than {MAX_CONTROL_FRACTION:.0%}); give UTF-8 text")
+    return data
+
+
+def _read(root: Path, rel: Path, check: bool) -> bytes:
+    data = (root / rel).read_bytes()
+    return check_text(data, root / rel) if check else data
+
+
+def _join(root: Path, files: list[Path], check: bool = False) -> torch.Tensor:
+    data = DOC_SEPARATOR.join(_read(root, rel, check) for rel in files)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
 
 
@@ -83,6 +108,7 @@ def load_corpus(data: str | None = None) -> Corpus:
             data = p.read_bytes()
             if not data.strip():
                 raise DataError(f"data: {path} is empty")
+            check_text(data, path)
             cut = int(len(data) * 0.9)
             tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             meta = {"source": str(p.resolve()), "n_files": 1,
@@ -98,11 +124,12 @@ def load_corpus(data: str | None = None) -> Corpus:
     meta = {"source": source, "n_files": len(files), "n_val_files": len(val_files),
             "files_sha256": _files_hash(root, files), "split": f"sha256(relative path)[0] < {VAL_HASH_THRESHOLD}"}
     if not val_files or not train_files:  # too few files for the hash rule: split the bytes instead
-        tokens = _join(root, files)
+        tokens = _join(root, files, check=path is not None)
         cut = int(len(tokens) * 0.9)
         meta["split"] = "last 10% of bytes"
         return _finish(tokens[:cut].clone(), tokens[cut:].clone(), meta, path)
-    return _finish(_join(root, train_files), _join(root, val_files), meta, path)
+    check = path is not None  # the stdlib is text; a user's folder is checked file by file
+    return _finish(_join(root, train_files, check), _join(root, val_files, check), meta, path)
 
 
 def _finish(train: torch.Tensor, val: torch.Tensor, meta: dict, path=None) -> Corpus:

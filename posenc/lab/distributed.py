@@ -24,6 +24,10 @@ import contextlib
 import datetime
 import inspect
 import os
+import pickle
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -34,12 +38,36 @@ import torch.nn.functional as F
 from posenc.errors import CheckpointError, ConfigError, DataError, PosencError
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-TIMEOUT_ENV = "POSENC_DIST_TIMEOUT"  # seconds one collective may wait for a peer
-DEFAULT_TIMEOUT_S = 1800.0  # long evaluations on one rank can keep the others waiting at the gather
+TIMEOUT_ENV = "POSENC_DIST_TIMEOUT"  # seconds a rank may be silent (or a collective wait) before the job ends
+# A stopped or dead rank is noticed after this long, and torchrun takes up to 30 s more to stop the rest: the job
+# ends within 2 minutes. Busy ranks are not silent (a heartbeat thread), and the split evaluation's gather waits
+# through the store for as long as the peers' heartbeats go on, so a long evaluation on one rank is not a hang.
+DEFAULT_TIMEOUT_S = 60.0
+HEARTBEAT_S = 1.0  # how often each rank says it is alive
 
 
 class PeerError(PosencError):
-    """Another rank failed during a collective step (its message is included)."""
+    """Another rank failed during a collective step (its message is included), or stopped responding."""
+
+
+# communication failures torch raises as RuntimeError: a peer died, closed its socket, or a collective timed out
+_PEER_FAILURE_WORDS = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "timed out",
+                       "gloo", "Gloo", "NCCL", "ProcessGroup", "Socket")
+
+
+def as_peer_error(exc: BaseException, timeout_s: float | None = None) -> BaseException:
+    """A communication failure (torch's DistError or a RuntimeError from gloo/NCCL) as one clear PeerError; any
+    other exception unchanged."""
+    dist_error = getattr(dist, "DistError", ())
+    text = str(exc)
+    if isinstance(exc, PosencError) or not isinstance(exc, RuntimeError):
+        return exc
+    if not (isinstance(exc, dist_error) or any(w in text for w in _PEER_FAILURE_WORDS)):
+        return exc
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    limit = f" (--dist-timeout {timeout_s:g} s)" if timeout_s else ""
+    return PeerError(f"lost contact with another rank{limit}: it died, was stopped or hangs; the job ends "
+                     f"({first[:200]})")
 
 
 @dataclass(frozen=True)
@@ -93,17 +121,20 @@ def env_int(name: str, default: int | None = None) -> int:
 
 
 def timeout_seconds(timeout_s: float | None = None) -> float:
-    """The collective timeout: the argument, else $POSENC_DIST_TIMEOUT, else DEFAULT_TIMEOUT_S."""
+    """The liveness/collective timeout: the argument (--dist-timeout), else $POSENC_DIST_TIMEOUT, else
+    DEFAULT_TIMEOUT_S; a positive finite number of seconds."""
+    name = "dist_timeout"
     if timeout_s is None:
         raw = os.environ.get(TIMEOUT_ENV)
         if raw is None:
             return DEFAULT_TIMEOUT_S
+        name = TIMEOUT_ENV
         try:
             timeout_s = float(raw)
         except ValueError:
             raise ConfigError(f"{TIMEOUT_ENV}: expected a number of seconds, got {raw!r}") from None
-    if not timeout_s > 0:
-        raise ConfigError(f"{TIMEOUT_ENV}: expected a positive number of seconds, got {timeout_s!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise ConfigError(f"{name}: expected a positive number of seconds, got {timeout_s!r}")
     return float(timeout_s)
 
 
@@ -158,7 +189,9 @@ def init_distributed(device: str | torch.device = "cpu", *,
     elif device.type != "cpu":
         raise ConfigError(f"device: distributed runs support 'cpu' (gloo) and 'cuda' (NCCL), got {str(device)!r}")
     bind = {"device_id": device} if device.type == "cuda" else {}  # NCCL: this process's GPU, known up front
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds(timeout_s)), **bind)
+    timeout = timeout_seconds(timeout_s)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **bind)
+    start_watchdog(rank, world_size, timeout)
     return DistInfo(rank, world_size, local_rank, backend), device
 
 
@@ -170,6 +203,10 @@ def session(device: str | torch.device = "cpu", *, timeout_s: float | None = Non
     try:
         yield info, device
     except BaseException as exc:
+        if info.distributed:
+            converted = as_peer_error(exc, timeout_seconds(timeout_s))
+            if converted is not exc:
+                raise label_error(converted, info) from None
         label_error(exc, info)
         if info.distributed and isinstance(exc, Exception):
             _record_for_torchrun(exc)
@@ -207,6 +244,7 @@ def _rank_device(device: torch.device, local_rank: int) -> torch.device:
 
 def shutdown() -> None:
     """Leave the process group (after a clean run; a failed run just exits and torchrun ends the others)."""
+    stop_watchdog()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -217,6 +255,77 @@ def label_error(exc: BaseException, info: DistInfo | None = None) -> BaseExcepti
     if info.distributed and exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith("rank "):
         exc.args = (f"rank {info.rank} of {info.world_size}: {exc.args[0]}", *exc.args[1:])
     return exc
+
+
+# ---------------------------------------------------------------- liveness: heartbeats and the watchdog
+
+class _Watchdog:
+    """Each rank bumps its counter ``hb/<rank>`` in torchrun's key-value store every HEARTBEAT_S from a daemon
+    thread, and checks the others' counters: one that has not moved for ``timeout`` seconds belongs to a rank that
+    is stopped (SIGSTOP, swapped out), dead or cut off. The first rank to see it prints one line and exits, and
+    torchrun then stops the rest. A rank that is merely busy (a long evaluation) keeps beating."""
+
+    def __init__(self, rank: int, world_size: int, timeout: float):
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
+        # two connections to torchrun's store: one for the heartbeat thread, one for the main thread's gathers
+        self.beats, self.store = (dist.PrefixStore("posenc/", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)) for _ in range(2))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="posenc-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        seen = {r: (-1, time.monotonic()) for r in range(self.world_size) if r != self.rank}
+        while not self.stop.wait(HEARTBEAT_S):
+            try:
+                self.beats.add(f"hb/{self.rank}", 1)
+                now = time.monotonic()
+                for r, (count, since) in list(seen.items()):
+                    if self.beats.check([f"done/{r}"]):  # that rank finished cleanly: silence is expected
+                        del seen[r]
+                        continue
+                    current_count = self.beats.add(f"hb/{r}", 0)
+                    if current_count != count:
+                        seen[r] = (current_count, now)
+                    elif now - since > self.timeout:
+                        self._abort(f"rank {r} of {self.world_size} has not responded for {now - since:.0f} s "
+                                    "(stopped, hung or dead)")
+            except Exception:  # the store is gone (its host exited): the collective timeout still guards
+                return
+
+    def _abort(self, why: str) -> None:
+        print(f"posenc lab: error: rank {self.rank} of {self.world_size}: {why}; ending the job "
+              f"(--dist-timeout {self.timeout:g} s)", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    def wait_for(self, keys: list[str]) -> list[bytes]:
+        """The values of ``keys`` once all are set, waiting as long as the peers are alive (the heartbeat thread
+        ends the job if one stops)."""
+        while not self.store.check(keys):
+            time.sleep(0.05)
+        return [self.store.get(k) for k in keys]
+
+
+_WATCHDOG: _Watchdog | None = None
+
+
+def start_watchdog(rank: int, world_size: int, timeout: float) -> None:
+    """Start this rank's heartbeat and watchdog thread (init_distributed does it after joining the group)."""
+    global _WATCHDOG
+    stop_watchdog()
+    _WATCHDOG = _Watchdog(rank, world_size, timeout)
+    _WATCHDOG.thread.start()
+
+
+def stop_watchdog() -> None:
+    """Stop this rank's heartbeat, telling the others that it finished (its silence is then no alarm)."""
+    global _WATCHDOG
+    if _WATCHDOG is not None:
+        _WATCHDOG.stop.set()
+        _WATCHDOG.thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            _WATCHDOG.store.set(f"done/{_WATCHDOG.rank}", b"1")
+        _WATCHDOG = None
 
 
 # ---------------------------------------------------------------- training
@@ -330,9 +439,8 @@ def map_across_ranks(fn: Callable, items: Iterable, *, cost: Callable | None = N
         except Exception as exc:  # report it to the others before raising
             failure = exc
             break
-    gathered: list = [None] * info.world_size
     report = ({"error": f"{type(failure).__name__}: {failure}"} if failure is not None else {"results": mine})
-    dist.all_gather_object(gathered, report)
+    gathered = _gather(report, info)
     if failure is not None:
         raise failure
     for rank, part in enumerate(gathered):
@@ -342,6 +450,22 @@ def map_across_ranks(fn: Callable, items: Iterable, *, cost: Callable | None = N
     for part in gathered:
         merged.update(part["results"])
     return [merged[i] for i in range(len(items))]
+
+
+_GATHERS = [0]
+
+
+def _gather(obj, info: DistInfo) -> list:
+    """all_gather_object, but through the store when the watchdog runs: a rank still evaluating keeps the others
+    waiting as long as it is alive, not just until the collective timeout."""
+    if _WATCHDOG is None:
+        gathered: list = [None] * info.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+    _GATHERS[0] += 1  # every rank calls map_across_ranks in the same order: the same key on every rank
+    keys = [f"gather/{_GATHERS[0]}/{r}" for r in range(info.world_size)]
+    _WATCHDOG.store.set(keys[info.rank], pickle.dumps(obj))
+    return [pickle.loads(v) for v in _WATCHDOG.wait_for(keys)]
 
 
 def barrier() -> None:

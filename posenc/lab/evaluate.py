@@ -25,14 +25,17 @@ def lab_spec(method: str, scheme, factor: float, train_len: int) -> ExtensionSpe
 
 def extension_config(method: str, model, factor: float, train_len: int, fit: FitContext | None = None
                      ) -> MethodConfig:
-    """The config ``method`` gives ``model`` (a method with ``fit`` computes it from the model and ``fit``'s data)."""
+    """The config ``method`` gives ``model`` (a method with ``fit`` computes it from the model and ``fit``'s data;
+    what it reports besides the scaling goes into the config's ``details``)."""
     spec = lab_spec(method, model.scheme, factor, train_len)
     m = get_method(method, "extensions")
     if m.fit is not None:
         if fit is None:
             raise ConfigError(f"extension method {method!r} computes its config from the trained model and data; "
                               "give it a FitContext")
-        return method_config(method, spec, scaling=m.fit(spec, fit))
+        out = m.fit(spec, fit)
+        scaling, details = out if isinstance(out, tuple) else (out, None)
+        return method_config(method, spec, scaling=scaling, details=details)
     return method_config(method, spec)
 
 

@@ -7,6 +7,7 @@ the torchrun command (docs/distributed.md has multi-node recipes).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Sequence
@@ -16,10 +17,16 @@ from posenc.lab.distributed import env_int, under_torchrun
 
 
 def add_arguments(parser) -> None:
-    """The --nproc flag of `posenc lab`."""
+    """The --nproc and --dist-timeout flags of `posenc lab`."""
+    from posenc.lab.distributed import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
+
     parser.add_argument("--nproc", type=int, default=1, metavar="N",
                         help="train with N processes on this machine (DDP: one per GPU with NCCL, or gloo on "
                              "the CPU); re-launches through torchrun. Multi-node: see docs/distributed.md")
+    parser.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"distributed runs: a rank silent (stopped, hung, dead) this long ends the whole job "
+                             f"(default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S:g} s; the job then ends within "
+                             "another ~30 s)")
 
 
 def torchrun_command(nproc: int, target: Sequence[str]) -> list[str]:
@@ -61,15 +68,55 @@ def launch(nproc: int, target: Sequence[str]) -> int:
     printing which rank failed (each worker's own message is on the shared stderr above that summary).
     """
     cmd = torchrun_command(nproc, target)
-    proc = subprocess.Popen(cmd, env=worker_env(nproc))
+    proc = subprocess.Popen(cmd, env=worker_env(nproc), stderr=subprocess.PIPE, text=True, errors="replace",
+                            bufsize=1)
+    summary = TorchrunSummary()
     try:
-        return proc.wait()
+        for line in proc.stderr:  # the workers' own lines pass through; torchrun's traceback wall does not
+            shown = summary.feed(line)
+            if shown is not None:
+                sys.stderr.write(shown)
+                sys.stderr.flush()
+        status = proc.wait()
     except KeyboardInterrupt:  # Ctrl-C reached torchrun too (same process group); let it stop the workers
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
         raise
+    if status != 0:
+        print(f"posenc lab: error: the distributed job failed ({summary.describe(status)}); the failing rank's "
+              "message is above", file=sys.stderr)
+    return status
+
+
+class TorchrunSummary:
+    """Filters torchrun's own stderr: its log lines ('E1130 12:00:00.123 4321 torch/distributed/...') and the
+    ChildFailedError traceback are held back (posenc's workers print one line each and never a traceback, so a
+    traceback here is the agent's); the failed rank and exit code are kept for one summary line."""
+
+    LOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ .*(torch/distributed|elastic)")
+
+    def __init__(self):
+        self.in_traceback = False
+        self.rank: str | None = None
+        self.exitcode: str | None = None
+
+    def feed(self, line: str) -> str | None:
+        """The line to show, or None to hold it back."""
+        if line.startswith("Traceback (most recent call last)"):
+            self.in_traceback = True
+        if self.in_traceback:
+            m = re.match(r"\s*(rank|exitcode)\s*:\s*(\S+)", line)
+            if m and getattr(self, m.group(1)) is None:
+                setattr(self, m.group(1), m.group(2))
+            return None
+        return None if self.LOG.match(line) else line
+
+    def describe(self, status: int) -> str:
+        if self.rank is not None:
+            return f"rank {self.rank} exited with status {self.exitcode}"
+        return f"torchrun exited with status {status}"
 
 
 def relaunch(args, argv: Sequence[str] | None = None) -> int | None:

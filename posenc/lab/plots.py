@@ -67,6 +67,63 @@ def log_axes(ax, ticks, logy=False):
         ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
 
 
+def mark_unsupported(ax, rows: list[dict], pts: list[tuple], line) -> bool:
+    """Where a model cannot run (a learned table past its length: value None, note "n/a ..."), end its line with
+    an x marker at the first such length, labelled "n/a beyond its table": a lone dot would look like a result."""
+    missing = sorted(r["eval_len"] for r in rows if r["value"] is None and str(r.get("note", "")).startswith("n/a"))
+    if not missing or not pts:
+        return False
+    x, y = missing[0], pts[-1][1]
+    ax.plot([pts[-1][0], x], [y, y], color=line.get_color(), linestyle=":", linewidth=1)
+    ax.plot([x], [y], marker="x", markersize=9, color=line.get_color(), linestyle="none")
+    ax.annotate(f"n/a beyond its table ({pts[-1][0]})", (x, y), textcoords="offset points", xytext=(6, 4),
+                fontsize=7, color=line.get_color())
+    return True
+
+
+def coinciding(curves: dict[str, list[tuple]], rel: float = 1e-3) -> list[list[str]]:
+    """Groups of labels whose points are all equal within ``rel`` (the lines hide each other in a plot)."""
+    groups: list[list[str]] = []
+    for label, pts in curves.items():
+        for g in groups:
+            ref = curves[g[0]]
+            if len(ref) == len(pts) and all(a[0] == b[0] and abs(a[1] - b[1]) <= rel * max(abs(a[1]), abs(b[1]))
+                                            for a, b in zip(ref, pts)):
+                g.append(label)
+                break
+        else:
+            groups.append([label])
+    return [g for g in groups if len(g) > 1]
+
+
+def coinciding_text(curves: dict[str, list[tuple]], width: int = 150) -> str | None:
+    """'coinciding (drawn on top of each other): a = b; c = d', wrapped, or None when no curves coincide."""
+    import textwrap
+
+    groups = coinciding(curves)
+    if not groups:
+        return None
+    return textwrap.fill("coinciding (drawn on top of each other): " + "; ".join(" = ".join(g) for g in groups),
+                         width)
+
+
+def note_coinciding(ax, curves: dict[str, list[tuple]]) -> str | None:
+    """Say under the axes which curves coincide; -> the note."""
+    text = coinciding_text(curves)
+    if text:
+        ax.text(0.0, -0.16, text, transform=ax.transAxes, fontsize=7, color="0.3", va="top")
+    return text
+
+
+def legend(ax) -> None:
+    """The legend beside the axes, or a note when nothing finite was drawn (every model diverged)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.text(0.5, 0.5, "no finite result to draw (diverged: see the tables)", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, color="0.3")
+
+
 def accuracy_plot(results, task: str, panels: list[tuple[str, str]], out: Path, name: str) -> list[str]:
     """Accuracy vs length (mean over seeds and other cells), one panel per (metric, title); -> [name] if drawn."""
     first = series(results, task, panels[0][0])
@@ -75,7 +132,9 @@ def accuracy_plot(results, task: str, panels: list[tuple[str, str]], out: Path, 
     plt = pyplot()
     train_len = results[0]["train_len"]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) if len(panels) > 1 else 8, 5), squeeze=False)
+    notes: list[str] = []
     for ax, (metric, title) in zip(axes[0], panels):
+        drawn: dict[str, list[tuple]] = {}
         for label, rows in series(results, task, metric).items():
             by_len: dict[int, list[float]] = {}
             for r in rows:
@@ -83,12 +142,19 @@ def accuracy_plot(results, task: str, panels: list[tuple[str, str]], out: Path, 
                     by_len.setdefault(r["eval_len"], []).append(r["value"])
             pts = sorted((L, sum(v) / len(v)) for L, v in by_len.items())
             if pts:
-                ax.plot(*zip(*pts), label=label, **style(rows[0]))
+                line, = ax.plot(*zip(*pts), label=label, **style(rows[0]))
+                mark_unsupported(ax, rows, pts, line)
+                drawn[label] = pts
+        note = coinciding_text(drawn, width=90 * len(panels))
+        if note:
+            notes.append(f"{title}: {note}" if len(panels) > 1 else note)
         ax.axvline(train_len, color="0.6", linewidth=1)
         ax.set(xscale="log", xlabel="sequence length (tokens)", ylabel="accuracy", title=title, ylim=(-0.03, 1.03))
         log_axes(ax, {r["eval_len"] for rows in first.values() for r in rows})
         ax.grid(True, alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(axes[0][-1])
+    if notes:
+        fig.text(0.01, -0.02, "\n".join(notes), fontsize=7, color="0.3", va="top")
     save(fig, out / name)
     plt.close(fig)
     return [name]

@@ -6,6 +6,9 @@
     ntk      the lesson's exercise 2: train at 256, test to 1024 with and without NTK-aware scaling (+ others)
     copy     the lesson's exercise 3: 4-layer model, copy task trained at 512, tested to 2048; sized for a GPU
     passkey  passkey retrieval trained as episodes at 128, exact match over a length x depth grid to 512
+    extend   context extension that trains, on the default model (train 128, target 1024), seeds 0,1,2: every
+             method zero-shot, LongRoPE searched on the model, each method fine-tuned 100 steps at 1024, PoSE
+    extend-passkey  passkey retrieval past the training length: PI and YaRN zero-shot vs fine-tuned at 512
 
 ``LabConfig`` holds the model (a ``ModelConfig`` template: the scheme and max_len are set per run), the training
 settings (a ``TrainSettings``) and the lab's own settings. Presets and ``get_preset`` take flat setting names
@@ -20,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from posenc._validate import check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
+from posenc.lab.distributed import resolve_device
 from posenc.lab.precision import PRECISIONS
 from posenc.lab.tasks import get_task, task_names
 from posenc.lab.train import TrainSettings
@@ -59,7 +63,10 @@ class LabConfig:
     extended_schemes: list = field(default_factory=lambda: ["rope"])  # models evaluated under the extensions
     ext_factor: float = 0.0  # 0: max(eval_lens) / train_len
     finetune_steps: int = 0  # > 0: also fine-tune each method at finetune_len, then evaluate
-    finetune_len: int = 0  # 0: max(eval_lens)
+    finetune_len: int = 0  # 0: max(eval_lens); PoSE methods (pose-*) fine-tune at train_len instead
+    search_population: int = 32  # longrope-search: candidates per generation (the paper: 64)
+    search_generations: int = 10  # longrope-search: generations after the initial population (the paper: 40)
+    search_windows: int = 4  # longrope-search: windows of the target length in each of its two splits
     copy_examples: int = 64
     passkey_depths: list = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     passkey_trials: int = 20
@@ -84,10 +91,18 @@ class LabConfig:
             get_method(e, "extensions")
         self.model.validate()
         even_int(self.model.head_dim, "d_model / n_heads (the head dim)", error=ConfigError)
-        for name in ("train_len", "batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
+        for name, limit in SIZE_LIMITS.items():  # sizes no lab run needs, which would only exhaust memory
+            value = getattr({None: self, "model": self.model, "train": self.train}[SECTIONS[name]], name)
+            for v in (value if isinstance(value, list) else [value]):
+                if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+                    raise ConfigError(f"{name} must be at most {limit:,}, got {v:,}")
+        check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
+        for name in ("batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
             check_int(getattr(self, name), name, min=1, error=ConfigError)
-        for name in ("finetune_steps", "finetune_len", "threads"):
+        for name in ("finetune_steps", "finetune_len", "threads", "search_generations"):
             check_int(getattr(self, name), name, min=0, error=ConfigError)
+        check_int(self.search_population, "search_population", min=4, error=ConfigError)
+        check_int(self.search_windows, "search_windows", min=1, error=ConfigError)
         check_int(self.train.steps, "steps", min=1, error=ConfigError)
         check_int(self.train.warmup, "warmup", min=0, error=ConfigError)
         check_int(self.train.ckpt_every, "ckpt_every", min=0, error=ConfigError)
@@ -109,6 +124,7 @@ class LabConfig:
             check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
         check_choice(self.precision, "precision", PRECISIONS, error=ConfigError)
+        resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
         for t in self.tasks:
             get_task(t).check(self)
         return self
@@ -123,6 +139,12 @@ class LabConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# upper bounds that keep a run's memory bounded (the CLI names the flag): far above any tiny-model experiment
+SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
+               "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "eval_tokens": 2**30,
+               "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31}
 
 
 # flat setting name -> the section of LabConfig that owns it (None: LabConfig itself)
@@ -152,8 +174,15 @@ PRESETS: dict[str, dict] = {
     "smoke": dict(tasks=ALL, schemes=ALL, d_model=32, n_layers=1, n_heads=2,
                   train_len=96, batch_size=8, steps=12, warmup=3, eval_lens=[96, 192], eval_tokens=1024,
                   sliding_stride=48, sliding_lens=[192], sliding_tokens=256, copy_examples=4,
-                  passkey_depths=[0.0, 1.0], passkey_trials=2, ckpt_every=5),
+                  passkey_depths=[0.0, 1.0], passkey_trials=2, ckpt_every=5,
+                  extensions=["linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search", "pose-yarn"],
+                  finetune_steps=2, search_population=4, search_generations=1, search_windows=1),
     "default": dict(),
+    "extend": dict(schemes=["rope"], seeds=[0, 1, 2], finetune_steps=100,
+                   extensions=["linear", "ntk", "yarn", "llama3", "longrope-search", "pose-linear", "pose-yarn"]),
+    "extend-passkey": dict(tasks=["passkey"], schemes=["rope"], seeds=[0, 1, 2], batch_size=16, steps=3000,
+                           eval_lens=[128, 256, 512], sliding_stride=0, finetune_steps=100,
+                           extensions=["linear", "yarn"]),
     "ntk": dict(schemes=["rope"], d_model=128, n_layers=4, n_heads=4, train_len=256, batch_size=16, steps=1500,
                 eval_lens=[256, 512, 1024], sliding_stride=256),
     "copy": dict(tasks=["copy"], schemes=ALL, d_model=128, n_layers=4, n_heads=4, train_len=512,

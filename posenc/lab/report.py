@@ -29,6 +29,10 @@ def make_plots(doc: dict, out: Path) -> list[str]:
     return written
 
 
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
 def write_report(doc: dict, out: Path) -> Path:
     """Write report.md and the plots into ``out``."""
     meta = doc["meta"]
@@ -39,8 +43,8 @@ def write_report(doc: dict, out: Path) -> Path:
     lines = [
         f"# posenc lab: preset `{meta['preset']}`",
         "",
-        f"Measured wall time: **{meta['wall_s']:.0f} s** on {meta['device']} ({meta['threads']} "
-        f"thread{'s' if meta['threads'] != 1 else ''}, {meta.get('precision', 'fp32')}), "
+        f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time of the process {meta.get('cpu_s', '?')} s) on "
+        f"{meta['device']} ({_threads(meta['threads'])}) in {meta.get('precision', 'fp32')}, "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",
@@ -50,6 +54,7 @@ def write_report(doc: dict, out: Path) -> Path:
         f"- model: d_model {m['d_model']}, {m['n_layers']} layers, {m['n_heads']} heads "
         f"(head dim {m['d_model'] // m['n_heads']}), byte vocab {m['vocab_size']}, RoPE base {m['rope_base']:g} "
         f"({m['rope_layout']}), token embeddings scaled by sqrt(d_model): {'yes' if m['scale_embeddings'] else 'no'}"
+        + ("" if m.get("bias", True) else ", no LayerNorm or MLP biases (MPT's block)")
         + (f", scheme options {m['scheme_options']}" if m.get("scheme_options") else ""),
         f"- training: length {s['train_len']}, batch {s['batch_size']}, {t['steps']} AdamW steps, lr {t['lr']:g} "
         f"(warmup {t['warmup']}, cosine), weight decay {t['weight_decay']}, clip {t['grad_clip']}",
@@ -57,7 +62,9 @@ def write_report(doc: dict, out: Path) -> Path:
         f"- extension methods on the {', '.join(s['extended_schemes'])} model: {', '.join(s['extensions']) or 'none'} "
         f"with factor {meta['extension_factor']:g} and original length = train length {s['train_len']}"
         + (f"; fine-tuned {s['finetune_steps']} steps at {s['finetune_len'] or max(s['eval_lens'])}"
-           if s["finetune_steps"] else ""),
+           if s["finetune_steps"] else "")
+        + ("; PoSE methods fine-tune at the train length" if any(e.startswith("pose-") for e in s["extensions"])
+           else ""),
     ]
     if data:
         lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files, list hash "
@@ -74,4 +81,26 @@ def write_report(doc: dict, out: Path) -> Path:
     lines += ["## Timings", "", markdown(["model", "train (s)", "eval (s)", "train tokens/s", "train GFLOP/s"],
               [[k, str(v["train"]), str(v["eval"]), str(v.get("tokens_per_s", "-")), str(v.get("gflops", "-"))]
                for k, v in meta["timings_s"].items()]), ""]
+    costs = extension_costs(meta)
+    if costs:
+        lines += ["## Extension costs", "", costs, ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def extension_costs(meta: dict) -> str:
+    """One row per model and method: the search (a ``fit``) and the fine-tune (steps, length, batch, tokens,
+    wall and CPU seconds), from results.json's meta["extensions"]."""
+    from posenc.extensions import method_label
+
+    body = []
+    for key, info in (meta.get("extensions") or {}).items():
+        for method, fit in (info.get("fit") or {}).items():
+            body.append([key, method_label(method), f"search: {fit.get('evaluations')} evaluations", "", "",
+                         str(fit.get("search_s", fit.get("wall_s"))), ""])
+        for method, ft in (info.get("finetune") or {}).items():
+            body.append([key, "plain RoPE" if method == "none" else method_label(method),
+                         f"fine-tune ({ft['positions']} positions)", f"{ft['steps']} x {ft['batch']} x {ft['len']}",
+                         f"{ft['tokens']:,}", str(ft["wall_s"]), str(ft["cpu_s"])])
+    if not body:
+        return ""
+    return markdown(["model", "method", "stage", "steps x batch x length", "tokens", "wall s", "CPU s"], body)

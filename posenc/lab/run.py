@@ -7,8 +7,10 @@ schemes and extension methods are looked up in their registries (docs/architectu
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
+import math
 import os
 import platform
 import statistics
@@ -20,14 +22,16 @@ from pathlib import Path
 import torch
 
 from posenc._atomic import atomic_write_json
-from posenc.extensions import FitContext
-from posenc.lab.context import Evaluation, Run
+from posenc.extensions import FitContext, get_method
+from posenc.lab.context import DIVERGED, Evaluation, Run
 from posenc.lab.data import load_corpus
 from posenc.lab.distributed import current, is_main_process, resolve_device
-from posenc.lab.evaluate import apply_extension, band_counts, extension_config
+from posenc.lab.evaluate import apply_extension, band_counts, extension_config, lab_spec
+from posenc.lab.lock import out_lock
 from posenc.lab.precision import autocast, native_bf16, resolve_precision
 from posenc.lab.presets import LabConfig
 from posenc.lab.report import main_table, write_report
+from posenc.lab.tables import model_label
 from posenc.lab.tasks import get_task
 from posenc.lab.train import TrainSettings, train
 from posenc.nn.model import TinyLM
@@ -75,7 +79,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     ``device``: the device already resolved by the caller's distributed session (else resolved here).
     """
     cfg.validate()
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     device = device if device is not None else resolve_device(cfg.device)
     if cfg.threads or device.type == "cpu":
         torch.set_num_threads(cfg.threads or auto_threads())
@@ -91,31 +95,88 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         "loadavg_start": _loadavg(),
     }
     raw: list[dict] = []
-    curves: dict[str, list[float]] = {}
-    for task in cfg.tasks:
-        for scheme in cfg.schemes:
-            for seed in cfg.seeds:
-                t0 = time.perf_counter()
-                model, trained = train_model(run, task, scheme, seed)
-                t_train = time.perf_counter() - t0
-                raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves))
-                if scheme in cfg.extended_schemes:
-                    raw += evaluate_extensions(run, model, task, scheme, seed, curves)
-                meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
-                    "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1),
-                    **throughput(model.cfg, cfg, trained)}
-                if progress and is_main_process():
-                    log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
-                        f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
+    curves: dict[str, list[float | None]] = {}
+    # the out folder is this job's until it ends (rank 0 holds the lock: only it writes)
+    lock = out_lock(run.out, "posenc " + " ".join(sys.argv[1:])) if is_main_process() else contextlib.nullcontext()
+    with lock:
+        try:
+            for task in cfg.tasks:
+                for scheme in cfg.schemes:
+                    for seed in cfg.seeds:
+                        t0 = time.perf_counter()
+                        model, trained = train_model(run, task, scheme, seed)
+                        t_train = time.perf_counter() - t0
+                        raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves))
+                        if scheme in cfg.extended_schemes:
+                            ext: dict = {}
+                            raw += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
+                            meta.setdefault("extensions", {})[f"{task}/{scheme}/seed{seed}"] = ext
+                        meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
+                            "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1),
+                            **throughput(model.cfg, cfg, trained)}
+                        if progress and is_main_process():
+                            log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
+                                f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
+        except BaseException as exc:  # keep what is finished: the rows so far, marked incomplete
+            if raw and is_main_process():
+                _write_partial(run, meta, raw, curves, t_start, c_start, exc)
+            raise
+        doc = _finish(meta, raw, curves, t_start, c_start)
+        if is_main_process():
+            atomic_write_json(run.out / "results.json", doc)
+            write_report(doc, run.out)
+            log(main_table(doc))
+            if meta.get("diverged"):
+                log("diverged (non-finite weights or loss; reported as such, no number): "
+                    + "; ".join(meta["diverged"]))
+            log(f"wrote {run.out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
+    return doc
+
+
+def _finish(meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: float) -> dict:
+    """The results document: timings, the diverged models, every number finite (JSON has no NaN)."""
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    meta["cpu_s"] = round(time.process_time() - c_start, 1)  # this process's CPU time: on a shared machine < wall
     meta["loadavg_end"] = _loadavg()
-    doc = {"meta": meta, "results": aggregate(raw), "curves": curves}
-    if is_main_process():
+    diverged = sorted({model_label(r) for r in raw if str(r.get("note", "")).startswith(DIVERGED)})
+    if diverged:
+        meta["diverged"] = diverged
+    doc, replaced = finite_json({"meta": meta, "results": aggregate(raw), "curves": curves})
+    if replaced:  # a plug-in task's row or curve with NaN: recorded, not fatal
+        doc["meta"]["non_finite_replaced"] = replaced
+    return doc
+
+
+def _write_partial(run: Run, meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: float,
+                   exc: BaseException):
+    """results.json and report.md with the rows finished before ``exc`` ended the run (meta.incomplete says why)."""
+    meta["incomplete"] = f"ended early by {type(exc).__name__}: {exc}"[:500]
+    try:
+        doc = _finish(meta, raw, curves, t_start, c_start)
         atomic_write_json(run.out / "results.json", doc)
         write_report(doc, run.out)
-        log(main_table(doc))
-        log(f"wrote {run.out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
-    return doc
+        run.log(f"wrote the {len(doc['results'])} finished result rows to {run.out}/results.json and report.md "
+                "(incomplete run)")
+    except Exception as err:  # never hide the original error behind this one
+        run.log(f"could not write the partial results: {type(err).__name__}: {err}")
+
+
+def finite_json(obj) -> tuple[object, int]:
+    """``obj`` with every non-finite float replaced by None (JSON cannot hold NaN/inf); -> (copy, count replaced)."""
+    count = 0
+
+    def walk(x):
+        nonlocal count
+        if isinstance(x, float) and not math.isfinite(x):
+            count += 1
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(obj), count
 
 
 def _loadavg() -> list[float] | None:
@@ -164,36 +225,87 @@ def evaluate(run: Run, ev: Evaluation) -> list[dict]:
         return get_task(ev.task).evaluate(ev)
 
 
-def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: int, curves: dict) -> list[dict]:
-    """Zero-shot (and optionally fine-tuned) evaluation of an extendable model under each extension method."""
+def finetune_batch(cfg: LabConfig, length: int) -> int:
+    """Sequences per fine-tuning step at ``length``: the pre-training tokens per step (batch_size x train_len),
+    at least one row per rank. Full-length and PoSE fine-tunes thus see about the same tokens per step."""
+    return max(current().world_size, cfg.batch_size * cfg.train_len // length)
+
+
+def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: int, curves: dict,
+                        info: dict | None = None) -> list[dict]:
+    """Zero-shot (and with --finetune-steps, fine-tuned) evaluation of an extendable model under each method.
+
+    ``info`` (filled in, for results.json): per method the time and details of its ``fit`` (LongRoPE's search),
+    and per fine-tune its steps, length, batch, tokens, position mode and wall time. Fine-tuned rows carry the
+    same as ``finetune``.
+    """
     cfg = run.cfg
+    info = {} if info is None else info
     rows = []
     fit = FitContext(model=model, task=task, corpus=run.corpus, device=run.device, seed=seed,
-                     eval_lens=list(cfg.eval_lens), settings=cfg.to_dict(), out=run.out, progress=run.progress)
+                     eval_lens=list(cfg.eval_lens), settings=cfg.to_dict(), out=run.out, progress=run.progress,
+                     resume=run.resume)
     configs = {}
     for method in cfg.extensions:
+        t0, c0 = time.perf_counter(), time.process_time()
         configs[method] = extension_config(method, model, cfg.factor, cfg.train_len, fit)
+        if get_method(method).fit is not None:
+            info.setdefault("fit", {})[method] = {"wall_s": round(time.perf_counter() - t0, 2),
+                                                  "cpu_s": round(time.process_time() - c0, 2),
+                                                  **configs[method].details}
+        if get_method(method).train_positions is not None:
+            continue  # a fine-tuning mode (PoSE): untrained, it is its base method
         apply_extension(model, configs[method])
         bands = band_counts(model.scheme, seq_len=max(cfg.eval_lens))
         rows += evaluate(run, Evaluation(run, model, task, scheme, method, seed=seed, bands=bands, curves=curves))
     apply_extension(model, None)
     if cfg.finetune_steps:
-        ft_len = cfg.finetune_len or max(cfg.eval_lens)
-        # same tokens per step as pre-training, but at least one row per rank
-        batch = max(current().world_size, cfg.batch_size * cfg.train_len // ft_len)
         for method in ["none"] + list(cfg.extensions):
-            ft = copy.deepcopy(model)
-            if method != "none":
-                apply_extension(ft, configs[method])
-            sampler = get_task(task).sampler(run, ft_len, batch, seed + 10_000)
-            run_settings = {"task": task, "seed": seed, "finetune": method, "len": ft_len, "batch": batch}
-            train(ft, sampler, training(cfg, cfg.finetune_steps, cfg.train.lr * 0.3), device=run.device,
-                  ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"), resume=run.resume,
-                  run_settings=run_settings, desc=f"finetune {method}", progress=run.progress,
-                  precision=run.precision)
-            bands = band_counts(ft.scheme, seq_len=max(cfg.eval_lens)) if method != "none" else None
-            rows += evaluate(run, Evaluation(run, ft, task, scheme, method, True, seed, bands, curves))
+            ft_rows, ft_info = finetune(run, model, task, scheme, seed, method, configs.get(method), curves)
+            info.setdefault("finetune", {})[method] = ft_info
+            rows += ft_rows
     return rows
+
+
+def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method: str, config, curves: dict
+             ) -> tuple[list[dict], dict]:
+    """Fine-tune a copy of ``model`` under ``method`` (config: its MethodConfig; None for plain RoPE), then
+    evaluate it -> (rows, what it cost).
+
+    Full-length methods train at --finetune-len (default the longest eval length); a method with
+    ``train_positions`` (PoSE) trains at the training length with those position ids covering the target. Same
+    steps, learning rate (0.3 x the pre-training peak, warmup then cosine) and fine-tuning data for every method.
+    """
+    cfg = run.cfg
+    m = get_method(method) if method != "none" else None
+    pose = m is not None and m.train_positions is not None
+    length = cfg.train_len if pose else (cfg.finetune_len or max(cfg.eval_lens))
+    batch = finetune_batch(cfg, length)
+    ft = copy.deepcopy(model)
+    if config is not None:
+        apply_extension(ft, config)
+    if pose:
+        spec = lab_spec(method, ft.scheme, cfg.factor, cfg.train_len)
+        ft.train_positions = lambda b, t, device: m.train_positions(b, t, spec).to(device)
+        torch.manual_seed(seed + 20_000)  # PoSE draws from torch's RNG, which checkpoints restore on --resume
+    sampler = get_task(task).sampler(run, length, batch, seed + 10_000)
+    settings = training(cfg, cfg.finetune_steps, cfg.train.lr * 0.3)
+    run_settings = {"task": task, "seed": seed, "finetune": method, "len": length, "batch": batch,
+                    "positions": "pose" if pose else "contiguous", "scaling": config and config.scaling}
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = train(ft, sampler, settings, device=run.device,
+                ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"), resume=run.resume,
+                run_settings=run_settings, desc=f"finetune {method}", progress=run.progress, precision=run.precision)
+    ft.train_positions = None
+    ft_info = {"steps": settings.steps, "len": length, "batch": batch, "tokens": settings.steps * batch * length,
+               "positions": "pose" if pose else "contiguous", "lr": settings.lr,
+               "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2),
+               "resumed_from": out["resumed_from"]}
+    bands = band_counts(ft.scheme, seq_len=max(cfg.eval_lens)) if config is not None else None
+    rows = evaluate(run, Evaluation(run, ft, task, scheme, method, True, seed, bands, curves))
+    for r in rows:
+        r["finetune"] = {k: ft_info[k] for k in ("steps", "len", "batch", "tokens", "positions")}
+    return rows, ft_info
 
 
 def aggregate(rows: list[dict]) -> list[dict]:

@@ -107,10 +107,13 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         run_settings["precision"] = precision
     run_settings = _jsonable(run_settings)
     if resume and ckpt_path is not None and Path(ckpt_path).exists():
-        meta = load_checkpoint(ckpt_path, model, opt)
+        try:
+            meta = load_checkpoint(ckpt_path, model, opt)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}. {restart_hint(ckpt_path)}") from None
         if meta["settings"] != run_settings:
-            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; "
-                                  "use a new --out or run without --resume")
+            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; use a new --out, "
+                                  f"or {restart_hint(ckpt_path, lower=True)}")
         start = meta["step"]
     net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
     if world_size > 1:
@@ -136,6 +139,13 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     model.eval()
     return {"step": end, "losses": [float(x) for x in losses], "wall_s": time.perf_counter() - t0,
             "resumed_from": start}
+
+
+def restart_hint(path, lower: bool = False) -> str:
+    """How to restart one model whose checkpoint cannot be resumed, keeping the others."""
+    text = (f"To restart that model from scratch, delete {path} and run the same command with --resume again "
+            "(the other models resume from their checkpoints)")
+    return text[0].lower() + text[1:] if lower else text
 
 
 def _save(path, model, opt, step, run_settings):

@@ -2,7 +2,9 @@
 
     tokens [B, T] -> embed (+ scheme.embed) -> n_layers x [x + attn(LN(x)); x + mlp(LN(x))] -> LN -> logits [B, T, 256]
 
-The output head is tied to the token embedding. One scheme object serves every layer (learned tables and RoPE
+The output head is tied to the token embedding. ``ModelConfig.bias`` False drops every bias (LayerNorms and MLP; the
+attention projections never have one): MPT's block (MosaicML 2023), so that a trained ALiBi model exports exactly
+to transformers' MptForCausalLM (docs/hf.md). One scheme object serves every layer (learned tables and RoPE
 frequencies exist once per model); each layer asks it for its view (``scheme.for_layer(i)``).
 """
 
@@ -42,6 +44,7 @@ class ModelConfig:
     rope_layout: str = "half"
     rope_scaling: dict | None = field(default=None)
     scale_embeddings: bool = True  # token embeddings * sqrt(d_model), as in Vaswani et al. 2017 (sec. 3.4)
+    bias: bool = True  # LayerNorm and MLP biases; False: MPT's bias-free block
     scheme_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -53,6 +56,9 @@ class ModelConfig:
             check_int(getattr(self, name), name, min=1, error=ConfigError)
         heads_divide(self.d_model, self.n_heads, error=ConfigError)
         check_choice(self.rope_layout, "rope_layout", LAYOUTS, error=ConfigError)
+        for name in ("scale_embeddings", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.scheme_options, dict):
             raise ConfigError(f"scheme_options must be a dict of scheme settings, got {self.scheme_options!r}")
         return self
@@ -84,6 +90,8 @@ class ModelConfig:
         d = asdict(self)
         if not d["scheme_options"]:  # absent when unused: run settings (checkpoints) stay as before
             del d["scheme_options"]
+        if d["bias"]:  # likewise absent at its default
+            del d["bias"]
         return d
 
 
@@ -107,11 +115,12 @@ class LayerNorm(nn.LayerNorm):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.ln1 = LayerNorm(cfg.d_model)
+        # with bias=True the modules are built exactly as before the option existed (same random draws)
+        self.ln1 = LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, layer_idx)
-        self.ln2 = LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
-                                 nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))
+        self.ln2 = LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias), nn.GELU(),
+                                 nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias))
 
     def forward(self, x, scheme, positions, cache, contiguous=True):
         x = x + self.attn(self.ln1(x), scheme, positions, cache, contiguous=contiguous)
@@ -130,7 +139,7 @@ class TinyLM(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = LayerNorm(cfg.d_model)
+        self.ln_f = LayerNorm(cfg.d_model, bias=cfg.bias)
         self._init_weights()
         # built last so that the shared weights get identical initial values under every scheme
         self.scheme = make_scheme(cfg.scheme, **cfg.scheme_arguments())

@@ -11,19 +11,27 @@ Layouts (same math up to a permutation of the head dimension, see ``interleaved_
 
 Angles are computed in float64 and cos/sin tables kept in float32 whatever the activation dtype: bf16 cannot
 even hold position 257, and fp32 angles drift by ~pos * 6e-8 rad.
+
+Call cost: the functional API keeps one cos/sin table per frequency set (``TABLES``) and the CPU kernel reads row
+``position`` of it directly, range-checking positions itself; argument checks run once per frequency set, so a
+decode step costs little more than the kernel call (docs/performance.md).
 """
 
 from __future__ import annotations
 
-import math
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
 
-from posenc._validate import even_int, positive_float
+from posenc._validate import check_float, even_int, positive_float
 from posenc.errors import PosencError
 
 LAYOUTS = ("interleaved", "half")
+_INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+_FLOAT_POSITIONS = frozenset({torch.float32, torch.float64})
 
 
 def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str | None = None) -> torch.Tensor:
@@ -38,6 +46,16 @@ def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str
     return 1.0 / (base ** exponent)
 
 
+def _angles_cos_sin(positions: torch.Tensor, inv64: torch.Tensor, attention_scaling: float,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of positions * inv_freq, the angle formed in float64; arguments already validated."""
+    angle = positions.to(torch.float64).unsqueeze(-1) * inv64                 # [..., R/2]
+    cos, sin = angle.cos(), angle.sin()
+    if attention_scaling != 1.0:
+        cos, sin = cos * attention_scaling, sin * attention_scaling
+    return cos.to(dtype), sin.to(dtype)
+
+
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of positions * inv_freq, each of shape [*positions.shape, len(inv_freq)] in ``dtype``.
@@ -45,18 +63,12 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     ``dtype`` is float32 (the table every activation dtype uses) or float64 (for float64 inputs).
     Both are multiplied by ``attention_scaling`` (transformers' convention: logits then scale by its square).
     The angle is formed in float64 so that large positions (1e5 and beyond) keep full precision.
+    Non-finite positions, inv_freq or attention_scaling are refused (they would give NaN tables).
     """
-    positions = check_position_dtype(torch.as_tensor(positions))
-    if not math.isfinite(attention_scaling):
-        raise PosencError(f"attention_scaling must be a finite number, got {attention_scaling!r}")
-    inv_freq = torch.as_tensor(inv_freq, device=positions.device)
-    if inv_freq.dim() != 1:
-        raise PosencError(f"inv_freq must be 1-D [rotary_dim // 2], got shape {tuple(inv_freq.shape)}")
-    angle = positions.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)   # [..., R/2]
-    cos, sin = angle.cos(), angle.sin()
-    if attention_scaling != 1.0:
-        cos, sin = cos * attention_scaling, sin * attention_scaling
-    return cos.to(dtype), sin.to(dtype)
+    positions = check_position_dtype(as_positions(positions, None))
+    attention_scaling = check_float(attention_scaling, "attention_scaling", positive=True)
+    inv64 = _checked_inv_freq(inv_freq, positions.device)
+    return _angles_cos_sin(positions, inv64, attention_scaling, dtype)
 
 
 def check_position_dtype(positions: torch.Tensor) -> torch.Tensor:
@@ -74,49 +86,75 @@ def math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def as_positions(positions, device=None) -> torch.Tensor:
+    """positions as a tensor on ``device`` (None: where it is); a PosencError for non-numbers, half precision, NaN/inf.
+
+    Integer positions cost no scan; float positions are checked to be finite (NaN/inf would rotate by NaN)."""
+    if isinstance(positions, torch.Tensor):
+        p = positions
+    else:
+        if isinstance(positions, (str, bytes)):
+            raise PosencError(f"positions must be integers (a tensor, an int or a sequence of ints), "
+                              f"got the string {positions!r}")
+        try:
+            p = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise PosencError(f"positions must be integers (a tensor, an int or a sequence of ints), got "
+                              f"{type(positions).__name__} {str(positions)[:60]!r} ({exc})") from None
+    if p.dtype not in _INT_DTYPES:
+        check_position_dtype(p)
+        if p.dtype in _FLOAT_POSITIONS and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
+            raise PosencError("positions must be finite numbers, got NaN or inf")
+    if device is not None and p.device != device:
+        p = p.to(device)
+    return p
+
+
+def _checked_inv_freq(inv_freq, device) -> torch.Tensor:
+    """inv_freq as a finite float64 1-D tensor on ``device`` (gradients kept), or a PosencError naming it."""
+    try:
+        inv = torch.as_tensor(inv_freq, device=device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise PosencError(f"inv_freq must be a 1-D tensor or sequence of numbers, got "
+                          f"{type(inv_freq).__name__} ({exc})") from None
+    if inv.dim() != 1 or not (inv.is_floating_point() or inv.dtype in _INT_DTYPES):
+        raise PosencError(f"inv_freq must be a 1-D real tensor [rotary_dim // 2], got shape {tuple(inv.shape)} "
+                          f"dtype {inv.dtype}")
+    if inv.device.type != "meta" and not bool(torch.isfinite(inv).all()):    # (meta tensors hold no values)
+        raise PosencError("inv_freq must be finite, got NaN or inf (check the scaling factors it came from)")
+    return inv.to(torch.float64)
+
+
 def _check_layout(layout: str) -> str:
     if layout not in LAYOUTS:
         raise PosencError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return layout
 
 
-def _resolve_rotary(dim: int, rotary_dim: int | None, base: float,
-                    inv_freq: torch.Tensor | Sequence[float] | None, device) -> tuple[int, torch.Tensor]:
-    """Validate rotary_dim / inv_freq against the head dim; return (rotary_dim, inv_freq float32 [R/2])."""
-    if rotary_dim is None:
-        rotary_dim = dim if inv_freq is None else 2 * len(inv_freq)
-    even_int(rotary_dim, "rotary_dim")
-    if rotary_dim > dim:
-        raise PosencError(f"rotary_dim must be <= the head dim {dim}, got {rotary_dim}")
-    if inv_freq is None:
-        inv_freq = default_inv_freq(rotary_dim, base, device=device)
-    else:
-        inv_freq = torch.as_tensor(inv_freq, device=device)
-        if inv_freq.shape != (rotary_dim // 2,):
-            raise PosencError(f"inv_freq must have shape [rotary_dim // 2] = [{rotary_dim // 2}], "
-                              f"got {tuple(inv_freq.shape)}")
-    return rotary_dim, inv_freq
-
-
-def _check_positions(positions, x: torch.Tensor) -> torch.Tensor:
-    """positions as a tensor broadcastable to x.shape[:-1] ([seq], [batch, 1, seq], ...)."""
+def _check_x(x, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise PosencError(f"{name} must be a tensor [..., seq, dim], got {type(x).__name__}")
     if x.dim() < 2:
-        raise PosencError(f"x must have shape [..., seq, dim], got {tuple(x.shape)}")
+        raise PosencError(f"{name} must have shape [..., seq, dim], got {tuple(x.shape)}")
     if not x.is_floating_point():
-        raise PosencError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    positions = check_position_dtype(torch.as_tensor(positions, device=x.device))
-    if positions.dim() == 0:
-        positions = positions.reshape(1)
-    lead = x.shape[:-1]
-    # positions broadcast to lead iff, aligned from the right, each of its dims is 1 or equal (plain Python:
-    # torch.broadcast_shapes costs ~50 us, more than rotating a decode step)
-    ok = positions.dim() <= len(lead) and all(
-        p in (1, n) for p, n in zip(reversed(positions.shape), reversed(lead)))
-    if not ok:
-        raise PosencError(
-            f"positions must have shape [seq] = [{x.shape[-2]}] or be broadcastable to x.shape[:-1] = "
-            f"{list(lead)} (e.g. [batch, 1, seq] for x [batch, heads, seq, dim]); got {list(positions.shape)}")
-    return positions
+        raise PosencError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def _check_broadcast(shape, x: torch.Tensor, what: str) -> None:
+    """``shape`` (positions or a table's leading dims) must broadcast to x.shape[:-1]: aligned from the right, each
+    of its dims 1 or equal (plain Python: torch.broadcast_shapes costs more than rotating a decode step)."""
+    xs = x.shape
+    n = len(shape)
+    ok = n < len(xs)
+    i = 1
+    while ok and i <= n:
+        ok = shape[-i] == 1 or shape[-i] == xs[-i - 1]
+        i += 1
+    if ok:
+        return
+    raise PosencError(
+        f"{what} must have shape [seq] = [{xs[-2]}] or be broadcastable to x.shape[:-1] = {list(xs[:-1])} "
+        f"(e.g. [batch, 1, seq] for x [batch, heads, seq, dim]); got {list(shape)}")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int) -> torch.Tensor:
@@ -144,31 +182,268 @@ def _check_out(out, xs: Sequence[torch.Tensor], inplace: bool, name: str) -> lis
         return None
     if inplace:
         raise PosencError("give either inplace=True or out=, not both")
-    outs = [out] if isinstance(out, torch.Tensor) else list(out)
-    if len(outs) != len(xs) or not all(isinstance(o, torch.Tensor) for o in outs):
+    outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
+    ok = outs is not None and len(outs) == len(xs)
+    for o in outs or ():
+        ok = ok and isinstance(o, torch.Tensor)
+    if not ok:
         raise PosencError(f"{name} must be {'a tensor' if len(xs) == 1 else f'a tuple of {len(xs)} tensors'} "
                           f"like the input(s), got {type(out).__name__}")
     for o, x in zip(outs, xs):
-        if o.shape != x.shape or o.dtype != x.dtype or o.device != x.device:
+        if o.shape != x.shape or o.dtype != x.dtype or (o.is_cpu != x.is_cpu or not o.is_cpu and
+                                                          o.device != x.device):
             raise PosencError(f"{name} must match the input's shape, dtype and device {list(x.shape)} {x.dtype} "
                               f"{x.device}; got {list(o.shape)} {o.dtype} {o.device}")
     return outs
 
 
 def _rotate_fast(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-                 inplace: bool, outs: list[torch.Tensor] | None) -> tuple[torch.Tensor, ...]:
+                 inplace: bool, outs: list[torch.Tensor] | None, names: Sequence[str],
+                 index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Rotate each of xs with one table through posenc.kernels (C on CPU, Triton on CUDA, autograd included).
 
     Differentiable frequencies (cos/sin requiring grad, e.g. a learned inv_freq) take the readable ``_rotate``,
     which autograd differentiates through the table too.
     """
-    if not (cos.requires_grad or sin.requires_grad):
-        from posenc.kernels.rope_dispatch import rope
-        return rope(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=outs)
+    rope = _kernel_rope()
+    if not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
+        out_names = None if outs is None else (("out",) if len(xs) == 1 else tuple(f"out[{i}]" for i in
+                                                                                  range(len(xs))))
+        return rope(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=outs, index=index,
+                    names=names, out_names=out_names)
     if inplace or outs is not None:
         raise PosencError("inplace=True and out= cannot be used while autograd tracks the frequencies "
                           "(inv_freq requires grad); call without them or under torch.no_grad()")
+    if index is not None:
+        from posenc.kernels.cpu_rope import gather_table
+        cos, sin = gather_table(cos, sin, index)
     return tuple(_rotate(x, cos, sin, layout, rotary_dim) for x in xs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cos/sin tables: built once per frequency set in float64, stored in the math dtype, indexed by position
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Table:
+    """One frequency set's rows 0..rows-1 of cos/sin (CPU), or just its validated float64 frequencies (elsewhere)."""
+
+    __slots__ = ("inv64", "scaling", "rotary_dim", "dtype", "cos_sin", "ref")
+
+    def __init__(self, inv64: torch.Tensor, scaling: float, dtype: torch.dtype, ref=None):
+        self.inv64, self.scaling, self.dtype, self.ref = inv64, scaling, dtype, ref
+        self.rotary_dim = 2 * inv64.shape[0]
+        self.cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None   # swapped whole: readers see one pair
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.cos_sin is None else self.cos_sin[0].shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.cos_sin is None else 2 * self.cos_sin[0].numel() * self.cos_sin[0].element_size()
+
+
+class RopeTableCache:
+    """cos/sin tables for ``apply_rope`` / ``apply_rope_qk``, keyed by everything that changes their values.
+
+    Key: the frequencies (``base`` and rotary_dim, or ``inv_freq``'s values: a CPU tensor or sequence by content, a
+    tensor on another device by identity and version counter), ``attention_scaling``, the device and the math dtype.
+    A table holds rows 0..n-1, built in float64 and stored in the math dtype; a position past it grows it (to at
+    least twice the rows) by computing only the new rows, so earlier rows never change. Bounded: one table never
+    exceeds ``max_table_bytes`` (positions past that are computed per call, uncached) and all tables together
+    ``max_bytes`` / ``max_entries`` (least recently used dropped first). Tables are kept on CPU only: elsewhere the
+    cos/sin of each call's positions are computed on the device (no host sync to learn the largest position).
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20, max_table_bytes: int = 128 << 20, max_entries: int = 32,
+                 min_rows: int = 4096):
+        self.max_bytes, self.max_table_bytes, self.max_entries, self.min_rows = (
+            max_bytes, max_table_bytes, max_entries, min_rows)
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in list(self._entries.values()))
+
+    def clear(self) -> None:
+        """Drop every table (they are rebuilt on demand)."""
+        with self._lock:
+            self._entries.clear()
+
+    def get(self, key, build) -> _Table:
+        """The entry for ``key``, made by ``build()`` (which validates the frequencies) on a miss."""
+        entries = self._entries
+        entry = entries.get(key)
+        if entry is not None and (entry.ref is None or entry.ref() is not None):
+            try:
+                entries.move_to_end(key)         # least recently used is evicted first
+            except KeyError:                     # evicted by another thread meanwhile: still valid for this call
+                pass
+            return entry
+        entry = build()
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            self._evict(entry)
+        return entry
+
+    def max_rows(self, entry: _Table) -> int:
+        return self.max_table_bytes // (entry.rotary_dim * torch.empty((), dtype=entry.dtype).element_size())
+
+    def grow(self, entry: _Table, rows: int) -> bool:
+        """Extend ``entry`` to at least ``rows`` rows (CPU); False if that would pass ``max_table_bytes``."""
+        cap = self.max_rows(entry)
+        if rows > cap:
+            return False
+        with self._lock:
+            have = entry.rows
+            if rows <= have:
+                return True
+            target = min(cap, max(rows, 2 * have, self.min_rows))
+            cos, sin = _angles_cos_sin(torch.arange(have, target), entry.inv64, entry.scaling, entry.dtype)
+            if have:      # only the new rows are computed: the old ones stay bit for bit
+                cos, sin = torch.cat((entry.cos_sin[0], cos)), torch.cat((entry.cos_sin[1], sin))
+            entry.cos_sin = (cos, sin)               # new tensors: a table handed out earlier is never mutated
+            self._evict(entry)
+        return True
+
+    def _evict(self, keep: _Table) -> None:
+        for key in list(self._entries):
+            over = len(self._entries) > self.max_entries or self.nbytes > self.max_bytes
+            if not over:
+                break
+            if self._entries[key] is not keep:
+                del self._entries[key]
+
+
+TABLES = RopeTableCache()
+
+
+def _table_for(base, inv_freq, rotary_dim, attention_scaling, dim: int, device: torch.device,
+               dtype: torch.dtype) -> _Table:
+    """The cached entry for these frequencies; arguments are validated when the entry is first made."""
+    if inv_freq is None:
+        key = (type(base), base, dim if rotary_dim is None else rotary_dim, type(attention_scaling),
+               attention_scaling, device, dtype)
+    elif isinstance(inv_freq, torch.Tensor):
+        if inv_freq.device.type == "cpu":
+            t = inv_freq.detach() if inv_freq.requires_grad else inv_freq
+            vals = (t if t.dtype in _FLOAT_POSITIONS else t.double()).numpy().tobytes() if t.dim() == 1 else id(t)
+            key = ("values", t.dtype, vals, rotary_dim, type(attention_scaling), attention_scaling, device, dtype)
+        else:      # no device->host copy per call: identity + version counter (an in-place change bumps it)
+            key = ("tensor", id(inv_freq), inv_freq._version, rotary_dim, type(attention_scaling),
+                   attention_scaling, device, dtype)
+    else:
+        try:
+            key = ("seq", tuple(inv_freq), rotary_dim, type(attention_scaling), attention_scaling, device, dtype)
+        except TypeError:
+            raise PosencError(f"inv_freq must be a 1-D tensor or sequence of numbers, got "
+                              f"{type(inv_freq).__name__}") from None
+
+    def build() -> _Table:
+        scaling = check_float(attention_scaling, "attention_scaling", positive=True)
+        if inv_freq is None:
+            rdim = even_int(dim if rotary_dim is None else rotary_dim, "rotary_dim")
+            inv = default_inv_freq(rdim, base, device=device)
+        else:
+            inv = inv_freq.detach() if isinstance(inv_freq, torch.Tensor) else inv_freq
+        inv64 = _checked_inv_freq(inv, device)
+        if rotary_dim is not None and inv_freq is not None:
+            even_int(rotary_dim, "rotary_dim")
+            if inv64.shape != (rotary_dim // 2,):
+                raise PosencError(f"inv_freq must have shape [rotary_dim // 2] = [{rotary_dim // 2}], "
+                                  f"got {tuple(inv64.shape)}")
+        ref = weakref.ref(inv_freq) if isinstance(inv_freq, torch.Tensor) and inv_freq.device.type != "cpu" else None
+        return _Table(inv64, scaling, dtype, ref)
+
+    return TABLES.get(key, build)       # (an id is only reused after its tensor died: get() sees the dead ref)
+
+
+def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, rotary_dim, attention_scaling,
+           inplace: bool, out, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
+    """The shared body of apply_rope / apply_rope_qk (xs already checked as float tensors of one dtype/device).
+
+    The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call."""
+    if layout not in LAYOUTS:
+        _check_layout(layout)
+    x = xs[0]
+    device = x.device
+    p = as_positions(positions, device)
+    if p.dim() == 0:
+        p = p.reshape(1)
+    ps = p.shape
+    for t in xs:
+        _check_broadcast(ps, t, "positions")
+    outs = None if out is None else _check_out(out, xs, inplace, "out")
+    dim = x.shape[-1]
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if isinstance(inv_freq, torch.Tensor) and inv_freq.requires_grad and torch.is_grad_enabled():
+        return _apply_learned(xs, p, inv_freq, layout, rotary_dim, attention_scaling, inplace, outs, names, dtype)
+    entry = _table_for(base, inv_freq, rotary_dim, attention_scaling, dim, device, dtype)
+    rdim = entry.rotary_dim
+    if rdim > dim:
+        _check_rotary_dim(rdim, dim)
+    if p.dtype in _INT_DTYPES and x.is_cpu:
+        index = p if p.dtype == torch.int64 and p.is_contiguous() else p.to(torch.int64).contiguous()
+        table = entry.cos_sin
+        if table is not None:
+            try:
+                return _kernel_rope()(xs, table[0], table[1], layout=layout, rotary_dim=rdim, inplace=inplace,
+                                      out=outs, index=index, names=names)
+            except _table_index_error():
+                pass            # a position past the table (or negative): grow below, or compute directly
+        if index.numel():
+            lo, hi = int(index.min()), int(index.max())
+            if lo >= 0 and TABLES.grow(entry, hi + 1):
+                table = entry.cos_sin
+                return _kernel_rope()(xs, table[0], table[1], layout=layout, rotary_dim=rdim, inplace=inplace,
+                                      out=outs, index=index, names=names)
+    cos, sin = _angles_cos_sin(p, entry.inv64, entry.scaling, dtype)
+    return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
+
+
+def _apply_learned(xs, p, inv_freq, layout, rotary_dim, attention_scaling, inplace, outs, names, dtype):
+    """Learned frequencies (inv_freq requires grad): the readable formula, differentiated through the table too."""
+    x = xs[0]
+    check_float(attention_scaling, "attention_scaling", positive=True)
+    inv = torch.as_tensor(inv_freq, device=x.device)
+    rdim = _check_rotary_dim(2 * inv.shape[0] if rotary_dim is None else rotary_dim, x.shape[-1])
+    if inv.shape != (rdim // 2,):
+        raise PosencError(f"inv_freq must have shape [rotary_dim // 2] = [{rdim // 2}], got {tuple(inv.shape)}")
+    _checked_inv_freq(inv.detach(), x.device)
+    angle = p.to(torch.float64).unsqueeze(-1) * inv.to(torch.float64)
+    cos, sin = (angle.cos() * attention_scaling).to(dtype), (angle.sin() * attention_scaling).to(dtype)
+    return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
+
+
+_lazy: dict = {}
+
+
+def _kernel_rope():
+    """posenc.kernels.rope_dispatch.rope, imported on first use (importing posenc builds nothing)."""
+    fn = _lazy.get("rope")
+    if fn is None:
+        from posenc.kernels.rope_dispatch import rope as fn
+        from posenc.kernels.rope_checks import TableIndexError
+        _lazy.update(rope=fn, TableIndexError=TableIndexError)
+    return fn
+
+
+def _table_index_error():
+    _kernel_rope()
+    return _lazy["TableIndexError"]
+
+
+def _check_rotary_dim(rotary_dim, dim: int) -> int:
+    if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2:     # (the fast test first: hot path)
+        even_int(rotary_dim, "rotary_dim")
+    if rotary_dim > dim:
+        raise PosencError(f"rotary_dim must be <= the head dim {dim}, got {rotary_dim}")
+    return rotary_dim
 
 
 def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
@@ -180,80 +455,186 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
     Args:
         x: [..., seq, dim] queries or keys (any float dtype; math runs in float32, output in x.dtype).
         positions: [seq] or broadcastable to x.shape[:-1] (e.g. [batch, 1, seq] for x [batch, heads, seq, dim]);
-            integers or floats, any offset (KV-cache continuation, packed sequences).
+            integers (any offset: KV-cache continuation, packed sequences) or finite float32/float64 numbers.
         base: RoPE theta, used when ``inv_freq`` is not given.
         inv_freq: [rotary_dim // 2] frequencies overriding base (scaled variants: see ``posenc.rope_parameters``).
         layout: "interleaved" (pairs 2j, 2j+1) or "half" (pairs j, j + rotary_dim/2).
         rotary_dim: rotate only the first rotary_dim dims (partial rotary); the rest pass through.
-        attention_scaling: multiplies cos and sin (transformers' YaRN/LongRoPE convention).
-        inplace: overwrite x (no output allocation; not allowed when x requires grad).
-        out: a preallocated tensor like x to write into.
+        attention_scaling: a positive number multiplying cos and sin (transformers' YaRN/LongRoPE convention).
+        inplace: overwrite x (no output allocation). With autograd recording, x must not be a leaf that requires
+            grad (as for torch's in-place ops).
+        out: a preallocated tensor like x to write into (not while autograd records a tensor that requires grad).
     Returns:
         Tensor with x's shape and dtype (x itself if inplace, ``out`` if given).
 
     Runs the fused kernel for the device (posenc.kernels: C on CPU, Triton on CUDA): one pass over x, no
     temporaries the size of x, fp32 math for half-precision inputs; ``_rotate`` is the readable equivalent.
+    On CPU the cos/sin of integer positions come from a cached table (``TABLES``), built once per frequency set.
+    Writes obey torch's rules: overlapping outputs are refused, version counters are bumped
+    (posenc.kernels.rope_dispatch).
     """
-    _check_layout(layout)
-    positions = _check_positions(positions, x)
-    outs = _check_out(out, (x,), inplace, "out")
-    rotary_dim, inv_freq = _resolve_rotary(x.shape[-1], rotary_dim, base, inv_freq, x.device)
-    cos, sin = rope_cos_sin(positions, inv_freq, attention_scaling, math_dtype(x.dtype))
-    return _rotate_fast((x,), cos, sin, layout, rotary_dim, inplace, outs)[0]
+    _check_x(x, "x")
+    return _apply((x,), positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out, ("x",))[0]
 
 
 def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 10000.0,
                   inv_freq: torch.Tensor | Sequence[float] | None = None, layout: str = "interleaved",
                   rotary_dim: int | None = None, attention_scaling: float = 1.0, inplace: bool = False,
                   out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on queries and keys at the same positions, sharing one cos/sin table (one launch on CUDA).
+    """RoPE on queries and keys at the same positions, sharing one cos/sin table and one kernel call.
 
     q: [..., Hq, seq, dim], k: [..., Hk, seq, dim] (Hk may differ from Hq: grouped-query attention).
-    inplace: overwrite q and k; out: (q_out, k_out) preallocated like q and k.
-    Returns (q_rotated, k_rotated) in their input dtypes.
+    inplace: overwrite q and k (they must not share memory); out: (q_out, k_out) preallocated like q and k.
+    Returns (q_rotated, k_rotated) in their input dtypes. Other arguments: see ``apply_rope``.
     """
-    _check_layout(layout)
-    if q.shape[-1] != k.shape[-1] or q.shape[-2] != k.shape[-2]:
+    _check_x(q, "q")
+    _check_x(k, "k")
+    qs, ks = q.shape, k.shape
+    if qs[-1] != ks[-1] or qs[-2] != ks[-2]:
         raise PosencError(f"q and k must share seq and dim (the last two dims); got q {list(q.shape)}, "
                           f"k {list(k.shape)}")
-    positions_q = _check_positions(positions, q)
-    _check_positions(positions, k)
-    rotary_dim, inv_freq = _resolve_rotary(q.shape[-1], rotary_dim, base, inv_freq, q.device)
-    if q.dtype != k.dtype:
-        raise PosencError(f"q and k must share a dtype, got q {q.dtype}, k {k.dtype}")
-    outs = _check_out(out, (q, k), inplace, "out")
-    cos, sin = rope_cos_sin(positions_q, inv_freq, attention_scaling, math_dtype(q.dtype))
-    q_rot, k_rot = _rotate_fast((q, k), cos, sin, layout, rotary_dim, inplace, outs)
+    if q.dtype != k.dtype or q.device != k.device:
+        raise PosencError(f"q and k must share a dtype and device, got q {q.dtype} {q.device}, k {k.dtype} {k.device}")
+    q_rot, k_rot = _apply((q, k), positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out,
+                          ("q", "k"))
     return q_rot, k_rot
 
 
-def apply_rope_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "interleaved",
-                     rotary_dim: int | None = None, inplace: bool = False,
+def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotary_dim, inplace: bool, out,
+                 names: Sequence[str]) -> tuple[torch.Tensor, ...]:
+    """The shared body of apply_rope_table / apply_rope_table_qk (xs already checked as float tensors)."""
+    if layout not in LAYOUTS:
+        _check_layout(layout)
+    x = xs[0]
+    if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor):
+        raise PosencError(f"cos and sin must be tensors [..., seq, rotary_dim // 2], got {type(cos).__name__} and "
+                          f"{type(sin).__name__}")
+    cshape = cos.shape
+    if cshape != sin.shape:
+        raise PosencError(f"cos and sin must have one shape, got {list(cshape)} and {list(sin.shape)}")
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if cos.dtype != dtype or sin.dtype != dtype:
+        raise PosencError(f"cos/sin must be {dtype} for x of dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
+    device = x.device
+    if cos.device != device or sin.device != device:
+        raise PosencError(f"cos/sin must be on x's device {device}, got {cos.device} and {sin.device}")
+    half = cshape[-1] if cshape else 0
+    if rotary_dim is not None and rotary_dim != 2 * half:
+        _check_rotary_dim(rotary_dim, x.shape[-1])
+        raise PosencError(f"cos/sin last dim must be rotary_dim // 2 = {rotary_dim // 2}, got {half}")
+    rdim = 2 * half
+    if not 0 < rdim <= x.shape[-1]:
+        raise PosencError(f"cos/sin last dim must be rotary_dim // 2 with 0 < rotary_dim <= the head dim "
+                          f"{x.shape[-1]}, got {half}")
+    outs = None if out is None else _check_out(out, xs, inplace, "out")
+    if index is None:
+        for t in xs:
+            _check_broadcast(cshape[:-1], t, "cos/sin leading dims")
+        return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
+    if len(cshape) != 2:
+        raise PosencError(f"with index=, cos and sin must be tables [rows, rotary_dim // 2], got {list(cshape)}")
+    idx = as_positions(index, device)
+    if idx.dtype not in _INT_DTYPES:
+        raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
+    if idx.dim() == 0:
+        idx = idx.reshape(1)
+    ishape = idx.shape
+    for t in xs:
+        _check_broadcast(ishape, t, "index")
+    if idx.dtype != torch.int64 or not idx.is_contiguous():
+        idx = idx.to(torch.int64).contiguous()
+    if not (cos.is_contiguous() and sin.is_contiguous()):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    try:
+        return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names, idx)
+    except _table_index_error() as exc:
+        raise _table_index_error()(f"index must hold row numbers in [0, {cshape[0]}) of the cos/sin table, "
+                                   f"got values outside it") from exc
+
+
+class RopeTable:
+    """A cos/sin table [rows, rotary_dim // 2] checked once, then indexed by position on every call.
+
+    For callers that keep their own table (``posenc.Rotary``): ``rotate_qk(q, k, index)`` costs what
+    ``apply_rope_qk`` costs, without re-checking the table. cos, sin: one shape [rows, R/2], float32 (float64 for
+    float64 activations), on one device; stored contiguous. ``index``: integer positions broadcastable to
+    x.shape[:-1] ([seq] or [batch, 1, seq]); a position outside [0, rows) raises TableIndexError before anything is
+    written (on CPU the kernel reads the rows itself; elsewhere they are gathered first).
+    """
+
+    __slots__ = ("cos", "sin", "source", "rotary_dim", "dtype", "device")
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor) or cos.shape != sin.shape \
+                or cos.dim() != 2 or cos.shape[1] == 0:
+            raise PosencError("cos and sin must be tensors of one shape [rows, rotary_dim // 2]")
+        if cos.dtype not in _FLOAT_POSITIONS or sin.dtype != cos.dtype or sin.device != cos.device:
+            raise PosencError(f"cos/sin must be float32 (float64 for float64 activations) on one device, got "
+                              f"{cos.dtype} {cos.device} and {sin.dtype} {sin.device}")
+        self.source = cos                                   # what the table was made from (callers compare it)
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.rotary_dim, self.dtype, self.device = 2 * cos.shape[1], cos.dtype, cos.device
+
+    def rotate_qk(self, q: torch.Tensor, k: torch.Tensor, index, *, layout: str = "interleaved",
+                  inplace: bool = False, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, k) rotated by rows index[...] of the table; q [..., Hq, seq, dim], k [..., Hk, seq, dim]."""
+        _check_x(q, "q")
+        _check_x(k, "k")
+        qs, ks = q.shape, k.shape
+        if qs[-1] != ks[-1] or qs[-2] != ks[-2] or q.dtype != k.dtype or q.device != k.device:
+            raise PosencError(f"q and k must share seq, dim, dtype and device; got q {list(qs)} {q.dtype}, "
+                              f"k {list(ks)} {k.dtype}")
+        if self.dtype != (torch.float64 if q.dtype == torch.float64 else torch.float32) or q.device != self.device:
+            raise PosencError(f"this table is {self.dtype} on {self.device}; q is {q.dtype} on {q.device} "
+                              "(the table must be float64 for float64 q, else float32, on q's device)")
+        if self.rotary_dim > qs[-1]:
+            raise PosencError(f"the table rotates {self.rotary_dim} dims, more than the head dim {qs[-1]}")
+        if layout not in LAYOUTS:
+            _check_layout(layout)
+        idx = as_positions(index, q.device)
+        if idx.dtype not in _INT_DTYPES:
+            raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
+        if idx.dim() == 0:
+            idx = idx.reshape(1)
+        ishape = idx.shape
+        _check_broadcast(ishape, q, "index")
+        _check_broadcast(ishape, k, "index")
+        if idx.dtype != torch.int64 or not idx.is_contiguous():
+            idx = idx.to(torch.int64).contiguous()
+        outs = None if out is None else _check_out(out, (q, k), inplace, "out")
+        q_rot, k_rot = _kernel_rope()((q, k), self.cos, self.sin, layout=layout, rotary_dim=self.rotary_dim,
+                                      inplace=inplace, out=outs, index=idx, names=("q", "k"))
+        return q_rot, k_rot
+
+
+def apply_rope_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, index: torch.Tensor | None = None,
+                     layout: str = "interleaved", rotary_dim: int | None = None, inplace: bool = False,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate x with a precomputed cos/sin table (from ``rope_cos_sin`` or a multimodal/axial builder).
 
-    x: [..., seq, dim]; cos, sin: [..., seq, rotary_dim // 2], broadcastable against x.shape[:-1] (e.g. [seq, R/2]
-    or [batch, 1, seq, R/2]), float32 (float64 for float64 x): the table's dtype is the math dtype.
-    rotary_dim defaults to 2 * cos.shape[-1]; the dims past it pass through. Same kernels as ``apply_rope``.
+    x: [..., seq, dim]. Either cos, sin: [..., seq, rotary_dim // 2], broadcastable against x.shape[:-1] (e.g.
+    [seq, R/2] or [batch, 1, seq, R/2]); or, with ``index`` (integers broadcastable against x.shape[:-1], such as
+    positions [seq] or [batch, 1, seq]), cos, sin: a table [rows, rotary_dim // 2] of which vector i takes row
+    index[i] (no gathered copy: the kernel reads the rows; an index outside [0, rows) raises TableIndexError before
+    anything is written). The table is float32 (float64 for float64 x): its dtype is the math dtype.
+    rotary_dim defaults to 2 * cos.shape[-1]; the dims past it pass through. Same kernels and rules as ``apply_rope``.
     """
-    _check_layout(layout)
-    if x.dim() < 2 or not x.is_floating_point():
-        raise PosencError(f"x must be a floating-point tensor [..., seq, dim], got {x.dtype} {tuple(x.shape)}")
-    if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor) or cos.shape != sin.shape:
-        raise PosencError("cos and sin must be tensors of one shape [..., seq, rotary_dim // 2]")
-    if cos.dtype != math_dtype(x.dtype) or sin.dtype != cos.dtype:
-        raise PosencError(f"cos/sin must be {math_dtype(x.dtype)} for x of dtype {x.dtype}, got {cos.dtype}")
-    if rotary_dim is None:
-        rotary_dim = 2 * cos.shape[-1]
-    even_int(rotary_dim, "rotary_dim")
-    if rotary_dim > x.shape[-1] or cos.shape[-1] != rotary_dim // 2:
-        raise PosencError(f"cos/sin last dim must be rotary_dim // 2 = {rotary_dim // 2} with rotary_dim <= "
-                          f"{x.shape[-1]}, got {cos.shape[-1]}")
-    lead = x.shape[:-1]
-    if cos.dim() - 1 > len(lead) or not all(c in (1, n) for c, n in zip(reversed(cos.shape[:-1]), reversed(lead))):
-        raise PosencError(f"cos/sin leading dims {list(cos.shape[:-1])} must broadcast to x.shape[:-1] {list(lead)}")
-    outs = _check_out(out, (x,), inplace, "out")
-    return _rotate_fast((x,), cos, sin, layout, rotary_dim, inplace, outs)[0]
+    _check_x(x, "x")
+    return _apply_table((x,), cos, sin, index, layout, rotary_dim, inplace, out, ("x",))[0]
+
+
+def apply_rope_table_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                        index: torch.Tensor | None = None, layout: str = "interleaved", rotary_dim: int | None = None,
+                        inplace: bool = False, out: tuple[torch.Tensor, torch.Tensor] | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``apply_rope_table`` on q [..., Hq, seq, dim] and k [..., Hk, seq, dim] with one table, in one kernel call."""
+    _check_x(q, "q")
+    _check_x(k, "k")
+    if q.shape[-1] != k.shape[-1] or q.shape[-2] != k.shape[-2] or q.dtype != k.dtype or q.device != k.device:
+        raise PosencError(f"q and k must share seq, dim, dtype and device; got q {list(q.shape)} {q.dtype}, "
+                          f"k {list(k.shape)} {k.dtype}")
+    q_rot, k_rot = _apply_table((q, k), cos, sin, index, layout, rotary_dim, inplace, out, ("q", "k"))
+    return q_rot, k_rot
 
 
 def interleaved_to_half_permutation(dim: int) -> torch.Tensor:

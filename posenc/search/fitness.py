@@ -15,53 +15,15 @@ length on a few samples of a search split (the paper: 5 PG19 documents).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from posenc._validate import check_int, positive_int
-from posenc.errors import DataError, PosencError
+from posenc._validate import positive_int
+from posenc.errors import PosencError
+from posenc.perplexity import lm_perplexity  # the one owner of windowed LM scoring
 
-
-@torch.no_grad()
-def lm_perplexity(model: Callable, tokens: torch.Tensor, length: int, *, windows: int | None = None,
-                  batch_size: int = 4, device: torch.device | str | None = None) -> float:
-    """exp(mean next-token cross-entropy) of ``model`` over non-overlapping windows of ``length`` tokens.
-
-    tokens: 1-D integer tensor (a token stream). Window w feeds tokens[w*length : (w+1)*length] and scores the
-    next token at every position (tokens[w*length + 1 : (w+1)*length + 1]); the context restarts at each window,
-    as in the lab's non-overlapping evaluation. windows: how many (default: all that fit), batch_size: windows
-    per forward, device: where the windows go (default: the tokens' device).
-    """
-    length = positive_int(length, "length")
-    batch_size = positive_int(batch_size, "batch_size")
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.is_floating_point() or tokens.is_complex():
-        raise DataError(f"tokens must be a 1-D integer tensor (a token stream), got "
-                        f"{type(tokens).__name__}{list(getattr(tokens, 'shape', []))}")
-    fit = (len(tokens) - 1) // length
-    if fit < 1:
-        raise DataError(f"tokens must hold at least length + 1 = {length + 1} tokens for one window, "
-                        f"got {len(tokens)}")
-    n = fit if windows is None else min(fit, check_int(windows, "windows", min=1))
-    device = tokens.device if device is None else torch.device(device)
-    offsets = torch.arange(length + 1)
-    total, count = 0.0, 0
-    for first in range(0, n, batch_size):
-        starts = torch.arange(first, min(n, first + batch_size)) * length
-        window = tokens[starts[:, None] + offsets].long().to(device)      # [b, length + 1]
-        out = model(window[:, :-1])
-        logits = getattr(out, "logits", out)
-        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != window[:, 1:].shape or logits.dim() != 3:
-            raise PosencError(f"model must return logits [batch, {length}, vocab], got "
-                              f"{type(logits).__name__}{list(getattr(logits, 'shape', []))}")
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1),
-                               reduction="sum")
-        total += float(loss.double())
-        count += window[:, 1:].numel()
-    mean = total / count
-    return math.exp(mean) if mean < 700 else math.inf  # exp overflows past ~709: a diverged model scores +inf
+__all__ = ["lm_perplexity", "perplexity_fitness"]
 
 
 def perplexity_fitness(model: Callable, tokens: torch.Tensor, length: int,

@@ -9,6 +9,10 @@ import warnings
 
 from posenc.rope.scaling import rope_parameters
 
+# The longest context the tools accept (2^30 tokens, ~100x the longest published context windows): past it, a
+# "target length" is a typo, and the configs it implies (an NTK base of 1e30) are nonsense.
+MAX_CONTEXT = 2**30
+
 
 def check_rope_values(rc) -> None:
     """Raise ConfigError (naming the key) for malformed parameters, e.g. a non-numeric factor, before any

@@ -14,9 +14,10 @@ built-ins (s = target / original context L0, unless --factor is given):
               relative to it, so the config cannot state the target).
     yarn      {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L0}; max = target.
     llama3    Llama 3.1's published low_freq_factor 1, high_freq_factor 4, plus factor and L0; max = target.
-    longrope  short/long factor lists from --short-factor/--long-factor JSON files; without them an
+    longrope  short/long factor lists from --short-factor/--long-factor JSON files, or both from --longrope FILE
+              (``posenc search``'s rope_scaling.json: factors searched on the model); without them an
               UNSEARCHED initialisation: short = 1 (unchanged inside L0), long_j = default_j / yarn_j (YaRN's
-              keep/blend/interpolate per pair, from the registry). LongRoPE's evolutionary search is not run.
+              keep/blend/interpolate per pair, from the registry). extend runs no search (posenc search does).
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from posenc._validate import check_choice, check_int
+from posenc._validate import check_choice, check_float, check_int
 from posenc.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
 from posenc.rope.config import KEY_ALIASES, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
-from posenc.tools.contexts import original_context
+from posenc.tools.contexts import MAX_CONTEXT, original_context
 from posenc.tools.inspect import detect_scheme
 
 HELP = "Write a config.json extended to a longer context with a RoPE scaling method (linear, ntk, yarn, ...)."
@@ -71,19 +72,33 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     Raises ConfigError (a ValueError) for a non-RoPE config, an unknown method, a target not longer than the
     original context, or a result the registry rejects.
     """
+    from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
+    from posenc.rope.scaling import MULTI_AXIS_KEYS
+
     m = get_method(method)
     if m.fit is not None:
         raise ConfigError(f"method {method!r} computes its config from a trained model and data, which extend does "
                           "not have; run it where the model is (posenc lab) and pass the result")
     check_choice(transformers_version, "transformers_version (4: rope_scaling, 5: rope_parameters)", (4, 5),
                  error=ConfigError)
-    check_int(target_length, "target_length", min=1, error=ConfigError)
+    check_int(target_length, "target_length", min=1, max=MAX_CONTEXT, error=ConfigError)
     cfg = read_config(config)
     scheme, why = detect_scheme(cfg)
     if scheme != "rope":
         raise ConfigError(f"extend needs a RoPE config; this one is {scheme} ({why}). "
                           + ("ALiBi runs past its trained length without a config change"
                              if scheme == "alibi" else "its positions cannot be rescaled by a config edit"))
+    if vision_config_of(cfg) is cfg:
+        raise ConfigError("this is a vision tower with 2-D (axial) RoPE: its positions are the row and column of "
+                          "each image patch, bounded by the image size, so there is no context to extend; extend "
+                          "the language model's config instead")
+    if layer_type_parameters(cfg) is not None:
+        raise ConfigError("this config has RoPE parameters per layer type (local / global layers, e.g. Gemma 3, "
+                          "ModernBERT): extend writes one RoPE dict for every layer, which would also rescale the "
+                          "local layers; edit the full_attention entry by hand")
+    outer, text_key = cfg, None
+    if rope_section(cfg) is not cfg:      # multimodal: the language model's RoPE lives in its text_config
+        text_key, cfg = "text_config", dict(cfg["text_config"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
@@ -98,15 +113,16 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                           "the original context is unknown")
     if target_length <= original:
         raise ConfigError(f"target_length ({target_length}) must be longer than the original context ({original})")
-    s = float(target_length / original) if factor is None else float(factor)
-    if not (s >= 1 and math.isfinite(s)):
-        raise ConfigError(f"factor must be a finite number >= 1, got {factor!r}")
+    s = (float(target_length / original) if factor is None
+         else check_float(factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError))
 
     spec = ExtensionSpec(original=original, factor=s, rotary_dim=rc.rotary_dim, theta=rc.theta,
                          target=target_length, head_dim=rc.head_dim)
     options = {k: v for k, v in (("short_factor", short_factor), ("long_factor", long_factor)) if v is not None}
     written = transformers_config(method, method_config(method, spec, **options), spec)
     scaling, notes = dict(written.scaling), list(written.notes)
+    # M-RoPE keys say how positions split over the pairs (Qwen2-VL ...): they stay with any scaling
+    scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params})
     theta = scaling.pop("rope_theta", rc.theta)
     new = dict(cfg)
     lmax_key = "max_position_embeddings"
@@ -125,7 +141,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         new.pop("rope_scaling", None)   # transformers 5 prefers rope_scaling when both exist: drop the stale one
         new.pop("rope_theta", None)     # moved inside rope_parameters
     else:
-        new["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling
+        new["rope_scaling"] = None if scaling == {"rope_type": "default"} else scaling
         new["rope_theta"] = theta
         new.pop("rope_parameters", None)
         if partial is None and "partial_rotary_factor" in old_inner:
@@ -168,6 +184,9 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                         "(base 10000 is hard-coded), so this config changes nothing there; it takes effect only in "
                         "code that reads these keys (posenc, some serving runtimes)")
     notes.append(m.note)
+    if text_key is not None:
+        changes = [f"{text_key}.{change}" for change in changes]
+        new = {**outer, text_key: new}
     return ExtendResult(config=new, method=method, factor=s, original_context=original, target_length=target_length,
                         transformers_version=transformers_version, changes=changes, notes=notes, check=check)
 
@@ -209,8 +228,22 @@ def add_arguments(parser) -> None:
                         help="scaling factor (default target / original context)")
     parser.add_argument("--short-factor", help="longrope: JSON file with rotary_dim/2 short factors")
     parser.add_argument("--long-factor", help="longrope: JSON file with rotary_dim/2 long factors")
+    parser.add_argument("--longrope", metavar="FILE",
+                        help="longrope: both factor lists from one JSON file holding a longrope dict (posenc search's "
+                             "rope_scaling.json, or a config.json whose rope_scaling/rope_parameters has them)")
     parser.add_argument("--replace", action="store_true",
                         help="replace an existing non-default rope scaling instead of refusing")
+
+
+def longrope_factors(path: str | os.PathLike) -> tuple[list, list]:
+    """(short_factor, long_factor) from a JSON file holding a longrope dict, or a config whose rope_scaling /
+    rope_parameters holds one (``posenc search`` writes rope_scaling.json)."""
+    data = read_config(path)
+    for candidate in (data, data.get("rope_scaling"), data.get("rope_parameters")):
+        if isinstance(candidate, Mapping) and "long_factor" in candidate and "short_factor" in candidate:
+            return candidate["short_factor"], candidate["long_factor"]
+    raise ConfigError(f"--longrope {path}: expected a longrope dict with short_factor and long_factor (posenc "
+                      "search's rope_scaling.json), or a config whose rope_scaling/rope_parameters holds one")
 
 
 def run(args) -> int:
@@ -218,8 +251,13 @@ def run(args) -> int:
     src_file = src / "config.json" if src.is_dir() else src
     if not args.in_place and args.out != "-" and Path(args.out).resolve() == src_file.resolve():
         raise ConfigError(f"--out {args.out} is the input file; pass --in-place to overwrite it")
-    if (args.short_factor or args.long_factor) and "short_factor" not in get_method(args.method).options:
-        raise ConfigError("--short-factor/--long-factor only apply to --method longrope")
+    if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(
+            args.method).options:
+        raise ConfigError("--short-factor/--long-factor/--longrope only apply to --method longrope")
+    if args.longrope:
+        if args.short_factor or args.long_factor:
+            raise ConfigError("--longrope gives both factor lists: drop --short-factor/--long-factor")
+        args.short_factor, args.long_factor = longrope_factors(args.longrope)
     result = extend_config(src, args.target_length, args.method, transformers_version=args.transformers_version,
                            factor=args.factor, short_factor=args.short_factor, long_factor=args.long_factor,
                            replace=args.replace)

@@ -24,10 +24,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from posenc._atomic import atomic_path
-from posenc._validate import even_int, positive_float, positive_int
+from posenc._validate import check_float, check_int, even_int, positive_float
 from posenc.errors import PosencError
 from posenc.extensions import METHODS
-from posenc.tools.contexts import claimed_context, original_context
+from posenc.tools.contexts import MAX_CONTEXT, claimed_context, original_context
 
 HELP = "Draw positional-encoding plots: sinusoidal, rope, scaling, alibi, decay."
 
@@ -59,8 +59,17 @@ def _save(fig, out: str | os.PathLike) -> Path:
     return out
 
 
-def _positive_int(value, name: str) -> int:
-    return positive_int(value, name)
+def _positive_int(value, name: str, max: int | None = None) -> int:
+    """A positive int, at most ``max`` (the sizes that keep a plot's memory bounded)."""
+    return check_int(value, name, min=1, max=max)
+
+
+# size limits: a plot never needs more, and past them the tables would not fit in memory
+MAX_DIM = 8192          # head or model dimension
+MAX_TABLE = 2**24       # cells of the sinusoidal table (positions x dim)
+MAX_ALIBI_HEADS = 1024
+MAX_ALIBI_SEQ = 256     # heatmap side
+MAX_POINTS = 100_000
 
 
 def _positive_float(value, name: str) -> float:
@@ -97,8 +106,10 @@ def plot_sinusoidal(out, *, max_len: int = 512, dim: int = 128, base: float = 10
     """
     from posenc.absolute import sinusoidal
 
-    _positive_int(max_len, "max_len")
-    _positive_int(dim, "dim")
+    _positive_int(max_len, "max_len", MAX_CONTEXT)
+    _positive_int(dim, "dim", MAX_DIM)
+    if max_len * dim > MAX_TABLE:
+        raise PosencError(f"max_len x dim must be at most {MAX_TABLE:,} table cells, got {max_len} x {dim}")
     base = _positive_float(base, "base")
     even_int(dim, "dim")
     pe = sinusoidal(max_len, dim, base)                       # [max_len, dim]
@@ -154,14 +165,14 @@ def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor
     if factor is not None:
         params["factor"] = _positive_float(factor, "factor")
     if original is not None:
-        params["original_max_position_embeddings"] = _positive_int(original, "original")
+        params["original_max_position_embeddings"] = _positive_int(original, "original", MAX_CONTEXT)
     if rope_type in METHODS:  # a method's fixed parameters (Llama 3's low/high freq factors), from the registry
         for key, value in METHODS[rope_type].defaults.items():
             params.setdefault(key, value)
     lmax = max_position_embeddings
     if lmax is None and original is not None:
         lmax = int(original * (factor or 1)) if rope_type != "dynamic" else original
-    mapping = {"head_dim": _positive_int(head_dim, "head_dim"), "rope_parameters": params}
+    mapping = {"head_dim": _positive_int(head_dim, "head_dim", MAX_DIM), "rope_parameters": params}
     if lmax is not None:
         mapping["max_position_embeddings"] = lmax
     return mapping
@@ -183,6 +194,8 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
     rc = load_rope_config(mapping)
     claimed, _ = claimed_context(rc)
     l0 = original_context(rc)
+    if seq_len is not None:
+        _positive_int(seq_len, "seq_len", MAX_CONTEXT)
     at = seq_len or claimed or (2 * l0 if l0 else None)
     inv, attention = rope_parameters(rc, at)  # malformed values raise ConfigError naming the key
     labels = frequency_bands(rc, at)["labels"]
@@ -219,7 +232,8 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
 # ------------------------------------------------------------------------------------------------- scaling
 
 def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: int = 4096, factor: float = 8.0,
-                    partial_rotary_factor: float = 1.0, longrope: Mapping[str, Any] | None = None
+                    partial_rotary_factor: float = 1.0, longrope: Mapping[str, Any] | None = None,
+                    own: tuple[str, Mapping[str, Any], int | None] | None = None
                     ) -> dict[str, tuple[torch.Tensor, float, list[str]]]:
     """Display name -> (inv_freq, attention_scaling, band labels) for plain RoPE and every registered extension
     method (``posenc.extensions``), all from the rope-type registry, for one geometry.
@@ -227,7 +241,10 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     Methods that keep max_position_embeddings at the original length (dynamic NTK) are evaluated at the target
     length factor * original. LongRoPE uses ``longrope`` ({"short_factor", "long_factor"}) if given, else its
     unsearched initialisation (YaRN's per-pair ratio), labelled as such. Methods that compute their config from a
-    trained model (``fit``) are skipped: there is no model here.
+    trained model (``fit``) are skipped: there is no model here; so are fine-tuning modes (``train_positions``,
+    PoSE), whose frequencies are their base method's. ``own`` = (rope_type, params, max_position_embeddings) of a
+    config that already uses one of the methods: that method is drawn with the config's own parameters (Llama 3.1:
+    llama3 at its factor 8, although its context claims 16x), labelled so.
     """
     from posenc.extensions import ExtensionSpec, method_config, method_names
     from posenc.rope.config import load_rope_config
@@ -245,7 +262,7 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     configs = {"default (no scaling)": cfg({"rope_type": "default"}, original)}
     for name in method_names():
         method = METHODS[name]
-        if method.fit is not None:
+        if method.fit is not None or method.train_positions is not None:
             continue
         label = method.label
         options = {}
@@ -255,6 +272,11 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
                 label += " (searched)"
             else:
                 label += " (unsearched init)"
+        if own is not None and own[0] == name and not options:
+            own_factor = own[1].get("factor")
+            label += " (this config" + (f", factor {own_factor:g})" if own_factor else ")")
+            configs[label] = cfg({"rope_type": name, **own[1]}, own[2] or original)
+            continue
         written = method_config(name, spec, **options)
         if method.keeps_original_length:
             label += f" (factor {factor:g}) @ {target:,}"
@@ -277,7 +299,7 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     from posenc.rope.apply import default_inv_freq
 
     partial = 1.0
-    longrope = None
+    longrope = own = None
     if config is not None:
         from posenc.rope.config import load_rope_config
 
@@ -290,13 +312,17 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
             factor = claimed / original
         if rc.rope_type == "longrope":
             longrope = rc.params
-    _positive_int(head_dim, "head_dim")
-    _positive_int(original, "original")
-    factor = _positive_float(factor, "factor")
+        elif rc.rope_type != "default":
+            l0 = rc.original_max_position_embeddings
+            own = (rc.rope_type, {**rc.params, **({"original_max_position_embeddings": l0} if l0 else {})},
+                   rc.max_position_embeddings)
+    _positive_int(head_dim, "head_dim", MAX_DIM)
+    _positive_int(original, "original", MAX_CONTEXT)
+    factor = check_float(factor, "factor", positive=True, max=float(MAX_CONTEXT) / original)
     if factor <= 1:
         raise PosencError(f"factor must be > 1 to compare extension methods, got {factor:g}")
     methods = scaling_methods(head_dim=head_dim, theta=theta, original=original, factor=factor,
-                              partial_rotary_factor=partial, longrope=longrope)
+                              partial_rotary_factor=partial, longrope=longrope, own=own)
     target = int(round(original * factor))
     first = next(iter(methods.values()))[0]
     base = default_inv_freq(2 * len(first), theta).double()
@@ -322,6 +348,19 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     ax.set_ylabel("wavelength (tokens, log scale)")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
+    # the divisor panel's scale is the extension factor; a method that goes far past it (dynamic NTK under
+    # transformers' rule at the target: base x (s*L/L0 - s + 1)^(d/(d-2)), ~s^2) is clipped and named, not
+    # allowed to squash every other curve into the bottom of the panel
+    top = 3.0 * factor
+    off_scale = {name: max(v["interpolation"]) for name, v in summary.items() if max(v["interpolation"]) > top}
+    if off_scale:
+        ax2.set_ylim(top=top)
+        ax2.text(0.98, 0.02, "off scale (clipped): " + "; ".join(
+            f"{name} reaches x{peak:,.0f}" for name, peak in off_scale.items())
+            + ".\nDynamic NTK under transformers' rule raises the base by (s*L/L0 - s + 1)^(d/(d-2)) at length L,"
+            "\n~s^2 at the target; the lab's reading (factor 1) reaches ~s there.",
+            transform=ax2.transAxes, ha="right", va="bottom", fontsize=7, color="0.25",
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"})
     ax2.axhline(factor, color="gray", ls=":", lw=1)
     ax2.set_title("Interpolation per pair: default / scaled frequency\n(1 = kept, "
                   f"{factor:g} = fully interpolated)")
@@ -330,7 +369,8 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     ax2.legend(fontsize=8, loc="upper left")
     ax2.grid(True, which="both", alpha=0.3)
     path = _save(fig, out)
-    return {"path": str(path), "methods": summary, "original": original, "target": target, "factor": factor}
+    return {"path": str(path), "methods": summary, "original": original, "target": target, "factor": factor,
+            "off_scale": off_scale}
 
 
 # --------------------------------------------------------------------------------------------------- alibi
@@ -342,8 +382,8 @@ def plot_alibi(out, *, n_heads: int = 8, seq_len: int = 16, max_panels: int = 8)
     """
     from posenc.alibi import alibi_bias, alibi_slopes
 
-    _positive_int(n_heads, "n_heads")
-    _positive_int(seq_len, "seq_len")
+    _positive_int(n_heads, "n_heads", MAX_ALIBI_HEADS)
+    _positive_int(seq_len, "seq_len", MAX_ALIBI_SEQ)
     _positive_int(max_panels, "max_panels")
     slopes = alibi_slopes(n_heads)
     bias = alibi_bias(n_heads, seq_len)                        # [H, T, T]
@@ -400,9 +440,9 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.scaling import rope_parameters
 
-    _positive_int(head_dim, "head_dim")
-    _positive_int(max_distance, "max_distance")
-    _positive_int(points, "points")
+    _positive_int(head_dim, "head_dim", MAX_DIM)
+    _positive_int(max_distance, "max_distance", MAX_CONTEXT)
+    _positive_int(points, "points", MAX_POINTS)
     even_int(head_dim, "head_dim")
     freqs: dict[str, torch.Tensor] = {}
     for b in bases:

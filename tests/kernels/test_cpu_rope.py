@@ -289,7 +289,50 @@ def test_bad_out_and_inplace_arguments():
         posenc.apply_rope(x, pos, inplace=True, out=torch.empty_like(x))
     with pytest.raises(PosencError, match="tuple of 2 tensors"):
         posenc.apply_rope_qk(x, x, pos, out=torch.empty_like(x))
-    with pytest.raises(PosencError, match="require grad"):
+    with pytest.raises(PosencError, match="leaf Variable that requires grad"):
         posenc.apply_rope(x.clone().requires_grad_(), pos, inplace=True)
     with pytest.raises(PosencError, match="inv_freq requires grad"):
         posenc.apply_rope(x, pos, inv_freq=default_inv_freq(8).requires_grad_(), inplace=True)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_every_bf16_bit_pattern_rounds_like_torch(layout):
+    # all 65536 bf16 values (normals, subnormals, zeros, infinities, NaNs) as both members of a pair: the vector
+    # rounding (vcvtne2ps2bf16 where the CPU has AVX512-BF16, with subnormal results routed to integer rounding)
+    # must match torch's unfused fp32 ops rounded to bf16, bit for bit
+    bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    g = torch.Generator().manual_seed(7)
+    a = bits.reshape(512, 128)
+    b = bits[torch.randperm(1 << 16, generator=g)].reshape(512, 128)
+    x = torch.stack((a, b), 0)[:, None]                                 # [2, 1, 512, 128]
+    angles = torch.cat((torch.zeros(1, 64), torch.full((1, 64), 1e-30), torch.randn(510, 64, generator=g) * 9))
+    cos, sin = angles.cos(), angles.sin()
+    for inverse in (False, True):
+        got = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout=layout, rotary_dim=128, inverse=inverse,
+                                 native=True)
+        want = _unfused_rope(x, cos, sin, layout, 128, inverse)
+        nan = want.isnan()                  # (torch writes one canonical NaN; the kernel keeps the payload)
+        assert torch.equal(got.isnan(), nan) and nan.any()
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_table_index_path_through_blocked_launches(dtype, monkeypatch):
+    # the public call reads cos/sin rows through the positions; small table blocks force the blocked order
+    # (blocks of 5 rows plus a leftover) with per-batch positions [batch, 1, seq], q and k in one call
+    monkeypatch.setattr(cpu_rope, "_TABLE_BLOCK_BYTES", 5 * 64 * 4)
+    cpu_rope._plans.clear()
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 23, 64, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(2, 1, 23, 64, generator=g, dtype=torch.float64).to(dtype)
+    positions = (torch.arange(23) + torch.tensor([[5000], [17]]))[:, None]        # [2, 1, 23]
+    try:
+        for layout in ("interleaved", "half"):
+            rq, rk = posenc.apply_rope_qk(q, k, positions, layout=layout)
+            for t, r in ((q, rq), (k, rk)):
+                assert_close_to_oracle(r, reference_rope(t, positions, default_inv_freq(64).tolist(), layout, 64),
+                                       dtype)
+    finally:
+        cpu_rope._plans.clear()

@@ -29,7 +29,14 @@ def test_smoke_writes_results_report_and_plots(smoke_run, capsys):
     assert {r["task"] for r in results} == {"lm", "copy", "passkey"}
     assert {r["scheme"] for r in results} == {"nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi"}
     assert {r["metric"] for r in results} == {"ppl", "exact_match", "token_accuracy"}
-    assert {r["scaling"] for r in results} == {"none", "linear", "ntk", "dynamic", "yarn", "llama3"}
+    assert {r["scaling"] for r in results} == {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search",
+                                               "pose-yarn"}
+    # CI runs the fine-tune, the search and PoSE: fine-tuned rows per method, PoSE only fine-tuned
+    assert {r["scaling"] for r in results if r["finetuned"]} == {r["scaling"] for r in results}
+    assert {r["scaling"] for r in results if not r["finetuned"] and r["scheme"] == "rope"} == {
+        "none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search"}
+    assert all(r["finetune"]["tokens"] > 0 for r in results if r["finetuned"])
+    assert all(v["fit"]["longrope-search"]["evaluations"] > 0 for v in meta["extensions"].values())
     assert all(r["scheme"] == "rope" for r in results if r["scaling"] != "none")
     train_len = results[0]["train_len"]
     for r in results:

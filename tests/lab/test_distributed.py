@@ -245,3 +245,40 @@ def test_assign_covers_every_item_and_balances(costs, world_size):
 if __name__ == "__main__":  # torchrun worker for test_error_on_one_rank_ends_the_job_with_its_message
     if sys.argv[1] == "fail":
         _failing_job(sys.argv[2])
+
+
+# ---- a stopped or hung rank ends the whole job (posenc lab --nproc 2 with a plug-in task that stalls rank 1)
+
+STALL_PLUGIN = ROOT / "tests" / "fixtures" / "stall_plugin.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["stop", "sleep"])
+def test_a_stopped_or_hung_rank_ends_the_job_with_one_message(tmp_path, mode):
+    # SIGSTOP: rank 1's heartbeat stops, rank 0's watchdog notices after --dist-timeout. sleep: rank 1's heartbeat
+    # goes on, rank 0's collective times out after --dist-timeout. Either way torchrun then stops the job.
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "posenc", "lab", "--plugin", str(STALL_PLUGIN), "--tasks", "stall",
+            *LAB_ARGS[2:], "--steps", "50", "--batch-size", "4", "--out", str(out), "--nproc", "2",
+            "--dist-timeout", "10"]
+    env = {**os.environ, "POSENC_TEST_STALL": mode, "PYTHONPATH": str(ROOT)}
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=ROOT, env=env)
+        ended = time.time()
+    finally:
+        stalled = out / "stalled"
+        if stalled.exists():  # never leave a stopped process behind
+            pid = int(stalled.read_text().split()[0])
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+    pid, stalled_at = stalled.read_text().split()
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "Traceback" not in err and "ChildFailedError" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert any(line.startswith("posenc lab: error: rank 0 of 2:") for line in lines), err
+    assert lines[-1].startswith("posenc lab: error: the distributed job failed"), err
+    assert ended - float(stalled_at) < 120, f"the job took {ended - float(stalled_at):.0f} s to end"
+    assert not (out / "results.json").exists()

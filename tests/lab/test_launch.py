@@ -46,3 +46,35 @@ def test_relaunch_decisions(monkeypatch):
         L.relaunch(Args(), ["lab"])
     Args.nproc = 4
     assert L.relaunch(Args(), ["lab"]) is None  # already a torchrun worker
+
+
+def test_torchrun_summary_keeps_worker_lines_and_drops_the_traceback_wall():
+    from posenc.lab.launch import TorchrunSummary
+
+    s = TorchrunSummary()
+    stream = [
+        "posenc lab: error: rank 1 of 2: --steps must be a positive integer, got -1\n",
+        "E1130 20:00:00.123000 4321 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 2)\n",
+        "Traceback (most recent call last):\n",
+        '  File "/x/torch/distributed/run.py", line 1, in <module>\n',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+        "============================================================\n",
+        "  rank      : 1 (local_rank: 1)\n",
+        "  exitcode  : 2 (pid: 99)\n",
+    ]
+    shown = [line for line in map(s.feed, stream) if line is not None]
+    assert shown == [stream[0]]
+    assert s.describe(1) == "rank 1 exited with status 2"
+    assert TorchrunSummary().describe(3) == "torchrun exited with status 3"
+
+
+def test_communication_failures_become_one_peer_error():
+    from posenc.lab import distributed as D
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                        "[127.0.0.1]:5555\nmore detail")
+    err = D.as_peer_error(gloo, 60)
+    assert isinstance(err, D.PeerError) and "lost contact with another rank (--dist-timeout 60 s)" in str(err)
+    assert "\n" not in str(err)
+    plain = RuntimeError("shape mismatch in matmul")  # a bug stays a bug
+    assert D.as_peer_error(plain) is plain

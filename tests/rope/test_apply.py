@@ -228,7 +228,7 @@ def test_inputs_that_would_give_silent_wrong_answers_are_rejected():
     for dtype in (torch.bfloat16, torch.float16):                          # bf16 rounds position 257 to 256
         with pytest.raises(PosencError, match="positions must be integers, float32 or float64"):
             apply_rope(torch.randn(300, 8), torch.arange(300).to(dtype))
-    with pytest.raises(PosencError, match="attention_scaling must be a finite number"):
+    with pytest.raises(PosencError, match="attention_scaling must be a positive finite number"):
         apply_rope(torch.randn(4, 8), torch.arange(4), attention_scaling=float("nan"))
     from posenc.absolute import SinusoidalPositionalEncoding
     with pytest.raises(PosencError, match="positions must be integers, float32 or float64"):
@@ -250,3 +250,149 @@ def test_apply_rope_table_matches_lesson_loop_per_row(layout):
     assert torch.allclose(got, want, atol=1e-12)
     with pytest.raises(PosencError, match="cos/sin"):
         apply_rope_table(x.float(), cos, sin)                          # float64 table for float32 x
+
+
+# ---- nonsense input: clear errors, no NaN tables ----------------------------------------------------------------
+
+@pytest.mark.parametrize("positions, match", [
+    ("01234", "positions must be integers .* got the string '01234'"),
+    (["0", "1"], "positions must be integers"),
+    (object(), "positions must be integers"),
+    (torch.tensor([0.0, float("nan"), 2.0, 3.0]), "positions must be finite"),
+    (torch.tensor([0.0, 1.0, float("inf"), 3.0], dtype=torch.float64), "positions must be finite"),
+])
+def test_nonsense_positions_are_refused(positions, match):
+    from posenc.rope.apply import apply_rope_qk
+    with pytest.raises(PosencError, match=match):
+        apply_rope(torch.randn(2, 4, 8), positions)
+    with pytest.raises(PosencError, match=match):
+        apply_rope_qk(torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8), positions)
+    from posenc.rope.module import Rotary                     # the module reads positions the same way
+    with pytest.raises(PosencError, match=match):
+        Rotary(8)(torch.randn(1, 2, 4, 8), torch.randn(1, 1, 4, 8), positions)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(inv_freq=torch.tensor([1.0, float("nan"), 0.1, 0.01])), "inv_freq must be finite"),
+    (dict(inv_freq=[1.0, float("inf"), 0.1, 0.01]), "inv_freq must be finite"),
+    (dict(inv_freq=["1", "2", "3", "4"]), "inv_freq must be a 1-D"),
+    (dict(attention_scaling="2"), "attention_scaling must be a number, got '2'"),
+    (dict(attention_scaling=float("inf")), "attention_scaling must be a positive finite number"),
+    (dict(attention_scaling=0.0), "attention_scaling must be a positive finite number"),
+    (dict(base="1e4"), "base must be a number, got '1e4'"),
+    (dict(base=float("nan")), "base must be a positive"),
+])
+def test_nonsense_frequencies_are_refused(kwargs, match):
+    with pytest.raises(PosencError, match=match):
+        apply_rope(torch.randn(2, 4, 8), torch.arange(4), **kwargs)
+    with pytest.raises(PosencError, match=match):           # a second call (the cache) refuses it too
+        apply_rope(torch.randn(2, 4, 8), torch.arange(4), **kwargs)
+    if "inv_freq" in kwargs or "attention_scaling" in kwargs:
+        with pytest.raises(PosencError, match=match):
+            rope_cos_sin(torch.arange(4), kwargs.get("inv_freq", default_inv_freq(8)),
+                         kwargs.get("attention_scaling", 1.0))
+
+
+# ---- the cos/sin table cache: "we test what we cache" ------------------------------------------------------------
+
+def _cached_rows(inv_freq=None, base=10000.0, scaling=1.0, dim=8, dtype=torch.float32):
+    """The table apply_rope keeps for these frequencies (looked up the way apply_rope does)."""
+    from posenc.rope.apply import _table_for
+    return _table_for(base, inv_freq, None, scaling, dim, torch.device("cpu"), dtype)
+
+
+def test_changed_frequencies_or_scaling_give_fresh_correct_results():
+    x = torch.randn(3, 5, 8, dtype=torch.float64).float()
+    pos = torch.arange(5) + 100
+    inv = default_inv_freq(8)
+    for layout in ("interleaved", "half"):
+        for inv_freq, scaling in [(None, 1.0), (inv * 0.5, 1.0), (inv * 0.5, 1.3), (inv, 1.3), (None, 1.0)]:
+            got = apply_rope(x, pos, inv_freq=inv_freq, attention_scaling=scaling, layout=layout)
+            f = (inv if inv_freq is None else inv_freq).tolist()
+            want = ref_rows(x.reshape(-1, 8), pos.repeat(3), layout, f, 8, scaling).reshape(3, 5, 8)
+            assert torch.allclose(got.double(), want, atol=1e-5), (inv_freq, scaling)
+    # the same tensor changed in place between calls: its values are the key, so the next call sees the change
+    mine = inv.clone()
+    a = apply_rope(x, pos, inv_freq=mine)
+    mine.mul_(0.25)
+    b = apply_rope(x, pos, inv_freq=mine)
+    want = ref_rows(x.reshape(-1, 8), pos.repeat(3), "interleaved", mine.tolist(), 8).reshape(3, 5, 8)
+    assert torch.allclose(b.double(), want, atol=1e-5) and not torch.allclose(a, b, atol=1e-3)
+
+
+def test_table_grows_on_demand_keeping_earlier_rows_bit_identical():
+    from posenc.rope.apply import TABLES
+    inv = default_inv_freq(8, 777.0)                   # a frequency set no other test uses
+    x = torch.randn(1, 4, 8)
+    apply_rope(x, torch.arange(4), inv_freq=inv)
+    entry = _cached_rows(inv)
+    cos0, sin0 = entry.cos_sin
+    assert cos0.shape[0] == TABLES.min_rows and cos0.dtype == torch.float32
+    apply_rope(x, torch.arange(4) + TABLES.min_rows - 4)              # inside the table: no rebuild
+    apply_rope(x, torch.arange(4) + 17, inv_freq=inv)
+    assert entry.cos_sin[0] is cos0
+    apply_rope(x, torch.arange(4) + 3 * TABLES.min_rows, inv_freq=inv)   # past it: grows
+    cos1, sin1 = entry.cos_sin
+    assert cos1.shape[0] >= 3 * TABLES.min_rows + 4
+    assert torch.equal(cos1[:cos0.shape[0]], cos0) and torch.equal(sin1[:sin0.shape[0]], sin0)
+    # every row is the float64 formula rounded once to float32
+    angle = torch.arange(cos1.shape[0], dtype=torch.float64)[:, None] * inv.double()
+    assert torch.equal(cos1, angle.cos().float()) and torch.equal(sin1, angle.sin().float())
+
+
+def test_tables_are_keyed_by_dtype_and_bounded():
+    from posenc.rope.apply import RopeTableCache, _angles_cos_sin, _Table
+    x64 = torch.randn(2, 4, 8, dtype=torch.float64)
+    pos = torch.arange(4) + 50_000
+    got = apply_rope(x64, pos, base=321.0)                             # float64 activations: a float64 table
+    assert _cached_rows(base=321.0, dtype=torch.float64).cos_sin[0].dtype == torch.float64
+    assert torch.allclose(got, ref_rows(x64.reshape(-1, 8), pos.repeat(2), "interleaved",
+                                        default_inv_freq(8, 321.0).tolist(), 8).reshape(2, 4, 8), atol=1e-12)
+    # bounded: entries, total bytes and rows per table
+    cache = RopeTableCache(max_bytes=1 << 20, max_table_bytes=1 << 16, max_entries=2, min_rows=16)
+    entries = []
+    for i in range(4):
+        e = cache.get(("k", i), lambda i=i: _Table(default_inv_freq(8).double() * (i + 1), 1.0, torch.float32))
+        assert cache.grow(e, 100)
+        entries.append(e)
+    assert len(cache) == 2 and cache.nbytes <= 1 << 20
+    assert cache.get(("k", 2), None) is entries[2]                      # a hit makes it the most recent...
+    cache.get(("k", 4), lambda: _Table(default_inv_freq(8).double(), 1.0, torch.float32))
+    assert cache.get(("k", 2), None) is entries[2]                      # ...so ("k", 3) went first
+    assert not cache.grow(entries[-1], 1 << 20)                        # past max_table_bytes: refused
+    cos, _ = entries[-1].cos_sin
+    want, _ = _angles_cos_sin(torch.arange(cos.shape[0]), entries[-1].inv64, 1.0, torch.float32)
+    assert torch.equal(cos, want)
+
+
+def test_positions_past_the_table_bound_or_negative_are_computed_exactly(monkeypatch):
+    from posenc.rope.apply import TABLES
+    monkeypatch.setattr(TABLES, "max_table_bytes", 4096)                # 128 rows of a 4-frequency table
+    x = torch.randn(2, 3, 8, dtype=torch.float64).float()
+    for pos in (torch.tensor([0, 5000, 200]), torch.tensor([-7, 3, 2]), torch.tensor([10**9, 1, 2])):
+        got = apply_rope(x, pos, base=12345.0)
+        want = ref_rows(x.reshape(-1, 8), pos.repeat(2), "interleaved", default_inv_freq(8, 12345.0).tolist(), 8)
+        assert torch.allclose(got.double(), want.reshape(2, 3, 8), atol=2e-5)
+    assert _cached_rows(base=12345.0).rows <= 128
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_apply_rope_table_with_index_reads_table_rows(layout):
+    from posenc.kernels.rope_checks import TableIndexError
+    from posenc.rope.apply import RopeTable, apply_rope_table, apply_rope_table_qk
+    inv = default_inv_freq(6, 500.0)
+    cos, sin = rope_cos_sin(torch.arange(40), inv)                     # table [40, 3]
+    q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 1, 5, 8)
+    index = torch.tensor([[0, 3, 7, 39, 2], [5, 5, 1, 0, 9]])[:, None]  # [batch, 1, seq]
+    qr, kr = apply_rope_table_qk(q, k, cos, sin, index=index, layout=layout)
+    for b in range(2):
+        for t, r in ((q, qr), (k, kr)):
+            want = ref_rows(t[b].reshape(-1, 8), index[b, 0].repeat(t.shape[1]), layout, inv.tolist(), 6)
+            assert torch.allclose(r[b].reshape(-1, 8).double(), want, atol=1e-5)
+    assert torch.equal(apply_rope_table(q, cos, sin, index=index, layout=layout), qr)
+    assert all(torch.equal(a, b) for a, b in zip(RopeTable(cos, sin).rotate_qk(q, k, index, layout=layout), (qr, kr)))
+    for bad in (torch.tensor([0, 1, 2, 3, 40]), torch.tensor([0, -1, 2, 3, 4])):
+        with pytest.raises(TableIndexError, match=r"index must hold row numbers in \[0, 40\)"):
+            apply_rope_table(q, cos, sin, index=bad, layout=layout)
+    with pytest.raises(PosencError, match="integer row numbers"):
+        apply_rope_table(q, cos, sin, index=torch.arange(5.0))

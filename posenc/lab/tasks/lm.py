@@ -7,23 +7,17 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from posenc._validate import check_int
 from posenc.errors import ConfigError
 from posenc.lab.context import supports_length
 from posenc.lab.data import LMSampler
-from posenc.lab.plots import log_axes, pyplot, save, series, style
+from posenc.lab.plots import legend, log_axes, mark_unsupported, note_coinciding, pyplot, save, series, style
 from posenc.lab.tables import bands_cell, fmt, markdown, model_label, pivot
 from posenc.lab.tasks.registry import Task, register_task
-
+from posenc.perplexity import window_losses
 
 EVAL_BATCH_TOKENS = 16384  # tokens per evaluation forward (rows = EVAL_BATCH_TOKENS // eval_len)
-
-
-def _batches(n: int, per_batch: int):
-    for i in range(0, n, per_batch):
-        yield range(i, min(n, i + per_batch))
 
 
 @torch.no_grad()
@@ -36,6 +30,7 @@ def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride
     stride S: sliding window; after the first window each pass scores only its S newest tokens, with
     eval_len - S tokens of context. About ``n_tokens`` tokens are scored either way.
     -> {"ppl", "loss", "n_scored", "per_position"?} or None if the model cannot encode eval_len positions.
+    Scoring: ``posenc.perplexity.window_losses`` (shared with LongRoPE's search fitness).
     """
     if not supports_length(model, eval_len):
         return None
@@ -48,15 +43,11 @@ def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride
         spans = [(0, 0)] + [(s, eval_len - stride) for s in range(stride, max(0, last) + 1, stride)]
     if spans[-1][0] + eval_len + 1 > len(tokens):
         raise ConfigError(f"eval_len {eval_len}: the validation text ({len(tokens)} bytes) is too short")
-    offs = torch.arange(eval_len + 1)
     total, count = 0.0, 0
     pos_sum = torch.zeros(eval_len, dtype=torch.float64)
-    per_batch = max(1, batch_tokens // eval_len)
-    for rows in _batches(len(spans), per_batch):
-        starts = torch.tensor([spans[r][0] for r in rows])
-        window = tokens[starts[:, None] + offs].long().to(device)
-        logits = model(window[:, :-1])
-        loss = F.cross_entropy(logits.transpose(1, 2).float(), window[:, 1:], reduction="none").cpu().double()
+    batches = window_losses(model, tokens, [start for start, _ in spans], eval_len,
+                            batch_size=max(1, batch_tokens // eval_len), device=device)
+    for rows, loss in batches:
         for b, r in enumerate(rows):
             first = spans[r][1]
             total += loss[b, first:].sum().item()
@@ -99,7 +90,7 @@ class LanguageModelling(Task):
         for L, r in zip(cfg.eval_lens, results):
             rows.append(ev.row(L, "ppl", r and r["ppl"], protocol="non-overlapping"))
             if r is not None and L == max(cfg.eval_lens):
-                ev.curves[ev.curve_key()] = [round(x, 4) for x in r["per_position"]]
+                ev.add_curve(r["per_position"])
         if cfg.sliding_stride:
             lens = cfg.sliding_lens or [max(cfg.eval_lens)]
 
@@ -145,16 +136,20 @@ def ppl_plot(results: list[dict], out: Path) -> list[str]:
     plt = pyplot()
     train_len = results[0]["train_len"]
     fig, ax = plt.subplots(figsize=(8, 5))
+    drawn: dict[str, list[tuple]] = {}
     for label, rows in lm.items():
         pts = sorted((r["eval_len"], r["value"]) for r in rows if r["value"] is not None)
         if pts:
-            ax.plot(*zip(*pts), label=label, **style(rows[0]))
+            line, = ax.plot(*zip(*pts), label=label, **style(rows[0]))
+            mark_unsupported(ax, rows, pts, line)
+            drawn[label] = pts
+    note_coinciding(ax, drawn)
     ax.axvline(train_len, color="0.6", linewidth=1)
     ax.text(train_len, ax.get_ylim()[1], " train length", va="top", fontsize=8, color="0.4")
     ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity (log)",
            title="Perplexity vs evaluation length (non-overlapping windows)")
     log_axes(ax, {r["eval_len"] for rows in lm.values() for r in rows}, logy=True)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(ax)
     ax.grid(True, which="both", alpha=0.3)
     save(fig, out / "ppl_vs_length.png")
     plt.close(fig)
@@ -177,15 +172,16 @@ def position_plot(doc: dict, out: Path) -> list[str]:
         if label in seen:  # first seed only
             continue
         seen.add(label)
-        k = max(1, len(losses) // 64)  # average over buckets of k positions
-        xs = [i * k + k / 2 for i in range(len(losses) // k)]
-        ys = [sum(losses[i * k:(i + 1) * k]) / k for i in range(len(losses) // k)]
-        ax.plot(xs, ys, label=label, **{**style(row), "marker": None})
+        k = max(1, len(losses) // 64)  # average over buckets of k positions; None (diverged) points are skipped
+        buckets = [[v for v in losses[i * k:(i + 1) * k] if v is not None] for i in range(len(losses) // k)]
+        pts = [(i * k + k / 2, sum(b) / len(b)) for i, b in enumerate(buckets) if b]
+        if pts:
+            ax.plot(*zip(*pts), label=label, **{**style(row), "marker": None})
     ax.axvline(train_len, color="0.6", linewidth=1)
     ax.set(xlabel="position in window", ylabel="mean loss (nats/byte)",
            title="Loss at each position (non-overlapping windows, longest eval length)")
     ax.set_ylim(top=min(ax.get_ylim()[1], 6.0))
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend(ax)
     ax.grid(True, alpha=0.3)
     save(fig, out / "per_position_loss.png")
     plt.close(fig)

@@ -1,0 +1,324 @@
+"""RoPE writes obey torch's aliasing and autograd rules, identically with the C kernel and the eager fallback.
+
+Every case runs the posenc call twice (native C kernel, and the eager fallback forced by cpu_rope.eager_only(), the
+same switch as POSENC_NATIVE=0) and once with torch's own analogous op (``x.mul_(c)`` for inplace=True,
+``torch.mul(x, c, out=o)`` for out=): the oracle says whether the write must be refused. The two backends must
+give the same outcome: the same error message, or the same tensors.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import posenc
+from posenc.errors import PosencError
+from posenc.kernels import cpu_rope
+from posenc.kernels.rope_checks import RopeAliasError
+from posenc.rope.apply import default_inv_freq
+from ._oracle import assert_close_to_oracle, reference_rope
+
+HAS_CC = cpu_rope._compiler() is not None
+BACKENDS = ["native", "eager"] if HAS_CC else ["eager"]
+POS = torch.arange(4) + 3
+
+
+def _backend(name):
+    if name == "eager":
+        return cpu_rope.eager_only()
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def _g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _x(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=_g(seed), dtype=dtype)
+
+
+def _ref(x, positions=POS, layout="interleaved"):
+    return reference_rope(x.detach(), positions, default_inv_freq(x.shape[-1]).tolist(), layout, x.shape[-1])
+
+
+# ---- the cases: name -> (posenc call, torch's analogous call or None); each builds its own tensors ----------------
+# A call returns the tensors whose values must agree between backends; an exception is the outcome otherwise.
+
+def inplace_saved_by_other_op(op):
+    w = _x(2, 4, 8, seed=1).requires_grad_()
+    x = _x(2, 4, 8)
+    y = (w * x).sum()                      # mul saves x for w's gradient
+    op(x)
+    y.backward()                           # must raise: x was modified in place after being saved
+    return {"w.grad": w.grad}
+
+
+def inplace_nonleaf_saved(op):
+    leaf = _x(2, 4, 8).requires_grad_()
+    h = leaf * 1.5
+    z = (h * h).sum()                      # saves h
+    op(h)
+    z.backward()
+    return {"leaf.grad": leaf.grad}
+
+
+def out_saved_by_other_op(op_out):
+    w = _x(2, 4, 8, seed=1).requires_grad_()
+    o = _x(2, 4, 8, seed=2)
+    y = (w * o).sum()
+    with torch.no_grad():
+        op_out(_x(2, 4, 8), o)
+    y.backward()
+    return {"w.grad": w.grad}
+
+
+def inplace_expanded(op):
+    base = _x(1, 4, 8)
+    x = base.expand(3, 4, 8)
+    try:
+        op(x)
+    finally:
+        assert torch.equal(base, _x(1, 4, 8))   # nothing written, whatever happens
+    return {"x": x}
+
+
+def out_expanded(op_out):
+    o = torch.zeros(1, 4, 8, dtype=torch.float64).expand(3, 4, 8)
+    op_out(_x(3, 4, 8), o)
+    return {"o": o}
+
+
+def out_shifted_one_row_dense(op_out):
+    buf = _x(5 * 8)
+    x, o = buf[:32].view(4, 8), buf[8:].view(4, 8)       # both dense, one row apart
+    op_out(x, o)
+    return {"buf": buf}
+
+
+def out_shifted_one_column(op_out):
+    buf = _x(4, 9)
+    x, o = buf[:, :8], buf[:, 1:]                          # non-dense views one column apart
+    op_out(x, o)
+    return {"buf": buf}
+
+
+def out_is_input(op_out):
+    x = _x(2, 4, 8)
+    op_out(x, x)                                           # out= the input itself: in place, allowed
+    return {"x": x}
+
+
+def out_disjoint_halves_of_one_buffer(op_out):
+    buf = _x(2, 4, 16)
+    op_out(buf[..., :8], buf[..., 8:])                     # interleaved in memory, no shared element
+    return {"buf": buf}
+
+
+def out_into_leaf_requiring_grad(op_out):
+    leaf = torch.zeros(2, 4, 8, dtype=torch.float64, requires_grad=True)
+    op_out(_x(2, 4, 8), leaf)
+    return {"leaf": leaf.detach()}
+
+
+def out_into_leaf_requiring_grad_no_grad(op_out):
+    leaf = torch.zeros(2, 4, 8, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        op_out(_x(2, 4, 8), leaf)
+    return {"leaf": leaf.detach()}
+
+
+def out_with_input_requiring_grad(op_out):
+    x = _x(2, 4, 8).requires_grad_()
+    o = torch.zeros(2, 4, 8, dtype=torch.float64)
+    op_out(x, o)
+    return {"o": o}
+
+
+def inplace_leaf_requiring_grad(op):
+    leaf = _x(2, 4, 8).requires_grad_()
+    try:
+        op(leaf)
+    finally:
+        assert torch.equal(leaf.detach(), _x(2, 4, 8))     # refused before anything was written
+    return {"leaf": leaf.detach()}
+
+
+def inplace_leaf_requiring_grad_no_grad(op):
+    leaf = _x(2, 4, 8).requires_grad_()
+    with torch.no_grad():
+        op(leaf)
+    return {"leaf": leaf.detach()}
+
+
+def inplace_nonleaf_view_gradient(op):
+    leaf = _x(2, 4, 16).requires_grad_()
+    base = leaf * 1.0
+    view = base[..., :8]                                   # a view of a non-leaf, rotated in place
+    op(view)
+    (base * _x(2, 4, 16, seed=5)).sum().backward()
+    return {"base": base.detach(), "leaf.grad": leaf.grad}
+
+
+def inplace_inference_tensor_outside_inference_mode(op):
+    with torch.inference_mode():
+        x = _x(2, 4, 8)
+    op(x)
+    return {"x": x}
+
+
+def inplace_inference_tensor_inside_inference_mode(op):
+    with torch.inference_mode():
+        x = _x(2, 4, 8)
+        op(x)
+    return {"x": x}
+
+
+def _posenc_inplace(x):
+    posenc.apply_rope(x, POS, inplace=True)
+
+
+def _posenc_out(x, o):
+    posenc.apply_rope(x, POS, out=o)
+
+
+def _torch_inplace(x):
+    x.mul_(1.0)
+
+
+def _torch_out(x, o):
+    torch.mul(x, 1.0, out=o)
+
+
+INPLACE_CASES = [inplace_saved_by_other_op, inplace_nonleaf_saved, inplace_expanded, inplace_leaf_requiring_grad,
+                 inplace_leaf_requiring_grad_no_grad, inplace_nonleaf_view_gradient,
+                 inplace_inference_tensor_outside_inference_mode, inplace_inference_tensor_inside_inference_mode]
+OUT_CASES = [out_saved_by_other_op, out_expanded, out_shifted_one_row_dense, out_is_input,
+             out_disjoint_halves_of_one_buffer, out_into_leaf_requiring_grad, out_into_leaf_requiring_grad_no_grad,
+             out_with_input_requiring_grad]
+# where torch itself does not refuse (it skips its overlap check on non-dense views and writes garbage), posenc
+# refuses: the only case posenc is stricter in
+STRICTER = {out_shifted_one_column: True}
+CASES = INPLACE_CASES + OUT_CASES + list(STRICTER)
+
+
+def _run(case, backend):
+    """('raises', message) or ('ok', {name: tensor}) for one case on one backend."""
+    op = _posenc_inplace if case in INPLACE_CASES else _posenc_out
+    with _backend(backend):
+        try:
+            return "ok", case(op)
+        except (RuntimeError, PosencError) as exc:
+            return "raises", str(exc)
+
+
+def _torch_refuses(case) -> bool:
+    if case in STRICTER:
+        return STRICTER[case]
+    try:
+        case(_torch_inplace if case in INPLACE_CASES else _torch_out)
+    except RuntimeError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
+def test_refuses_exactly_what_torch_refuses(case, backend):
+    kind, detail = _run(case, backend)
+    assert (kind == "raises") == _torch_refuses(case), (kind, detail)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler: only the eager backend exists")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
+def test_both_backends_behave_the_same(case):
+    native, eager = _run(case, "native"), _run(case, "eager")
+    assert native[0] == eager[0], (native, eager)
+    if native[0] == "raises":
+        # the eager ops bump a version counter several times per write, the kernel once: "is at version N" differs
+        assert re.sub(r"version \d+", "version N", native[1]) == re.sub(r"version \d+", "version N", eager[1])
+    else:
+        assert native[1].keys() == eager[1].keys()
+        for name in native[1]:
+            torch.testing.assert_close(native[1][name], eager[1][name], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_allowed_writes_give_the_rotation(backend):
+    with _backend(backend):
+        # out= the input itself, out= into disjoint halves of one buffer, in place on a view of a non-leaf
+        x = _x(2, 4, 8)
+        want = _ref(x)
+        posenc.apply_rope(x, POS, out=x)
+        assert_close_to_oracle(x, want, torch.float64)
+        buf = _x(2, 4, 16)
+        want = _ref(buf[..., :8])
+        posenc.apply_rope(buf[..., :8], POS, out=buf[..., 8:])
+        assert_close_to_oracle(buf[..., 8:], want, torch.float64)
+        _, got = _run(inplace_nonleaf_view_gradient, backend)
+        leaf = _x(2, 4, 16)
+        assert_close_to_oracle(got["base"][..., :8], _ref(leaf[..., :8]), torch.float64)
+        assert torch.equal(got["base"][..., 8:], leaf[..., 8:])
+        # d/d leaf of sum(base * g): the inverse rotation of g on the rotated half, g itself on the rest
+        g = _x(2, 4, 16, seed=5)
+        inv = reference_rope(g[..., :8], POS, default_inv_freq(8).tolist(), "interleaved", 8, inverse=True)
+        assert_close_to_oracle(got["leaf.grad"][..., :8], inv, torch.float64)
+        assert torch.equal(got["leaf.grad"][..., 8:], g[..., 8:])
+
+
+# ---- q and k: aliasing between the two tensors ----------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_and_k_aliasing(backend):
+    with _backend(backend):
+        q = _x(1, 2, 4, 8)
+        before = q.clone()
+        with pytest.raises(RopeAliasError, match="rotated twice"):
+            posenc.apply_rope_qk(q, q, POS, inplace=True)
+        assert torch.equal(q, before)                               # nothing rotated, not even once
+        with pytest.raises(RopeAliasError, match="rotated twice"):  # partial: q and k overlap by one head
+            buf = _x(1, 3, 4, 8)
+            posenc.apply_rope_qk(buf[:, :2], buf[:, 1:], POS, inplace=True)
+        qr, kr = posenc.apply_rope_qk(q, q, POS)                   # reading one tensor twice is fine
+        assert torch.equal(qr, kr) and torch.equal(q, before)
+        assert_close_to_oracle(qr, _ref(q), torch.float64)
+        k = _x(1, 2, 4, 8, seed=3)
+        o = torch.empty_like(q)
+        with pytest.raises(RopeAliasError, match="share memory"):
+            posenc.apply_rope_qk(q, k, POS, out=(o, o))              # two results into one place
+        with pytest.raises(RopeAliasError, match="shares memory with the input"):
+            posenc.apply_rope_qk(q, k, POS, out=(k, q))              # q's result over k before k is read
+        assert torch.equal(q, before) and torch.equal(k, _x(1, 2, 4, 8, seed=3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_and_k_views_of_one_fused_projection_in_place(backend):
+    # the usual fused qkv buffer [B, T, 3, H, D]: q, k are interleaved views, disjoint: in place is allowed
+    with _backend(backend):
+        qkv = _x(2, 4, 3, 2, 8)
+        q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+        want_q, want_k, v = _ref(q), _ref(k), qkv[:, :, 2].clone()
+        rq, rk = posenc.apply_rope_qk(q, k, POS, inplace=True)
+        assert rq is q and rk is k
+        assert_close_to_oracle(q, want_q, torch.float64)
+        assert_close_to_oracle(k, want_k, torch.float64)
+        assert torch.equal(qkv[:, :, 2], v)
+
+
+# ---- double backward -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_double_backward(backend, layout):
+    with _backend(backend):
+        x = _x(1, 2, 4, 8).requires_grad_()
+        assert torch.autograd.gradgradcheck(lambda t: posenc.apply_rope(t, POS, layout=layout, rotary_dim=6), (x,))
+        q, k = _x(1, 2, 4, 8).requires_grad_(), _x(1, 1, 4, 8, seed=1).requires_grad_()
+        assert torch.autograd.gradgradcheck(lambda a, b: posenc.apply_rope_qk(a, b, POS, layout=layout), (q, k))
+        # create_graph=True gives a gradient that is itself differentiable
+        y = posenc.apply_rope(x, POS, layout=layout)
+        (g,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+        assert g.grad_fn is not None
+        torch.testing.assert_close(g, 2 * x)               # R^T (2 R x): the rotation is orthogonal
