@@ -26,7 +26,8 @@ def style(row: dict) -> dict:
     """Line style of a row's model: solid per scheme, dashed per extension method, dotted when fine-tuned."""
     if row["scaling"] == "none":
         return dict(color=_colour(row["scheme"], scheme_names(), SCHEME_PALETTE),
-                    linestyle=":" if row["finetuned"] else "-", linewidth=2.2, marker="o")
+                    linestyle=":" if row["finetuned"] else "-." if row.get("positions") else "-", linewidth=2.2,
+                    marker="o")
     return dict(color=_colour(row["scaling"], method_names(), METHOD_PALETTE),
                 linestyle=":" if row["finetuned"] else "--", linewidth=1.4, marker="s", markersize=4)
 
