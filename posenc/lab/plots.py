@@ -13,8 +13,9 @@ from posenc.extensions import method_names
 from posenc.lab.tables import model_label, sort_key
 from posenc.schemes import scheme_names
 
+# one colour per registered scheme (built-ins first); the last ones are for the schemes of issue 11 and plug-ins
 SCHEME_PALETTE = ("tab:gray", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple", "tab:olive",
-                  "tab:cyan", "tab:pink", "tab:red")
+                  "tab:cyan", "tab:pink", "tab:red", "black", "gold", "navy", "lime", "teal", "maroon")
 METHOD_PALETTE = ("tab:red", "tab:cyan", "tab:olive", "tab:pink", "black", "tab:brown", "tab:purple", "tab:green")
 
 
