@@ -41,7 +41,7 @@ def worker(args) -> None:
     from posenc.lab import distributed as D
     from posenc.lab.data import LMSampler
     from posenc.lab.train import TrainSettings, lm_loss, make_optimizer
-    from posenc.model import ModelConfig, TinyLM
+    from posenc.nn.model import ModelConfig, TinyLM
 
     torch.set_num_threads(args.threads)
     spec = MODELS[args.device]
@@ -88,7 +88,7 @@ def _sync(device) -> None:
 
 def measure(device: str, nproc: int, threads: int, steps: int, warmup: int) -> dict:
     """Launch one configuration under torchrun; -> the worker's measurement."""
-    from posenc.lab.distributed import torchrun_command
+    from posenc.lab.launch import torchrun_command
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")

@@ -44,15 +44,76 @@ _EXPORTS = {
     "alibi_slopes": "posenc.alibi",
     "alibi_bias": "posenc.alibi",
     "alibi_attention": "posenc.kernels.alibi_attention",
-    # the lab's model pieces
+    # relative attention biases (posenc.bias)
+    "t5_relative_bucket": "posenc.bias.t5",
+    "t5_bias": "posenc.bias.t5",
+    "T5RelativeBias": "posenc.bias.t5",
+    "kerple_bias": "posenc.bias.kerple",
+    "KerpleBias": "posenc.bias.kerple",
+    "fire_inputs": "posenc.bias.fire",
+    "fire_bias": "posenc.bias.fire",
+    "FIREBias": "posenc.bias.fire",
+    "cope_bias": "posenc.bias.cope",
+    "CoPE": "posenc.bias.cope",
+    "end_aligned_positions": "posenc.bias.positions",
+    "relative_positions": "posenc.bias.positions",
+    # RoPE variants: xPos, p-RoPE
+    "apply_xpos": "posenc.rope.xpos",
+    "apply_xpos_qk": "posenc.rope.xpos",
+    "xpos_scale": "posenc.rope.xpos",
+    "xpos_max_position": "posenc.rope.xpos",
+    "XPos": "posenc.rope.xpos",
+    "p_rope_inv_freq": "posenc.rope.partial",
+    "PRoPE": "posenc.rope.partial",
+    # iRoPE (Llama 4): NoPE-layer schedule and attention temperature
+    "irope_rope_layers": "posenc.irope",
+    "attention_temperature": "posenc.irope",
+    "apply_attention_temperature": "posenc.irope",
+    "AttentionTemperature": "posenc.irope",
+    # randomized positions (Ruoss et al. 2023)
+    "randomized_positions": "posenc.randomized",
+    # context extension that trains: LongRoPE's search, its fitness, PoSE
+    "longrope_search": "posenc.search.longrope",
+    "short_factor_search": "posenc.search.longrope",
+    "LongRopeSettings": "posenc.search.longrope",
+    "LongRopeResult": "posenc.search.longrope",
+    "longrope_scaling": "posenc.search.longrope_space",
+    "longrope_cos_sin": "posenc.search.longrope_space",
+    "lm_perplexity": "posenc.perplexity",
+    "window_losses": "posenc.perplexity",
+    "perplexity_fitness": "posenc.search.fitness",
+    "pose_position_ids": "posenc.pose",
+    "pose_chunks": "posenc.pose",
+    # registries: schemes, extension methods, lab tasks (docs/architecture.md)
+    "register_scheme": "posenc.schemes",
     "make_scheme": "posenc.schemes",
-    "SCHEME_NAMES": "posenc.schemes",
-    "CausalSelfAttention": "posenc.attention",
-    "KVCache": "posenc.attention",
-    "ModelConfig": "posenc.model",
-    "TinyLM": "posenc.model",
+    "scheme_names": "posenc.schemes",
+    "register_method": "posenc.extensions",
+    "method_names": "posenc.extensions",
+    "register_task": "posenc.lab.tasks",
+    # the lab's model pieces
+    "CausalSelfAttention": "posenc.nn.attention",
+    "KVCache": "posenc.nn.attention",
+    "ModelConfig": "posenc.nn.model",
+    "TinyLM": "posenc.nn.model",
+    # Hugging Face models: patch, export, evaluate, search
+    "patch": "posenc.hf.patch",
+    "unpatch": "posenc.hf.patch",
+    "is_patched": "posenc.hf.patch",
+    "export_lab_model": "posenc.hf.export",
+    "evaluate_model": "posenc.hf.evaluate",
+    "EvalSettings": "posenc.hf.evaluate",
+    "search_model": "posenc.hf.search",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS) + ["SCHEME_NAMES", "__version__"]
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str):
+    if name == "SCHEME_NAMES":  # derived from the registry on every read (plug-ins add names), never cached
+        from posenc.schemes import scheme_names
+
+        return scheme_names()
+    return _lazy_getattr(name)

@@ -21,7 +21,8 @@ def _umask() -> int:
     return mask
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True if process ``pid`` exists on this machine (or we cannot tell: then its files are kept)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -42,7 +43,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     with contextlib.suppress(OSError):
         for sibling in path.parent.iterdir():
             m = pattern.match(sibling.name)
-            if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
                 with contextlib.suppress(OSError):
                     sibling.unlink()
                     removed.append(sibling)

@@ -82,7 +82,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 class LearnedPositionalEmbedding(nn.Module):
     """A trained table of ``max_len`` position vectors (GPT-2 style): x [batch, seq, dim] -> x + table[positions].
 
-    Positions at or past ``max_len`` have no row: they raise instead of silently wrapping or clamping.
+    Positions at or past ``max_len`` have no row, and fractional positions none either: both raise instead of
+    silently wrapping, clamping or truncating.
     """
 
     def __init__(self, max_len: int, dim: int, init_std: float = 0.02):
@@ -95,6 +96,11 @@ class LearnedPositionalEmbedding(nn.Module):
         if x.shape[-1] != self.dim:
             raise PosencError(f"x's last dimension must be dim={self.dim}, got {x.shape[-1]}")
         positions = _positions_for(x, positions)
+        if positions.is_floating_point() and positions.numel():
+            bad = ~torch.isfinite(positions) | (positions != positions.round())
+            if bool(bad.any()):  # a table row has no fraction: 1.7 would silently become row 1
+                raise PosencError(f"positions must be integers for a learned position table (one row per "
+                                  f"position), got {positions[bad].flatten()[0].item()!r}")
         if positions.numel() and (int(positions.max()) >= self.max_len or int(positions.min()) < 0):
             raise PosencError(
                 f"positions must lie in [0, max_len={self.max_len}) for a learned position table; got range "

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import posenc
 from posenc import reference
 from posenc.absolute import LearnedPositionalEmbedding, NoPE, SinusoidalPositionalEncoding, sinusoidal, sinusoidal_at
 from posenc.errors import PosencError
@@ -71,3 +72,21 @@ def test_nope_is_identity():
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises(PosencError, match=match):
         call()
+
+
+@pytest.mark.parametrize("bad", [1.7, 0.5, float("nan"), float("inf")])
+def test_learned_table_refuses_non_integer_positions(bad):
+    emb = posenc.LearnedPositionalEmbedding(8, 4)
+    x = torch.zeros(1, 2, 4)
+    with pytest.raises(PosencError, match="positions must be integers"):
+        emb(x, positions=torch.tensor([0.0, bad]))
+    # integral floats are rows: same as the integer positions
+    torch.testing.assert_close(emb(x, positions=torch.tensor([0.0, 1.0])), emb(x, positions=torch.tensor([0, 1])))
+
+
+@pytest.mark.parametrize("base", ["1e4", None, True])
+def test_sinusoidal_base_must_be_a_number(base):
+    with pytest.raises(PosencError, match="base must be"):
+        posenc.sinusoidal(4, 4, base=base)
+    with pytest.raises(PosencError, match="base must be"):
+        posenc.SinusoidalPositionalEncoding(4, base=base)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import reference
-from posenc.alibi import alibi_bias, alibi_slopes
+from posenc.alibi import MAX_BIAS_ELEMENTS, MAX_HEADS, alibi_bias, alibi_slopes
 from posenc.errors import PosencError
 
 
@@ -55,11 +55,48 @@ def test_kv_cache_alignment():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: alibi_slopes(0), "n_heads must be a positive integer"),
+    (lambda: alibi_slopes(0), r"n_heads must be an integer in \[1, 65536\], got 0"),
+    (lambda: alibi_slopes(2.0), "n_heads must be an integer"),
+    (lambda: alibi_slopes("8"), "n_heads must be an integer"),
     (lambda: alibi_bias(4, -1), "q_len must be a positive integer"),
     (lambda: alibi_bias(4, 5, 3), "k_len must be >= q_len"),
-    (lambda: alibi_bias(4, 5, slopes=torch.ones(3)), r"slopes must have shape \[n_heads\]"),
+    (lambda: alibi_bias(4, 5, slopes=torch.ones(3)), r"slopes must have shape \[n_heads\] = \[4\]"),
+    (lambda: alibi_bias(2, 5, slopes=["a", "b"]), "slopes must be a tensor or sequence of 2 numbers"),
+    (lambda: alibi_bias(2, 5, dtype=torch.int64), "dtype must be a floating torch.dtype"),
+    (lambda: alibi_bias(2, 5, max_elements=0), "max_elements must be a positive integer"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):
         call()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_slopes_refused(bad):
+    # one NaN slope would silently turn every score of its head into NaN
+    slopes = torch.tensor([0.5, bad, 0.125])
+    with pytest.raises(PosencError, match=f"slopes must be finite numbers, got {bad} for head 1"):
+        alibi_bias(3, 4, slopes=slopes)
+
+
+def test_head_count_is_bounded_before_any_allocation():
+    # 10**9 heads used to grow a Python list until the OOM killer (24 GB); now refused at once, naming the limit
+    with pytest.raises(PosencError, match=r"n_heads must be an integer in \[1, 65536\], got 1000000000"):
+        alibi_slopes(10**9)
+    with pytest.raises(PosencError, match="n_heads must be an integer in"):
+        alibi_bias(MAX_HEADS + 1, 1)
+    assert alibi_slopes(MAX_HEADS).shape == (MAX_HEADS,)  # the documented limit itself is accepted
+
+
+def test_bias_size_is_bounded_and_points_to_alibi_attention():
+    # 64 heads at 8192 x 8192 would be 16 GiB of fp32: refused before allocating, with the way out in the message
+    with pytest.raises(PosencError, match=r"alibi_bias\(64, 8192, 8192\) would hold 4,294,967,296 elements "
+                                          r"\(16\.0 GiB\).*posenc\.alibi_attention"):
+        alibi_bias(64, 8192)
+    assert MAX_BIAS_ELEMENTS == 2**30
+    # the bound is on elements, whatever the shape: 2 heads x 1 query x 2^30 keys is just over it
+    with pytest.raises(PosencError, match="max_elements=1,073,741,824"):
+        alibi_bias(2, 1, 2**29 + 1)
+    # an explicit max_elements moves the bound both ways
+    with pytest.raises(PosencError, match="max_elements=100"):
+        alibi_bias(4, 5, 6, max_elements=100)
+    assert alibi_bias(4, 5, 5, max_elements=100).shape == (4, 5, 5)

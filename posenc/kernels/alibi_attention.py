@@ -1,44 +1,69 @@
 """ALiBi attention without the [heads, N, N] bias tensor.
 
 The materialised path (``posenc.alibi_bias`` + SDPA) stores H * Tq * Tk floats: 4.3 GB at H=16, N=8192 in fp32.
-Two paths here compute the same attention without it:
+Two backends here compute the same attention without it:
 
-- ``"chunked"``: SDPA over blocks of queries (causal; one call when bidirectional). Each block's bias is a strided *view* of one small [H, Tq + Tk]
-  template (see the note above ``bias_template``), which SDPA's fused CPU kernel reads in place, so extra memory
-  is O(H * N + output). Under a causal mask a block only reads the keys up to its last query, so the masked half
-  is skipped too. Plain eager torch: no compiler, works on any device (elsewhere than CPU each block's bias is
-  copied out, its size bounded by BIAS_BUDGET_ELEMENTS).
+- ``"chunked"``: torch's fused SDPA kernel reading the bias as a strided *view* of one small [H, Tq + Tk - 1]
+  template (see the note above ``bias_template``): no [H, Tq, Tk] tensor exists, extra memory is O(H * N + output).
+  Bidirectional: one call. Causal on CPU, one of two schedules (both skip the keys above the diagonal):
+  * blocks (``causal_blocks``): one SDPA call per block of CPU_BLOCK queries against the keys up to its last query;
+  * split (``split_causal_attention``, long inputs without autograd): every block of SPLIT_OUTER queries is split
+    into the keys all its queries see (one call, nothing masked) and its diagonal square (calls of SPLIT_INNER
+    queries, batched over all blocks), merged exactly by their log-sum-exp.
+  Elsewhere than CPU each block's bias is copied out, its size bounded by BIAS_BUDGET_ELEMENTS.
 - ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled) with a score_mod adding -m_h * |i - j| inside the
   kernel and a block mask that skips key blocks above the causal diagonal. The first call per shape compiles
   (tens of seconds on CPU).
 
 ``backend="auto"`` picks ``"flex"`` on CUDA when it compiles (falling back to ``"chunked"`` with a warning), and
-``"chunked"`` on CPU: it has no compile cost and, measured in docs/performance-alibi.md, is as fast.
+``"chunked"`` on CPU: it has no compile cost and, measured in docs/performance-alibi.md, is faster there.
 
 Positions: query i sits at absolute position i + q_offset (default Tk - Tq: queries are the last Tq of the Tk keys,
 the KV-cache convention of flash-attn and ``posenc.alibi_bias``); key j at position j.
 Under a causal mask the key-only form m_h * j gives the same softmax (shift invariance per row; tested), but its
-values grow with N and lose fp32 precision near the diagonal at long N; both paths use the exact -m_h * |i - j|.
+values grow with N and lose fp32 precision near the diagonal at long N; both backends use the exact -m_h * |i - j|.
+Why SDPA's own ``is_causal`` is not used: it masks by index (key column <= query row), while the bias view needs
+exactly one of queries or keys in reverse order (below), which turns the visible triangle into the other one; in
+natural order the bias would have to be materialised.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
+from posenc._validate import check_choice, check_float, check_int
+from posenc.alibi import alibi_slopes, check_slopes
 from posenc.errors import PosencError
 
 BACKENDS = ("auto", "chunked", "flex")
 
-# The chunked path aims for a per-block bias of about this many fp32 elements (32 MiB): large enough that each
-# SDPA call has work to amortise, small enough to stay far below the full bias for any N worth chunking.
+# Positions enter the float64 bias template: exact up to 2^53, so q_offset is bounded well inside that.
+MAX_POSITION = 2**52
+
+# CPU schedules, chosen by measurement (docs/performance-alibi.md). Torch's fused CPU kernel tiles the queries of a
+# call by 256 when it has >= 768 of them (by 64 from 192, else by 32) and the keys by 512; under is_causal it
+# computes each 256-query tile against the keys up to its last query. CPU_BLOCK = 256 therefore wastes exactly what
+# SDPA's own causal mask wastes (the triangle above the diagonal inside each tile).
+CPU_BLOCK = 256
+# The split schedule: off-diagonal calls of SPLIT_OUTER >= 768 queries get the kernel's 256-query tiles (each key
+# tile is read once per 256 queries instead of once per 64: what limits long inputs), the diagonal is computed in
+# calls of SPLIT_INNER queries. Used from SPLIT_MIN_QUERIES queries on, for float32/float64 without autograd (the
+# log-sum-exp it merges with has no gradient in torch).
+SPLIT_OUTER = 1024
+SPLIT_INNER = 256
+SPLIT_MIN_QUERIES = 4096
+
+# Off CPU each block's bias is copied out: about this many elements (32 MiB of fp32) per block.
 BIAS_BUDGET_ELEMENTS = 8 * 2**20
 MIN_BLOCK = 16
-MIN_CPU_BLOCK = 256
+
+# torch's fused CPU attention returning the log-sum-exp of each row (what F.scaled_dot_product_attention calls on
+# CPU); the split schedule needs it to merge two partial softmaxes. Absent from a torch build: blocks are used.
+_flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None = None, *,
@@ -47,22 +72,23 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
     """softmax(q k^T * scale - m_h * |pos_i - j| [+ causal mask]) v, without building the full bias.
 
     q: [B, H, Tq, D]; k: [B, Hkv, Tk, D]; v: [B, Hkv, Tk, Dv] with H a multiple of Hkv (grouped-query attention:
-    query head h reads key head h // (H // Hkv)). slopes: [H] (default ``posenc.alibi_slopes(H)``).
+    query head h reads key head h // (H // Hkv)). slopes: [H] finite numbers (default ``posenc.alibi_slopes(H)``).
     causal: query i sees keys j <= pos_i; otherwise all keys, with the symmetric distance |pos_i - j|.
     q_offset: absolute position of query 0 (default Tk - Tq). scale: default 1/sqrt(D).
-    block_size: queries per block of the chunked path (default: chosen from a memory budget).
+    block_size: queries per SDPA call of the chunked backend (default: chosen per device and length, see
+    ``default_block_size``; giving one also selects the block schedule on CPU).
     backend: "auto", "chunked" or "flex". Returns [B, H, Tq, Dv] in q's dtype.
     """
-    if backend not in BACKENDS:
-        raise PosencError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice(backend, "backend", BACKENDS)
+    if not isinstance(causal, bool):   # a truthy string or number would silently mean causal
+        raise PosencError(f"causal must be True or False, got {causal!r}")
     offset = _check_inputs(q, k, v, q_offset)
-    H, Tq, Tk = q.shape[1], q.shape[2], k.shape[2]
-    slopes = _check_slopes(slopes, H, q.device)
+    H = q.shape[1]
+    slopes = alibi_slopes(H).to(q.device) if slopes is None else check_slopes(slopes, H, q.device, what="H")
     if scale is not None:
-        scale = _check_scale(scale)
+        scale = check_float(scale, "scale", positive=True)
     if block_size is not None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-            raise PosencError(f"block_size must be a positive integer (queries per block), got {block_size!r}")
+        block_size = check_int(block_size, "block_size", min=1)
     if backend == "flex" or (backend == "auto" and _auto_backend(q) == "flex"):
         try:
             return _flex(q, k, v, slopes, causal, offset, scale)
@@ -70,22 +96,20 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
             if backend == "flex":
                 raise
             _warn_fallback(err)
-    block = block_size if block_size is not None else default_block_size(H, Tq, Tk, q.device, causal)
-    return _chunked(q, k, v, slopes, causal, offset, scale, block)
+    return _chunked(q, k, v, slopes, causal, offset, scale, block_size)
 
 
 def default_block_size(n_heads: int, q_len: int, k_len: int, device: torch.device | str = "cpu",
                        causal: bool = True) -> int:
-    """Queries per block of the chunked path.
+    """Queries per SDPA call of the block schedule.
 
-    CPU: SDPA reads the bias as a strided view, so a block costs no bias memory and blocks exist only to skip
-    masked keys. Causal: 1/8 of the queries per block (at least MIN_CPU_BLOCK) skips all but 1/16 of the masked
-    keys; more blocks measured no faster (more calls). Bidirectional: one call. Elsewhere each block's bias is
+    CPU: the bias is a view, so blocks only serve to skip masked keys: CPU_BLOCK (256) queries when causal (the
+    kernel's own causal granularity, see CPU_BLOCK), one call when bidirectional. Elsewhere each block's bias is
     copied out, so [n_heads, block, k_len] is kept near BIAS_BUDGET_ELEMENTS (H=16, N=8192: 64 queries, a 32 MiB
     block bias against the 4.3 GB full bias).
     """
     if torch.device(device).type == "cpu":
-        block = max(MIN_CPU_BLOCK, -(-q_len // 8)) if causal else q_len
+        block = CPU_BLOCK if causal else q_len
     else:
         block = max(MIN_BLOCK, BIAS_BUDGET_ELEMENTS // max(1, n_heads * k_len))
     return max(1, min(q_len, block))
@@ -120,85 +144,193 @@ def _check_inputs(q, k, v, q_offset) -> int:
             raise PosencError(f"q has more positions ({Tq}) than k ({Tk}): pass q_offset to place the queries "
                               f"(queries default to the last Tq of the Tk key positions)")
         return Tk - Tq
-    if isinstance(q_offset, bool) or not isinstance(q_offset, int) or q_offset < 0:
-        raise PosencError(f"q_offset must be a non-negative integer (absolute position of query 0), "
-                          f"got {q_offset!r}")
-    return q_offset
+    return check_int(q_offset, "q_offset", min=0, max=MAX_POSITION)
 
 
-def _check_slopes(slopes, n_heads: int, device) -> torch.Tensor:
-    if slopes is None:
-        from posenc.alibi import alibi_slopes
-        return alibi_slopes(n_heads).to(device)
-    slopes = torch.as_tensor(slopes, dtype=torch.float32, device=device)
-    if slopes.shape != (n_heads,):
-        raise PosencError(f"slopes must have shape [H] = [{n_heads}] (one per query head), "
-                          f"got {tuple(slopes.shape)}")
-    if not torch.isfinite(slopes).all():
-        raise PosencError("slopes must be finite")
-    return slopes
-
-
-def _check_scale(scale) -> float:
-    try:
-        s = float(scale)
-    except (TypeError, ValueError):
-        raise PosencError(f"scale must be a positive number, got {scale!r}") from None
-    if not (s > 0 and math.isfinite(s)):
-        raise PosencError(f"scale must be a positive finite number, got {scale!r}")
-    return s
-
-
-# ----------------------------------------------------------------------------------------------- chunked (SDPA)
+# ----------------------------------------------------------------------------------------------- the bias view
 #
 # The bias of a block of queries is never written out. With the keys in reverse order, the bias of (query row r,
 # reversed key c) depends on r + c only (a Hankel matrix), so it is a strided view (row stride 1, column stride 1)
-# of one "template" row per head, [H, Tq + Tk - 1 + offset]. SDPA's fused CPU kernel reads that view in place: no
-# [H, block, Tk] tensor exists. Attention does not care about key order, so reversing k and v (one copy each per
-# call) is free of error. Other devices get a contiguous copy of each block's bias, kept within
-# BIAS_BUDGET_ELEMENTS by the block size.
+# of one "template" row per head, [H, Tq + Tk - 1]. SDPA's fused CPU kernel reads that view in place. Attention
+# does not care about key order, so reversing k and v (one copy each per call) is free of error. Reversing the
+# queries instead works the same way (the output then comes out reversed): it is what a decoding step does, where
+# the one new query is cheaper to reverse than the cache. A natural-order bias would be a Toeplitz matrix, whose
+# view needs a negative stride, which torch does not allow.
 
-def bias_template(slopes: torch.Tensor, q_len: int, k_len: int, offset: int, causal: bool) -> torch.Tensor:
-    """fp32 [H, q_len + k_len - 1 + offset]: entry t holds the bias at distance d = t - (k_len - 1 - offset).
+def bias_template(slopes: torch.Tensor, q_len: int, k_len: int, offset: int, causal: bool,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[H, q_len + k_len - 1] in ``dtype``: entry t holds the bias at distance d = t - (k_len - 1 - offset).
 
     d = (query position) - (key position) runs from offset - (k_len - 1) (query 0, last key) to q_len - 1 + offset
     (last query, key 0). Bias: -m_h * |d| (bidirectional), or -m_h * d for d >= 0 and -inf for d < 0 (causal).
+    Built in float64 (exact distances), rounded once to ``dtype`` (fp32; fp64 for fp64 inputs).
     """
-    d = torch.arange(q_len + k_len - 1 + offset, device=slopes.device, dtype=torch.float64) - (k_len - 1 - offset)
+    d = torch.arange(q_len + k_len - 1, device=slopes.device, dtype=torch.float64) - (k_len - 1 - offset)
     bias = -slopes.double().unsqueeze(1) * d.abs()
     if causal:
         bias.masked_fill_(d < 0, float("-inf"))
-    return bias.float()
+    return bias.to(dtype)
+
+
+def hankel_view(template: torch.Tensor, first: int, rows: int, cols: int) -> torch.Tensor:
+    """View [1, H, rows, cols] of ``template`` [H, L] with entry (r, c) = template[:, first + r + c]. No copy."""
+    H, L = template.shape
+    return template.as_strided((1, H, rows, cols), (0, L, 1, 1), template.storage_offset() + first)
 
 
 def reversed_keys_bias(template: torch.Tensor, k_len: int, start: int, stop: int, visible: int) -> torch.Tensor:
     """View [1, H, stop - start, visible] of ``template``: the bias of queries start..stop-1 against keys
     visible-1, visible-2, ..., 0 (reversed; ``visible`` <= k_len). Overlapping strides, nothing is copied."""
-    H, L = template.shape
-    return template.as_strided((1, H, stop - start, visible), (H * L, L, 1, 1),
-                               template.storage_offset() + start + k_len - visible)
+    return hankel_view(template, start + k_len - visible, stop - start, visible)
 
 
-def _chunked(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
+# ----------------------------------------------------------------------------------------------- chunked
+
+def _chunked(q, k, v, slopes, causal, offset, scale, block_size) -> torch.Tensor:
+    if q.device.type != "cpu":
+        block = block_size or default_block_size(q.shape[1], q.shape[2], k.shape[2], q.device, causal)
+        return _device_blocks(q, k, v, slopes, causal, offset, scale, block)
+    if causal:
+        # keys after the last query's position are never seen
+        keep = min(k.shape[2], q.shape[2] + offset)
+        k, v = k[:, :, :keep], v[:, :, :keep]
+    if causal and block_size is None and _split_applies(q, k, v, offset):
+        return split_causal_attention(q, k, v, slopes, offset=offset, scale=scale, outer=SPLIT_OUTER,
+                                      inner=SPLIT_INNER)
+    if block_size is None and v.shape[-1] != q.shape[-1]:
+        # the fused kernel needs Dv = D; torch's fallback writes out [B, H, block, Tk] scores: keep them bounded
+        block_size = max(MIN_BLOCK, BIAS_BUDGET_ELEMENTS // max(1, q.shape[0] * q.shape[1] * k.shape[2]))
+    block = block_size or default_block_size(q.shape[1], q.shape[2], k.shape[2], "cpu", causal)
+    return causal_blocks(q, k, v, slopes, causal=causal, offset=offset, scale=scale, block=block)
+
+
+def _split_applies(q, k, v, offset) -> bool:
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (_flash_cpu is not None and not needs_grad and q.dtype in (torch.float32, torch.float64)
+            and q.shape[2] >= SPLIT_MIN_QUERIES and k.shape[2] == q.shape[2] + offset
+            and v.shape[-1] == q.shape[-1])
+
+
+def _template_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | None, block: int) -> torch.Tensor:
+    """CPU: SDPA over blocks of ``block`` queries (one call when bidirectional or block >= Tq), each against the keys
+    it can see, the bias a view of one template. Reverses whichever of q or (k, v) is smaller. Differentiable.
+
+    q: [B, H, Tq, D]; k, v: [B, Hkv, Tk, D/Dv]; slopes: [H]; offset: position of query 0. Returns [B, H, Tq, Dv].
+    """
+    B, H, Tq, _ = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    # fp64 inputs get an fp64 bias; others fp32, which SDPA on CPU adds in its fp32 accumulator
+    template = bias_template(slopes, Tq, Tk, offset, causal, _template_dtype(q))
+    # reverse the side that is cheaper to copy: q and the output (Tq * H rows) or k and v (Tk * Hkv rows); on a tie
+    # q, whose copy is freed before the output is turned around (peak extra memory: one output, not k and v)
+    reverse_q = Tq * H <= Tk * Hkv
+    if reverse_q:   # row r is query Tq-1-r: the bias of (row r, key c) is template[L-1-(r+c)]
+        template, q, k_rev, v_rev = template.flip(1), q.flip(2), k, v
+    else:
+        k_rev, v_rev = k.flip(2), v.flip(2)
+    gqa = H != Hkv
+    outs = []
+    for s in range(0, Tq, block):
+        e = min(s + block, Tq)
+        if reverse_q:   # rows s..e-1 are queries Tq-1-s down to Tq-e: keys 0..Tq-1-s+offset, natural order
+            kv = min(Tk, Tq - s + offset) if causal else Tk
+            ks, vs, first = k_rev[:, :, :kv], v_rev[:, :, :kv], s
+        else:           # queries s..e-1 against keys kv-1..0
+            kv = min(Tk, e + offset) if causal else Tk
+            ks, vs, first = k_rev[:, :, Tk - kv:], v_rev[:, :, Tk - kv:], s + Tk - kv
+        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], ks, vs, scale=scale, enable_gqa=gqa,
+                                                   attn_mask=hankel_view(template, first, e - s, kv)))
+    # the reversed copies go before the output is assembled. One concatenation rather than a copy per block: on a
+    # shared CPU every parallel op waits for its slowest thread, so fewer ops matter more than one extra buffer
+    del q, k_rev, v_rev
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    if not reverse_q:
+        return out
+    del outs
+    return out.flip(2)
+
+
+def split_causal_attention(q, k, v, slopes, *, offset: int, scale: float | None, outer: int = SPLIT_OUTER,
+                           inner: int = SPLIT_INNER) -> torch.Tensor:
+    """CPU, causal, no autograd: the block schedule with the diagonal taken out of the long calls.
+
+    q: [B, H, Tq, D]; k, v: [B, Hkv, Tk, D] with Tk = Tq + offset (queries are the last Tq positions).
+    Queries go in blocks of ``outer`` (a ragged first block of Tq mod outer goes through ``causal_blocks``). Block
+    [s, s + outer) sees keys [0, s + offset) completely: one SDPA call, nothing masked, keys reversed as in
+    ``causal_blocks``. Its diagonal square, keys [s + offset, s + offset + outer), is the same problem for every
+    block (the same bias), so it runs as ``outer // inner`` calls of ``inner`` queries each, batched over all blocks,
+    the keys of each square reversed in place. The two partial softmaxes are merged exactly by their log-sum-exp:
+    out = o_diag + sigmoid(lse_rect - lse_diag) * (o_rect - o_diag).
+    """
+    if _flash_cpu is None:
+        raise PosencError("split_causal_attention needs torch's fused CPU attention "
+                          "(aten._scaled_dot_product_flash_attention_for_cpu); use causal_blocks")
+    B, H, Tq, D = q.shape
+    Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if Tk != Tq + offset or outer % inner or Tq < outer or Dv != D:
+        raise PosencError(f"split_causal_attention needs Tk = Tq + offset, Dv = D (torch's fused kernel) and outer "
+                          f"({outer}) a multiple of inner ({inner}), at most Tq; got Tq={Tq}, Tk={Tk}, "
+                          f"offset={offset}, D={D}, Dv={Dv}")
+    n, head = divmod(Tq, outer)       # n full blocks after a ragged head of `head` queries
+    out = q.new_empty(B, H, Tq, Dv)
+    if head:
+        out[:, :, :head] = causal_blocks(q[:, :, :head], k[:, :, :head + offset], v[:, :, :head + offset], slopes,
+                                         causal=True, offset=offset, scale=scale, block=inner)
+    template = bias_template(slopes, Tq, Tk, offset, True, _template_dtype(q))
+    L = template.shape[1]
+
+    # diagonal squares, all blocks at once: batch = block, heads = (batch, head) merged
+    q = q if q.stride(-1) == 1 and (B == 1 or q.stride(0) == H * q.stride(1)) else q.contiguous()
+    sH, sM = q.stride(1), q.stride(2)
+    kd, vd = (t[:, :, head + offset:].unflatten(2, (n, outer)).flip(3).contiguous()      # [B, Hkv, n, outer, *]
+              for t in (k, v))
+    tb = template.repeat(B, 1) if B > 1 else template                                 # [B*H, L]
+    lse_diag = torch.empty(n, B * H, outer, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+    for u in range(outer // inner):
+        kv = (u + 1) * inner  # rows u*inner.. of each square see its first kv keys: the last kv of the reversed
+        rows = head + u * inner
+        qu = q.as_strided((n, B * H, inner, D), (outer * sM, sH, sM, 1), q.storage_offset() + rows * sM)
+        ku, vu = (t.as_strided((n, B * Hkv, kv, t.shape[-1]), (outer * t.shape[-1], n * outer * t.shape[-1],
+                                                                 t.shape[-1], 1),
+                                t.storage_offset() + (outer - kv) * t.shape[-1])
+                  for t in (kd, vd))
+        # row r, reversed key c: distance r + c + 1 - inner, template index r + c + Tq - inner
+        mask = tb.as_strided((1, B * H, inner, kv), (0, L, 1, 1), tb.storage_offset() + Tq - inner)
+        o, lse = _flash_cpu(qu, ku, vu, 0.0, False, attn_mask=mask, scale=scale)
+        out.as_strided((n, B * H, inner, Dv), (outer * Dv, Tq * Dv, Dv, 1), rows * Dv).copy_(o)
+        lse_diag[:, :, u * inner:(u + 1) * inner] = lse
+    del kd, vd
+
+    # the rest of each block's keys: [0, s + offset), all visible
+    k_rev, v_rev = k.flip(2), v.flip(2)
+    for t in range(n):
+        s = head + t * outer
+        kv = s + offset
+        if kv == 0:
+            continue
+        o, lse = _flash_cpu(q[:, :, s:s + outer], k_rev[:, :, Tk - kv:], v_rev[:, :, Tk - kv:], 0.0, False,
+                            attn_mask=hankel_view(template, s + Tk - kv, outer, kv), scale=scale)
+        weight = torch.sigmoid(lse - lse_diag[t].view(B, H, outer))
+        out[:, :, s:s + outer].lerp_(o, weight.unsqueeze(-1))
+    return out
+
+
+def _device_blocks(q, k, v, slopes, causal, offset, scale, block) -> torch.Tensor:
+    """Not CPU: the same blocks and reversed keys, each block's bias copied out contiguous in q's dtype."""
     Tq, Tk = q.shape[2], k.shape[2]
-    gqa = q.shape[1] != k.shape[1]
-    # CPU SDPA reads the strided view in place, in fp32 for bf16/fp16 inputs (the bias keeps its precision);
-    # other devices get a contiguous copy per block in q's dtype
-    cpu = q.device.type == "cpu"
-    template = bias_template(slopes, Tq, Tk, offset, causal)
-    if q.dtype == torch.float64 or not cpu:
-        template = template.to(q.dtype)
+    template = bias_template(slopes, Tq, Tk, offset, causal, q.dtype)
     k_rev, v_rev = k.flip(2), v.flip(2)
     outs = []
     for s in range(0, Tq, block):
         e = min(s + block, Tq)
-        kv = min(Tk, e + offset) if causal else Tk   # causal: keys past the block's last query are never read
-        bias = reversed_keys_bias(template, Tk, s, e, kv)
-        if not cpu:
-            bias = bias.contiguous()
+        kv = min(Tk, e + offset) if causal else Tk
+        bias = reversed_keys_bias(template, Tk, s, e, kv).contiguous()
         outs.append(F.scaled_dot_product_attention(q[:, :, s:e], k_rev[:, :, Tk - kv:], v_rev[:, :, Tk - kv:],
-                                                   attn_mask=bias, scale=scale, enable_gqa=gqa))
-    # one concatenation instead of a copy per block: on a busy CPU each small op costs a scheduler wait
+                                                   attn_mask=bias, scale=scale, enable_gqa=q.shape[1] != k.shape[1]))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 

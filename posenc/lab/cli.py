@@ -5,29 +5,41 @@
     posenc lab --preset ntk --steps 3000 --seeds 0,1,2 --out runs/ntk3
     posenc lab --schemes rope,alibi --eval-lens 128,512,2048 --finetune-steps 100
     posenc lab --out runs/x --resume             # continue an interrupted run from its checkpoints
+    posenc lab --plugin my_scheme.py --schemes rope,mine     # a scheme, method or task from your own file
 
-Every preset setting can be overridden by the flag of the same name; lists are comma-separated.
+Every preset setting can be overridden by the flag of the same name; lists are comma-separated. Errors from the
+library name settings (``d_model``); this command reports them with its flags (``--d-model``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 
-from posenc.lab.presets import ALL_EXTENSIONS, ALL_SCHEMES, PRESETS, TASKS
+from posenc.errors import PosencError
 
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
 
+def _items(text: str, kind: str) -> list[str]:
+    """The comma-separated items of ``text``; an empty item ('96,,192', '128,') is refused, not skipped."""
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} with no empty entry, got {text!r}")
+    return items
+
+
 def _ints(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in _items(text, "integers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in _items(text, "numbers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
@@ -40,21 +52,40 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
 
 
-def _names(text: str) -> list[str]:
+def _names(text: str):
     names = [x.strip() for x in text.split(",") if x.strip()]
+    if names == ["all"]:
+        return "all"
     return [] if names == ["none"] else names
 
 
-# flag -> (LabConfig field, type, help)
+def _options(text: str) -> dict:
+    """key=value,key=value -> dict; values are JSON when they parse (numbers, true/false), else strings."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected key=value pairs separated by commas, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value.strip()
+    return out
+
+
+# flag -> (setting name, type, help); the setting names are LabConfig's flat names (posenc.lab.presets.SECTIONS)
 FLAGS = [
-    ("--tasks", "tasks", _names, f"tasks to run, from {','.join(TASKS)}"),
-    ("--schemes", "schemes", _names, f"schemes to train, from {','.join(ALL_SCHEMES)}"),
+    ("--tasks", "tasks", _names, "tasks to run, comma-separated (or all); registered: {tasks}"),
+    ("--schemes", "schemes", _names, "schemes to train, comma-separated (or all); registered: {schemes}"),
     ("--d-model", "d_model", int, "model width"),
     ("--layers", "n_layers", int, "number of layers"),
     ("--heads", "n_heads", int, "attention heads"),
     ("--rope-base", "rope_base", float, "RoPE theta"),
     ("--rope-layout", "rope_layout", str, "RoPE pair layout: half (HF) or interleaved"),
     ("--scale-embeddings", "scale_embeddings", _bool, "multiply token embeddings by sqrt(d_model) (yes/no)"),
+    ("--bias", "bias", _bool, "LayerNorm and MLP biases (yes/no); no: MPT's bias-free block, which lets trained "
+                              "ALiBi models export to transformers (posenc export)"),
+    ("--scheme-options", "scheme_options", _options, "scheme-specific settings, key=value,key=value"),
     ("--train-len", "train_len", int, "training sequence length"),
     ("--batch-size", "batch_size", int, "sequences per step"),
     ("--steps", "steps", int, "training steps"),
@@ -69,10 +100,17 @@ FLAGS = [
     ("--sliding-lens", "sliding_lens", _ints, "lengths for the sliding-window eval (default: the longest eval length)"),
     ("--sliding-tokens", "sliding_tokens", int, "tokens scored per sliding-window length"),
     ("--extensions", "extensions", _names,
-     f"RoPE extension methods evaluated on the rope model, from {','.join(ALL_EXTENSIONS)} (or none)"),
+     "RoPE extension methods evaluated on the extended schemes' models (or none); registered: {methods}"),
+    ("--extended-schemes", "extended_schemes", _names, "schemes whose models get the extension methods (default rope)"),
     ("--ext-factor", "ext_factor", float, "extension factor (default: max eval length / train length)"),
-    ("--finetune-steps", "finetune_steps", int, "also fine-tune the rope model per method for this many steps"),
-    ("--finetune-len", "finetune_len", int, "fine-tuning length (default: max eval length)"),
+    ("--finetune-steps", "finetune_steps", int, "also fine-tune the extended models per method for this many steps"),
+    ("--finetune-len", "finetune_len", int,
+     "fine-tuning length (default: max eval length; PoSE methods fine-tune at --train-len)"),
+    ("--search-population", "search_population", int, "longrope-search: candidates per generation (paper: 64)"),
+    ("--search-generations", "search_generations", int, "longrope-search: generations (paper: 40)"),
+    ("--search-windows", "search_windows", int,
+     "longrope-search: windows of the target length in its search and held-out splits (cut from the validation "
+     "text after the part the lab reports on)"),
     ("--copy-examples", "copy_examples", int, "copy-task test sequences per length"),
     ("--passkey-depths", "passkey_depths", _floats, "comma-separated key depths in [0, 1]"),
     ("--passkey-trials", "passkey_trials", int, "passkey episodes per length x depth cell"),
@@ -82,18 +120,52 @@ FLAGS = [
     ("--out", "out", str, "output folder (default: runs/<preset>)"),
     ("--ckpt-every", "ckpt_every", int, "checkpoint every N steps (0: only at the end)"),
 ]
+# other argument names the library may cite in a message, and the flag that sets them here
+ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", "preset": "--preset",
+           "stride": "--sliding-stride", "nproc": "--nproc", "seq_len": "--train-len/--finetune-len",
+           "factor": "--ext-factor", "dist_timeout": "--dist-timeout"}
+
+
+def to_flags(message: str) -> str:
+    """A library message with setting names replaced by this command's flags ("d_model must" -> "--d-model must").
+
+    Names with an underscore are replaced wherever they stand as a word; plain-word names (tasks, data, ...) only
+    where they open the message or a "name/name:" list, so ordinary words in the text stay.
+    """
+    flags = {dest: flag for flag, dest, _, _ in FLAGS}
+    flags.update({k: v for k, v in ALIASES.items() if k not in flags})
+
+    def swap(match: re.Match) -> str:
+        return flags.get(match.group(0), match.group(0))
+
+    out = re.sub(r"(?<![\w.-])[a-z]+_[a-z_]+(?![\w(])", swap, message)
+    return re.sub(r"^[a-z]+(?=:|/| must)", swap, out)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from posenc.lab.launch import add_arguments as add_launch_arguments
+    from posenc.lab.presets import PRESETS
+
     parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
                         help="named settings (default: default); flags override them")
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                        help="import a Python file or module that registers schemes, extension methods or tasks "
+                             "(repeatable); its names can then be used in --schemes, --extensions, --tasks")
+    names = _registered()
     for flag, dest, typ, text in FLAGS:
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text.format(**names))
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    from posenc.lab import distributed
+    add_launch_arguments(parser)  # --nproc N
 
-    distributed.add_arguments(parser)  # --nproc N
+
+def _registered() -> dict:
+    from posenc.extensions import method_names
+    from posenc.lab.tasks import task_names
+    from posenc.schemes import scheme_names
+
+    return {"tasks": ",".join(task_names()), "schemes": ",".join(scheme_names()),
+            "methods": ",".join(method_names())}
 
 
 def config_from_args(args: argparse.Namespace):
@@ -103,13 +175,25 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from posenc.lab import distributed
+    from posenc.lab import distributed, launch
+    from posenc.lab.data import load_corpus
     from posenc.lab.run import run_lab
+    from posenc.plugins import load_plugins
 
-    status = distributed.relaunch(args)  # --nproc N: run this same command under torchrun instead
-    if status is not None:
-        return status
-    cfg = config_from_args(args)
-    with distributed.session(cfg.device):  # under torchrun: join the process group; errors name the rank
-        run_lab(cfg, resume=args.resume, progress=not args.quiet)
+    try:
+        # everything that can be checked is checked here, before --nproc N re-launches: a bad flag is one line
+        load_plugins(args.plugin)
+        cfg = config_from_args(args)
+        timeout = distributed.timeout_seconds(args.dist_timeout)
+        if cfg.data is not None:
+            load_corpus(cfg.data)  # exists, readable, text
+        status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
+        if status is not None:
+            return status
+        with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
+            run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
+    except PosencError as exc:
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (to_flags(exc.args[0]), *exc.args[1:])
+        raise
     return 0

@@ -1,12 +1,15 @@
-"""Byte-level data for the lab: the default corpus, the train/validation split, and batch samplers.
+"""Byte-level data for the lab: the default corpus, the train/validation split, and the LM sampler.
 
 Default corpus: the CPython standard library's own .py files (found via sysconfig, nothing downloaded), without
 test suites, site-packages and caches. Files are sorted by relative path; a file goes to validation when the
 first byte of sha256(relative path) is < 26 (about 10%), so the split does not depend on file order or count.
 ``--data PATH`` takes a text file (split 90/10 by bytes) or a folder (every regular non-hidden file, same
-hash rule). Documents are joined with a blank line. Tokens are bytes, held as uint8 tensors.
+hash rule). Documents are joined with a blank line. Tokens are bytes, held as uint8 tensors. A user's data must be
+text: UTF-8 with at most 1% control bytes (other than tab, newline, carriage return and form feed) per file, so a
+binary file given by mistake is refused by name instead of trained on.
 
-Samplers draw batch ``step`` from a generator seeded by (seed, step) alone, so every scheme sees the same data
+Samplers (this LM one and the tasks' episode samplers, posenc/lab/tasks/) draw batch ``step`` from
+``batch_generator(seed, step)`` alone, so every scheme sees the same data
 in the same order, a resumed run continues the same stream, and a distributed rank can take its rows
 ``rank::world_size`` of the same global batch.
 """
@@ -29,6 +32,8 @@ EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages",
 VAL_HASH_THRESHOLD = 26  # first sha256 byte < 26 -> validation (~10.2%)
 DOC_SEPARATOR = b"\n\n"
 IGNORE = -100  # target value that the loss skips
+MAX_CONTROL_FRACTION = 0.01  # more control bytes than this in a file: not text
+_CONTROL = bytes(b for b in range(32) if b not in b"\t\n\r\f") + b"\x7f"
 
 
 @dataclass
@@ -59,27 +64,51 @@ def _files_hash(root: Path, files: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def _join(root: Path, files: list[Path]) -> torch.Tensor:
-    data = DOC_SEPARATOR.join((root / rel).read_bytes() for rel in files)
+def check_text(data: bytes, where) -> bytes:
+    """``data`` if it is text (valid UTF-8, at most MAX_CONTROL_FRACTION control bytes), else DataError naming
+    ``where`` and the first offending byte."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"data: {where} is not text: not valid UTF-8 at byte {exc.start} (byte "
+                        f"0x{data[exc.start]:02x}); give UTF-8 text (convert with iconv) or a folder of text files"
+                        ) from None
+    control = len(data) - len(data.translate(None, _CONTROL))
+    if control > MAX_CONTROL_FRACTION * len(data):
+        raise DataError(f"data: {where} is not text: {control} of {len(data)} bytes are control characters "
+                        f"(more than {MAX_CONTROL_FRACTION:.0%}); give UTF-8 text")
+    return data
+
+
+def _read(root: Path, rel: Path, check: bool) -> bytes:
+    data = (root / rel).read_bytes()
+    return check_text(data, root / rel) if check else data
+
+
+def _join(root: Path, files: list[Path], check: bool = False) -> torch.Tensor:
+    data = DOC_SEPARATOR.join(_read(root, rel, check) for rel in files)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
 
 
 @functools.lru_cache(maxsize=4)
-def load_corpus(path: str | None = None) -> Corpus:
-    """Load the default stdlib corpus (path None) or a user's file/folder. Raises DataError naming the path."""
+def load_corpus(data: str | None = None) -> Corpus:
+    """Load the default stdlib corpus (data None) or a user's file/folder. Raises DataError naming the path."""
+    path = data
     if path is None:
         root, files = stdlib_files()
         source = "cpython-stdlib"
         if not files:
-            raise DataError(f"--data: no .py files found in the standard library at {root}; pass --data PATH")
+            raise DataError(f"data: no .py files found in the standard library at {root}; "
+                            "give data as a file or folder of text")
     else:
         p = Path(path).expanduser()
         if not p.exists():
-            raise DataError(f"--data: {path} does not exist (expected a text file or a folder of text files)")
+            raise DataError(f"data: {path} does not exist (expected a text file or a folder of text files)")
         if p.is_file():
             data = p.read_bytes()
             if not data.strip():
-                raise DataError(f"--data: {path} is empty")
+                raise DataError(f"data: {path} is empty")
+            check_text(data, path)
             cut = int(len(data) * 0.9)
             tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             meta = {"source": str(p.resolve()), "n_files": 1,
@@ -89,28 +118,30 @@ def load_corpus(path: str | None = None) -> Corpus:
         files = sorted(q.relative_to(p) for q in p.rglob("*")
                        if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts))
         if not files:
-            raise DataError(f"--data: the folder {path} holds no files")
+            raise DataError(f"data: the folder {path} holds no files")
     val_files = [f for f in files if _is_val(f)]
     train_files = [f for f in files if not _is_val(f)]
     meta = {"source": source, "n_files": len(files), "n_val_files": len(val_files),
             "files_sha256": _files_hash(root, files), "split": f"sha256(relative path)[0] < {VAL_HASH_THRESHOLD}"}
     if not val_files or not train_files:  # too few files for the hash rule: split the bytes instead
-        tokens = _join(root, files)
+        tokens = _join(root, files, check=path is not None)
         cut = int(len(tokens) * 0.9)
         meta["split"] = "last 10% of bytes"
         return _finish(tokens[:cut].clone(), tokens[cut:].clone(), meta, path)
-    return _finish(_join(root, train_files), _join(root, val_files), meta, path)
+    check = path is not None  # the stdlib is text; a user's folder is checked file by file
+    return _finish(_join(root, train_files, check), _join(root, val_files, check), meta, path)
 
 
 def _finish(train: torch.Tensor, val: torch.Tensor, meta: dict, path=None) -> Corpus:
     if len(train) == 0 or len(val) == 0:
-        raise DataError(f"--data: {path or 'the standard library'} holds no text (train {len(train)} bytes, "
+        raise DataError(f"data: {path or 'the standard library'} holds no text (train {len(train)} bytes, "
                         f"validation {len(val)} bytes)")
     meta.update(python_version=sys.version.split()[0], train_bytes=len(train), val_bytes=len(val))
     return Corpus(train, val, meta)
 
 
-def _generator(seed: int, step: int) -> torch.Generator:
+def batch_generator(seed: int, step: int) -> torch.Generator:
+    """The random stream of batch ``step`` under ``seed``: every sampler draws from it and nothing else."""
     # one independent stream per (seed, step): order is fixed per seed and resumable from any step
     return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) % (2**63 - 1))
 
@@ -120,102 +151,13 @@ class LMSampler:
 
     def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, seed: int):
         if len(tokens) < seq_len + 2:
-            raise DataError(f"--train-len: {seq_len} needs more than {seq_len + 1} training bytes; "
+            raise DataError(f"seq_len: {seq_len} needs more than {seq_len + 1} training bytes; "
                             f"the corpus has {len(tokens)}")
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1):
         starts = torch.randint(0, len(self.tokens) - self.seq_len - 1, (self.batch_size,),
-                               generator=_generator(self.seed, step))[rank::world_size]
+                               generator=batch_generator(self.seed, step))[rank::world_size]
         idx = starts[:, None] + torch.arange(self.seq_len + 1)
         window = self.tokens[idx].long()
         return window[:, :-1], window[:, 1:]
-
-
-# ---- copy task: [x_1..x_n, SEP, x_1..x_n, pad...]; the loss scores only the copied half ----
-COPY_SEP = 0  # never drawn as a content token (content bytes are 1..255)
-
-
-def copy_example(n: int, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """One copy episode padded to ``length`` tokens -> (inputs, targets) with targets IGNORE outside the copy."""
-    xs = [rng.randrange(1, 256) for _ in range(n)]
-    seq = xs + [COPY_SEP] + xs
-    seq = seq + [COPY_SEP] * (length + 1 - len(seq))
-    targets = [IGNORE] * length
-    for i in range(n):  # input position n + i (SEP, then x_1..) predicts x_{i+1}
-        targets[n + i] = xs[i]
-    return seq[:length], targets
-
-
-def copy_len(length: int) -> int:
-    """Longest copy that fits a sequence of ``length`` tokens: 2n + 1 <= length."""
-    return (length - 1) // 2
-
-
-class CopySampler:
-    """Copy episodes of length ``seq_len`` with n drawn uniformly from 1..copy_len(seq_len)."""
-
-    def __init__(self, seq_len: int, batch_size: int, seed: int):
-        if seq_len < 3:
-            raise DataError(f"--train-len: the copy task needs at least 3 tokens, got {seq_len}")
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
-
-    def batch(self, step: int, rank: int = 0, world_size: int = 1):
-        rng = random.Random(int(_generator(self.seed, step).initial_seed()))
-        rows = [copy_example(rng.randint(1, copy_len(self.seq_len)), self.seq_len, rng)
-                for _ in range(self.batch_size)][rank::world_size]
-        return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
-
-
-# ---- passkey retrieval: filler, "The pass key is N. Remember it." at a depth, question, answer ----
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-QUESTION = "What is the pass key? The pass key is "
-KEY_DIGITS = 5
-
-
-def _needle(key: str) -> str:
-    return f"The pass key is {key}. Remember it. "
-
-
-def passkey_example(length: int, depth: float, key: str) -> tuple[str, str]:
-    """-> (prompt, answer) with len(prompt) + len(answer) == length; the key sentence starts at ``depth`` of
-    the filler (0 = start, 1 = just before the question)."""
-    needle = _needle(key)
-    n_filler = length - len(needle) - len(QUESTION) - len(key)
-    if n_filler < 0:
-        raise DataError(f"passkey length {length}: too short; needs at least {length - n_filler} characters")
-    filler = (FILLER * (n_filler // len(FILLER) + 1))[:n_filler]
-    cut = round(depth * n_filler)
-    return filler[:cut] + needle + filler[cut:] + QUESTION, key
-
-
-def passkey_min_len() -> int:
-    """Shortest passkey episode: the key sentence, the question and the answer with no filler."""
-    return len(_needle("0" * KEY_DIGITS)) + len(QUESTION) + KEY_DIGITS
-
-
-def encode(text: str) -> list[int]:
-    """ASCII text -> byte tokens."""
-    return list(text.encode("ascii"))
-
-
-class PasskeySampler:
-    """Passkey episodes of exactly ``seq_len`` tokens, random key and depth; the loss scores the key digits."""
-
-    def __init__(self, seq_len: int, batch_size: int, seed: int):
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
-        passkey_example(seq_len, 0.0, "0" * KEY_DIGITS)  # raises if seq_len is too short
-
-    def batch(self, step: int, rank: int = 0, world_size: int = 1):
-        rng = random.Random(int(_generator(self.seed, step).initial_seed()))
-        inputs, targets = [], []
-        for _ in range(self.batch_size):
-            key = "".join(rng.choice("0123456789") for _ in range(KEY_DIGITS))
-            prompt, answer = passkey_example(self.seq_len, rng.random(), key)
-            seq = encode(prompt + answer)
-            inputs.append(seq[:-1] + [ord(" ")])  # pad to seq_len; the final position is not scored
-            tgt = [IGNORE] * self.seq_len
-            for i, t in enumerate(encode(answer)):  # position len(prompt)-1+i predicts answer[i]
-                tgt[len(prompt) - 1 + i] = t
-            targets.append(tgt)
-        return torch.tensor(inputs[rank::world_size]), torch.tensor(targets[rank::world_size])

@@ -14,7 +14,8 @@ How the pieces fit (docs/distributed.md has the launch recipes):
 - ``sharded_lm_loss`` makes that average the gradient of the *global* batch's mean loss, even when ranks score
   different numbers of tokens (copy and passkey rows score different counts), so N processes reproduce one.
 - ``map_across_ranks`` splits evaluation items (lengths, methods) across ranks and gathers the results.
-- Only rank 0 writes anything (``posenc.lab.io.is_main_process``).
+- Only rank 0 writes anything (``is_main_process``).
+- Launching (``posenc lab --nproc N`` re-running itself under torchrun) lives in ``posenc.lab.launch``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import contextlib
 import datetime
 import inspect
 import os
-import subprocess
+import pickle
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -35,12 +38,36 @@ import torch.nn.functional as F
 from posenc.errors import CheckpointError, ConfigError, DataError, PosencError
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-TIMEOUT_ENV = "POSENC_DIST_TIMEOUT"  # seconds one collective may wait for a peer
-DEFAULT_TIMEOUT_S = 1800.0  # long evaluations on one rank can keep the others waiting at the gather
+TIMEOUT_ENV = "POSENC_DIST_TIMEOUT"  # seconds a rank may be silent (or a collective wait) before the job ends
+# A stopped or dead rank is noticed after this long, and torchrun takes up to 30 s more to stop the rest: the job
+# ends within 2 minutes. Busy ranks are not silent (a heartbeat thread), and the split evaluation's gather waits
+# through the store for as long as the peers' heartbeats go on, so a long evaluation on one rank is not a hang.
+DEFAULT_TIMEOUT_S = 60.0
+HEARTBEAT_S = 1.0  # how often each rank says it is alive
 
 
 class PeerError(PosencError):
-    """Another rank failed during a collective step (its message is included)."""
+    """Another rank failed during a collective step (its message is included), or stopped responding."""
+
+
+# communication failures torch raises as RuntimeError: a peer died, closed its socket, or a collective timed out
+_PEER_FAILURE_WORDS = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "timed out",
+                       "gloo", "Gloo", "NCCL", "ProcessGroup", "Socket")
+
+
+def as_peer_error(exc: BaseException, timeout_s: float | None = None) -> BaseException:
+    """A communication failure (torch's DistError or a RuntimeError from gloo/NCCL) as one clear PeerError; any
+    other exception unchanged."""
+    dist_error = getattr(dist, "DistError", ())
+    text = str(exc)
+    if isinstance(exc, PosencError) or not isinstance(exc, RuntimeError):
+        return exc
+    if not (isinstance(exc, dist_error) or any(w in text for w in _PEER_FAILURE_WORDS)):
+        return exc
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    limit = f" (--dist-timeout {timeout_s:g} s)" if timeout_s else ""
+    return PeerError(f"lost contact with another rank{limit}: it died, was stopped or hangs; the job ends "
+                     f"({first[:200]})")
 
 
 @dataclass(frozen=True)
@@ -77,11 +104,11 @@ def current() -> DistInfo:
     """DistInfo of the initialised process group (rank 0 of 1 when there is none)."""
     if not (dist.is_available() and dist.is_initialized()):
         return DistInfo()
-    return DistInfo(dist.get_rank(), dist.get_world_size(), _env_int("LOCAL_RANK", dist.get_rank()),
+    return DistInfo(dist.get_rank(), dist.get_world_size(), env_int("LOCAL_RANK", dist.get_rank()),
                     dist.get_backend())
 
 
-def _env_int(name: str, default: int | None = None) -> int:
+def env_int(name: str, default: int | None = None) -> int:
     value = os.environ.get(name)
     if value is None:
         if default is None:
@@ -94,18 +121,42 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 def timeout_seconds(timeout_s: float | None = None) -> float:
-    """The collective timeout: the argument, else $POSENC_DIST_TIMEOUT, else DEFAULT_TIMEOUT_S."""
+    """The liveness/collective timeout: the argument (--dist-timeout), else $POSENC_DIST_TIMEOUT, else
+    DEFAULT_TIMEOUT_S; a positive finite number of seconds."""
+    name = "dist_timeout"
     if timeout_s is None:
         raw = os.environ.get(TIMEOUT_ENV)
         if raw is None:
             return DEFAULT_TIMEOUT_S
+        name = TIMEOUT_ENV
         try:
             timeout_s = float(raw)
         except ValueError:
             raise ConfigError(f"{TIMEOUT_ENV}: expected a number of seconds, got {raw!r}") from None
-    if not timeout_s > 0:
-        raise ConfigError(f"{TIMEOUT_ENV}: expected a positive number of seconds, got {timeout_s!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise ConfigError(f"{name}: expected a positive number of seconds, got {timeout_s!r}")
     return float(timeout_s)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The device to run on: "auto" -> CUDA when present, else the CPU; a CUDA device must be available.
+
+    The one place the lab turns its device setting into a torch.device (``init_distributed`` calls it).
+    """
+    name = str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device: {name} requested but CUDA is not available (use auto or cpu)")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: expected auto, cpu, cuda or cuda:N, got {name!r}") from None
+
+
+def is_main_process() -> bool:
+    """True unless this process is a rank other than 0 of an initialised process group: only it writes files."""
+    return current().is_main
 
 
 def init_distributed(device: str | torch.device = "cpu", *,
@@ -115,17 +166,15 @@ def init_distributed(device: str | torch.device = "cpu", *,
     ``device`` is what the user asked for ("auto", "cpu", "cuda", "cuda:N"). Under torchrun each process takes
     one GPU, cuda:LOCAL_RANK, with NCCL; on the CPU the backend is gloo. Every collective times out after
     ``timeout_seconds(timeout_s)`` so a peer that hangs ends the job. Without torchrun (or with one process) no
-    group is created and ``device`` is returned unchanged. Idempotent: an existing group is reused.
+    group is created and ``resolve_device(device)`` is returned. Idempotent: an existing group is reused.
     """
-    if str(device) == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    device = resolve_device(device)
     if dist.is_available() and dist.is_initialized():
         info = current()
         return info, (_rank_device(device, info.local_rank) if info.distributed else device)
     if not under_torchrun():
         return DistInfo(), device
-    rank, world_size, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    rank, world_size, local_rank = env_int("RANK"), env_int("WORLD_SIZE"), env_int("LOCAL_RANK")
     if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
         raise ConfigError(f"torchrun environment: inconsistent RANK={rank}, WORLD_SIZE={world_size}, "
                           f"LOCAL_RANK={local_rank}")
@@ -133,14 +182,16 @@ def init_distributed(device: str | torch.device = "cpu", *,
         return DistInfo(0, 1, local_rank, None), device
     device = _rank_device(device, local_rank)
     if not dist.is_available():
-        raise ConfigError("--nproc: this PyTorch build has no torch.distributed support")
+        raise ConfigError("nproc: this PyTorch build has no torch.distributed support")
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     elif device.type != "cpu":
-        raise ConfigError(f"--device: distributed runs support 'cpu' (gloo) and 'cuda' (NCCL), got {str(device)!r}")
+        raise ConfigError(f"device: distributed runs support 'cpu' (gloo) and 'cuda' (NCCL), got {str(device)!r}")
     bind = {"device_id": device} if device.type == "cuda" else {}  # NCCL: this process's GPU, known up front
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds(timeout_s)), **bind)
+    timeout = timeout_seconds(timeout_s)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **bind)
+    start_watchdog(rank, world_size, timeout)
     return DistInfo(rank, world_size, local_rank, backend), device
 
 
@@ -152,6 +203,10 @@ def session(device: str | torch.device = "cpu", *, timeout_s: float | None = Non
     try:
         yield info, device
     except BaseException as exc:
+        if info.distributed:
+            converted = as_peer_error(exc, timeout_seconds(timeout_s))
+            if converted is not exc:
+                raise label_error(converted, info) from None
         label_error(exc, info)
         if info.distributed and isinstance(exc, Exception):
             _record_for_torchrun(exc)
@@ -176,19 +231,20 @@ def _rank_device(device: torch.device, local_rank: int) -> torch.device:
     if device.type != "cuda":
         return device
     if device.index is not None:  # every process would use the same GPU
-        raise ConfigError(f"--device: {device} pins one GPU, but each process takes its own (cuda:LOCAL_RANK); "
-                          "use --device cuda or auto, and CUDA_VISIBLE_DEVICES to choose the GPUs")
+        raise ConfigError(f"device: {device} pins one GPU, but each process takes its own (cuda:LOCAL_RANK); "
+                          "use cuda or auto, and CUDA_VISIBLE_DEVICES to choose the GPUs")
     if not torch.cuda.is_available():
-        raise ConfigError("--device: cuda was requested but no CUDA device is available")
+        raise ConfigError("device: cuda was requested but no CUDA device is available")
     n = torch.cuda.device_count()
     if local_rank >= n:
-        raise ConfigError(f"--nproc: process with local rank {local_rank} needs a GPU, but this node has only {n}; "
+        raise ConfigError(f"nproc: process with local rank {local_rank} needs a GPU, but this node has only {n}; "
                           f"use at most {n} processes per node")
     return torch.device("cuda", local_rank)
 
 
 def shutdown() -> None:
     """Leave the process group (after a clean run; a failed run just exits and torchrun ends the others)."""
+    stop_watchdog()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -199,6 +255,77 @@ def label_error(exc: BaseException, info: DistInfo | None = None) -> BaseExcepti
     if info.distributed and exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith("rank "):
         exc.args = (f"rank {info.rank} of {info.world_size}: {exc.args[0]}", *exc.args[1:])
     return exc
+
+
+# ---------------------------------------------------------------- liveness: heartbeats and the watchdog
+
+class _Watchdog:
+    """Each rank bumps its counter ``hb/<rank>`` in torchrun's key-value store every HEARTBEAT_S from a daemon
+    thread, and checks the others' counters: one that has not moved for ``timeout`` seconds belongs to a rank that
+    is stopped (SIGSTOP, swapped out), dead or cut off. The first rank to see it prints one line and exits, and
+    torchrun then stops the rest. A rank that is merely busy (a long evaluation) keeps beating."""
+
+    def __init__(self, rank: int, world_size: int, timeout: float):
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
+        # two connections to torchrun's store: one for the heartbeat thread, one for the main thread's gathers
+        self.beats, self.store = (dist.PrefixStore("posenc/", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)) for _ in range(2))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="posenc-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        seen = {r: (-1, time.monotonic()) for r in range(self.world_size) if r != self.rank}
+        while not self.stop.wait(HEARTBEAT_S):
+            try:
+                self.beats.add(f"hb/{self.rank}", 1)
+                now = time.monotonic()
+                for r, (count, since) in list(seen.items()):
+                    if self.beats.check([f"done/{r}"]):  # that rank finished cleanly: silence is expected
+                        del seen[r]
+                        continue
+                    current_count = self.beats.add(f"hb/{r}", 0)
+                    if current_count != count:
+                        seen[r] = (current_count, now)
+                    elif now - since > self.timeout:
+                        self._abort(f"rank {r} of {self.world_size} has not responded for {now - since:.0f} s "
+                                    "(stopped, hung or dead)")
+            except Exception:  # the store is gone (its host exited): the collective timeout still guards
+                return
+
+    def _abort(self, why: str) -> None:
+        print(f"posenc lab: error: rank {self.rank} of {self.world_size}: {why}; ending the job "
+              f"(--dist-timeout {self.timeout:g} s)", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    def wait_for(self, keys: list[str]) -> list[bytes]:
+        """The values of ``keys`` once all are set, waiting as long as the peers are alive (the heartbeat thread
+        ends the job if one stops)."""
+        while not self.store.check(keys):
+            time.sleep(0.05)
+        return [self.store.get(k) for k in keys]
+
+
+_WATCHDOG: _Watchdog | None = None
+
+
+def start_watchdog(rank: int, world_size: int, timeout: float) -> None:
+    """Start this rank's heartbeat and watchdog thread (init_distributed does it after joining the group)."""
+    global _WATCHDOG
+    stop_watchdog()
+    _WATCHDOG = _Watchdog(rank, world_size, timeout)
+    _WATCHDOG.thread.start()
+
+
+def stop_watchdog() -> None:
+    """Stop this rank's heartbeat, telling the others that it finished (its silence is then no alarm)."""
+    global _WATCHDOG
+    if _WATCHDOG is not None:
+        _WATCHDOG.stop.set()
+        _WATCHDOG.thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            _WATCHDOG.store.set(f"done/{_WATCHDOG.rank}", b"1")
+        _WATCHDOG = None
 
 
 # ---------------------------------------------------------------- training
@@ -227,13 +354,13 @@ def ddp_wrap(model: torch.nn.Module, start_step: int = 0, run_settings: dict | N
     for rank, theirs in enumerate(every):
         if theirs["step"] != every[0]["step"]:
             raise CheckpointError(f"resume: rank {rank} resumed from step {theirs['step']} but rank 0 from step "
-                                  f"{every[0]['step']}; every rank must read the same checkpoint (put --out on a "
+                                  f"{every[0]['step']}; every rank must read the same checkpoint (put the output folder on a "
                                   "filesystem that all nodes share)")
         if theirs["settings"] != every[0]["settings"]:
             keys = sorted(k for k in set(theirs["settings"] or {}) | set(every[0]["settings"] or {})
                           if (theirs["settings"] or {}).get(k) != (every[0]["settings"] or {}).get(k))
             raise ConfigError(f"run settings differ between rank {rank} and rank 0 (keys {keys}); every rank "
-                              "must train on the same data and settings (same --data and Python version per node)")
+                              "must train on the same data and settings (same data and Python version per node)")
     device = next(model.parameters()).device
     # the models' buffers are constants (ALiBi slopes, sin/cos tables): no need to re-sync them every forward
     no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
@@ -265,7 +392,7 @@ def sharded_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
 def check_batch_size(batch_size: int, world_size: int) -> None:
     """Every rank needs at least one row of the global batch (rank r takes rows r::world_size)."""
     if batch_size < world_size:
-        raise ConfigError(f"--batch-size: a training batch of {batch_size} rows cannot be split across {world_size} "
+        raise ConfigError(f"batch_size: a training batch of {batch_size} rows cannot be split across {world_size} "
                           f"processes; use at least {world_size} rows per step (ideally a multiple of {world_size})")
 
 
@@ -312,9 +439,8 @@ def map_across_ranks(fn: Callable, items: Iterable, *, cost: Callable | None = N
         except Exception as exc:  # report it to the others before raising
             failure = exc
             break
-    gathered: list = [None] * info.world_size
     report = ({"error": f"{type(failure).__name__}: {failure}"} if failure is not None else {"results": mine})
-    dist.all_gather_object(gathered, report)
+    gathered = _gather(report, info)
     if failure is not None:
         raise failure
     for rank, part in enumerate(gathered):
@@ -326,90 +452,23 @@ def map_across_ranks(fn: Callable, items: Iterable, *, cost: Callable | None = N
     return [merged[i] for i in range(len(items))]
 
 
+_GATHERS = [0]
+
+
+def _gather(obj, info: DistInfo) -> list:
+    """all_gather_object, but through the store when the watchdog runs: a rank still evaluating keeps the others
+    waiting as long as it is alive, not just until the collective timeout."""
+    if _WATCHDOG is None:
+        gathered: list = [None] * info.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+    _GATHERS[0] += 1  # every rank calls map_across_ranks in the same order: the same key on every rank
+    keys = [f"gather/{_GATHERS[0]}/{r}" for r in range(info.world_size)]
+    _WATCHDOG.store.set(keys[info.rank], pickle.dumps(obj))
+    return [pickle.loads(v) for v in _WATCHDOG.wait_for(keys)]
+
+
 def barrier() -> None:
     """Wait for every rank (no-op without a process group), e.g. before reading what rank 0 wrote."""
     if is_distributed():
         dist.barrier()
-
-
-# ---------------------------------------------------------------- launching
-
-def add_arguments(parser) -> None:
-    """The --nproc flag of `posenc lab`."""
-    parser.add_argument("--nproc", type=int, default=1, metavar="N",
-                        help="train with N processes on this machine (DDP: one per GPU with NCCL, or gloo on "
-                             "the CPU); re-launches through torchrun. Multi-node: see docs/distributed.md")
-
-
-def torchrun_command(nproc: int, target: Sequence[str]) -> list[str]:
-    """The torchrun command that runs ``target`` (["-m", "posenc", "lab", ...] or [script, ...]) in ``nproc``
-    processes on this machine. Rendezvous on loopback, port chosen by the OS (port 0), no restarts."""
-    if int(nproc) < 1:
-        raise ConfigError(f"--nproc: expected a positive number of processes, got {nproc!r}")
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(int(nproc)),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-            "--max-restarts", "0", *target]
-
-
-def strip_nproc(argv: Sequence[str]) -> list[str]:
-    """``argv`` without its --nproc N / --nproc=N options (the workers must not re-launch)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--nproc":
-            skip = True
-        elif not a.startswith("--nproc="):
-            out.append(a)
-    return out
-
-
-def worker_env(nproc: int, env: dict | None = None) -> dict:
-    """Environment for the workers: the CPU's cores shared out (OMP_NUM_THREADS), unless the user set it."""
-    env = dict(os.environ if env is None else env)
-    if "OMP_NUM_THREADS" not in env:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env["OMP_NUM_THREADS"] = str(max(1, cores // int(nproc)))
-    return env
-
-
-def launch(nproc: int, target: Sequence[str]) -> int:
-    """Run ``target`` under torchrun with ``nproc`` processes; -> torchrun's exit status.
-
-    torchrun's agent watches the workers: when one exits with an error it stops the others and exits non-zero,
-    printing which rank failed (each worker's own message is on the shared stderr above that summary).
-    """
-    cmd = torchrun_command(nproc, target)
-    proc = subprocess.Popen(cmd, env=worker_env(nproc))
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached torchrun too (same process group); let it stop the workers
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
-
-
-def relaunch(args, argv: Sequence[str] | None = None) -> int | None:
-    """For `posenc lab --nproc N`: re-run this command under torchrun and return its exit status; None when this
-    process should do the work itself (N == 1, or it already is a torchrun worker).
-
-    ``argv`` is the command line after the program name (["lab", ...]); default ``args.argv`` if the CLI
-    recorded it, else sys.argv[1:].
-    """
-    nproc = getattr(args, "nproc", 1)
-    if nproc is None or int(nproc) == 1:
-        return None
-    if int(nproc) < 1:
-        raise ConfigError(f"--nproc: expected a positive number of processes, got {nproc!r}")
-    if under_torchrun():
-        world = _env_int("WORLD_SIZE")
-        if world != int(nproc):
-            raise ConfigError(f"--nproc: {nproc} conflicts with torchrun's WORLD_SIZE={world}; under torchrun "
-                              "drop --nproc (torchrun's --nproc-per-node decides)")
-        return None
-    argv = list(argv if argv is not None else getattr(args, "argv", None) or sys.argv[1:])
-    if not argv or argv[0] != "lab":
-        raise ConfigError(f"--nproc: cannot re-launch, the command line {argv[:3]!r} does not start with 'lab'")
-    return launch(int(nproc), ["-m", "posenc", *strip_nproc(argv)])

@@ -1,4 +1,4 @@
-"""Lab settings and the named presets. Every field can be overridden from the command line.
+"""Lab settings and the named presets. Every setting can be overridden from the command line.
 
     smoke    CI: every task and scheme end to end on a toy model, well under a minute on 2 cores
     default  the LM extrapolation comparison (nope, sinusoidal, learned, rope, alibi) + zero-shot extension
@@ -6,40 +6,51 @@
     ntk      the lesson's exercise 2: train at 256, test to 1024 with and without NTK-aware scaling (+ others)
     copy     the lesson's exercise 3: 4-layer model, copy task trained at 512, tested to 2048; sized for a GPU
     passkey  passkey retrieval trained as episodes at 128, exact match over a length x depth grid to 512
+    extend   context extension that trains, on the default model (train 128, target 1024), seeds 0,1,2: every
+             method zero-shot, LongRoPE searched on the model, each method fine-tuned 100 steps at 1024, PoSE
+    extend-passkey  passkey retrieval past the training length: PI and YaRN zero-shot vs fine-tuned at 512
+
+``LabConfig`` holds the model (a ``ModelConfig`` template: the scheme and max_len are set per run), the training
+settings (a ``TrainSettings``) and the lab's own settings. Presets and ``get_preset`` take flat setting names
+(``d_model=32``, ``steps=12``) and route each to the section that owns it. "all" in tasks or schemes means every
+registered one (plug-ins included).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from posenc._validate import check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
+from posenc.extensions import get_method
+from posenc.lab.distributed import resolve_device
+from posenc.lab.tasks import get_task, task_names
+from posenc.lab.train import TrainSettings
+from posenc.nn.model import ModelConfig
+from posenc.schemes import check_scheme, scheme_names
 
-TASKS = ("lm", "copy", "passkey")
-BASIC_SCHEMES = ["nope", "sinusoidal", "learned", "rope", "alibi"]
-ALL_SCHEMES = BASIC_SCHEMES + ["rope+alibi"]
-ALL_EXTENSIONS = ["linear", "ntk", "dynamic", "yarn", "llama3"]
+ALL = "all"
+
+
+def _default_model() -> ModelConfig:
+    return ModelConfig(scheme="rope", d_model=64, n_layers=2, n_heads=4, rope_base=10000.0, rope_layout="half",
+                       scale_embeddings=True)  # token embeddings * sqrt(d_model) (Vaswani et al.): docs/lab.md
+
+
+def _default_train() -> TrainSettings:
+    return TrainSettings(steps=600, lr=3e-3, warmup=50, weight_decay=0.1, grad_clip=1.0, ckpt_every=200)
 
 
 @dataclass
 class LabConfig:
     preset: str = "default"
     tasks: list = field(default_factory=lambda: ["lm"])
-    schemes: list = field(default_factory=lambda: list(BASIC_SCHEMES))
-    # model (identical for every scheme)
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    rope_base: float = 10000.0
-    rope_layout: str = "half"
-    scale_embeddings: bool = True  # token embeddings * sqrt(d_model) (Vaswani et al.): see docs/lab.md
-    # training (identical for every scheme; same data order per seed)
+    schemes: list = field(default_factory=lambda: ["nope", "sinusoidal", "learned", "rope", "alibi"])
+    model: ModelConfig = field(default_factory=_default_model)        # identical for every scheme
+    train: TrainSettings = field(default_factory=_default_train)      # identical for every scheme
+    # data (same data order per seed)
     train_len: int = 128
     batch_size: int = 20
-    steps: int = 600
-    lr: float = 3e-3
-    warmup: int = 50
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
     seeds: list = field(default_factory=lambda: [0])
     # evaluation
     eval_lens: list = field(default_factory=lambda: [128, 256, 512, 1024])
@@ -47,10 +58,14 @@ class LabConfig:
     sliding_stride: int = -1  # -1: half the sliding length; 0: no sliding eval; S: stride (context = L - S)
     sliding_lens: list = field(default_factory=list)  # lengths for the sliding eval (empty: the longest eval length)
     sliding_tokens: int = 49152  # = eval_tokens: both protocols score the same text
-    extensions: list = field(default_factory=lambda: list(ALL_EXTENSIONS))
+    extensions: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "llama3"])
+    extended_schemes: list = field(default_factory=lambda: ["rope"])  # models evaluated under the extensions
     ext_factor: float = 0.0  # 0: max(eval_lens) / train_len
     finetune_steps: int = 0  # > 0: also fine-tune each method at finetune_len, then evaluate
-    finetune_len: int = 0  # 0: max(eval_lens)
+    finetune_len: int = 0  # 0: max(eval_lens); PoSE methods (pose-*) fine-tune at train_len instead
+    search_population: int = 32  # longrope-search: candidates per generation (the paper: 64)
+    search_generations: int = 10  # longrope-search: generations after the initial population (the paper: 40)
+    search_windows: int = 4  # longrope-search: windows of the target length in each of its two splits
     copy_examples: int = 64
     passkey_depths: list = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     passkey_trials: int = 20
@@ -59,64 +74,115 @@ class LabConfig:
     threads: int = 0  # 0: auto (torch's default, capped at the cores left idle by other work)
     data: str | None = None
     out: str | None = None
-    ckpt_every: int = 200
 
     def validate(self) -> "LabConfig":
+        """Check every setting; errors name the setting (the CLI shows its flag) and the expected form."""
+        if self.tasks == ALL:
+            self.tasks = list(task_names())
+        if self.schemes == ALL:
+            self.schemes = list(scheme_names())
         for t in self.tasks:
-            if t not in TASKS:
-                raise ConfigError(f"--tasks: unknown task {t!r}; expected some of {', '.join(TASKS)}")
-        for s in self.schemes:
-            if s not in ALL_SCHEMES:
-                raise ConfigError(f"--schemes: unknown scheme {s!r}; expected some of {', '.join(ALL_SCHEMES)}")
+            get_task(t, "tasks")
+        for s in list(self.schemes) + list(self.extended_schemes):
+            check_scheme(s, "schemes" if s in self.schemes else "extended_schemes")
         for e in self.extensions:
-            if e not in ALL_EXTENSIONS:
-                raise ConfigError(f"--extensions: unknown method {e!r}; expected some of {', '.join(ALL_EXTENSIONS)}")
-        for name in ("d_model", "n_layers", "n_heads", "train_len", "batch_size", "steps", "eval_tokens",
-                     "copy_examples", "passkey_trials"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)}")
-        if not self.eval_lens or min(self.eval_lens) < 2:
-            raise ConfigError(f"--eval-lens: expected lengths >= 2, got {self.eval_lens}")
-        if self.rope_layout not in ("half", "interleaved"):
-            raise ConfigError(f"--rope-layout: expected half or interleaved, got {self.rope_layout!r}")
-        if self.ext_factor and self.ext_factor < 1:
-            raise ConfigError(f"--ext-factor: expected 0 (auto) or a factor >= 1, got {self.ext_factor}")
+            get_method(e, "extensions")
+        self.model.validate()
+        even_int(self.model.head_dim, "d_model / n_heads (the head dim)", error=ConfigError)
+        for name, limit in SIZE_LIMITS.items():  # sizes no lab run needs, which would only exhaust memory
+            value = getattr({None: self, "model": self.model, "train": self.train}[SECTIONS[name]], name)
+            for v in (value if isinstance(value, list) else [value]):
+                if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+                    raise ConfigError(f"{name} must be at most {limit:,}, got {v:,}")
+        check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
+        for name in ("batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
+            check_int(getattr(self, name), name, min=1, error=ConfigError)
+        for name in ("finetune_steps", "finetune_len", "threads", "search_generations"):
+            check_int(getattr(self, name), name, min=0, error=ConfigError)
+        check_int(self.search_population, "search_population", min=4, error=ConfigError)
+        check_int(self.search_windows, "search_windows", min=1, error=ConfigError)
+        check_int(self.train.steps, "steps", min=1, error=ConfigError)
+        check_int(self.train.warmup, "warmup", min=0, error=ConfigError)
+        check_int(self.train.ckpt_every, "ckpt_every", min=0, error=ConfigError)
+        check_float(self.train.lr, "lr", positive=True, error=ConfigError)
+        check_float(self.train.weight_decay, "weight_decay", min=0.0, error=ConfigError)
+        check_float(self.train.grad_clip, "grad_clip", positive=True, error=ConfigError)
+        if not self.eval_lens:
+            raise ConfigError("eval_lens: expected at least one length >= 2")
+        for L in list(self.eval_lens) + list(self.sliding_lens):
+            check_int(L, "eval_lens" if L in self.eval_lens else "sliding_lens", min=2, error=ConfigError)
+        check_float(self.ext_factor, "ext_factor", min=0.0, error=ConfigError)
+        if 0 < self.ext_factor < 1:
+            raise ConfigError(f"ext_factor: expected 0 (auto) or a factor >= 1, got {self.ext_factor}")
         if not self.seeds:
-            raise ConfigError("--seeds: expected at least one seed")
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ConfigError(f"--d-model: must split into {self.n_heads} heads of even size, got {self.d_model}")
-        if not all(0.0 <= d <= 1.0 for d in self.passkey_depths):
-            raise ConfigError(f"--passkey-depths: expected fractions in [0, 1], got {self.passkey_depths}")
-        shortest = min(self.sliding_lens or [max(self.eval_lens)])
-        if self.sliding_stride < -1 or ("lm" in self.tasks and self.sliding_stride > shortest):
-            raise ConfigError(f"--sliding-stride: expected -1 (auto), 0 (off) or 1..{shortest} (the sliding-window "
-                              f"length), got {self.sliding_stride}")
-        if "passkey" in self.tasks:
-            from posenc.lab.data import passkey_min_len
-
-            shortest = min([self.train_len] + list(self.eval_lens))
-            if shortest < passkey_min_len():
-                raise ConfigError(f"--train-len/--eval-lens: passkey episodes need at least {passkey_min_len()} "
-                                  f"tokens, got {shortest}")
+            raise ConfigError("seeds: expected at least one seed")
+        for s in self.seeds:
+            check_int(s, "seeds", min=0, error=ConfigError)
+        for d in self.passkey_depths:
+            check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
+        check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
+        resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
+        for t in self.tasks:
+            get_task(t).check(self)
         return self
 
     @property
     def factor(self) -> float:
         return self.ext_factor or max(self.eval_lens) / self.train_len
 
+    def model_config(self, scheme: str) -> ModelConfig:
+        """The model every run of ``scheme`` trains: the template with its scheme and max_len = train_len."""
+        return replace(self.model, scheme=scheme, max_len=self.train_len)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+# upper bounds that keep a run's memory bounded (the CLI names the flag): far above any tiny-model experiment
+SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
+               "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "eval_tokens": 2**30,
+               "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31}
+
+
+# flat setting name -> the section of LabConfig that owns it (None: LabConfig itself)
+SECTIONS = {**{f.name: "model" for f in fields(ModelConfig) if f.name not in ("scheme", "max_len", "rope_scaling")},
+            **{f.name: "train" for f in fields(TrainSettings)},
+            **{f.name: None for f in fields(LabConfig) if f.name not in ("model", "train")}}
+
+
+def apply_settings(cfg: LabConfig, settings: dict) -> LabConfig:
+    """``cfg`` with flat ``settings`` applied (None values ignored); ConfigError for an unknown name."""
+    unknown = sorted(set(settings) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown lab settings: {', '.join(unknown)}")
+    parts: dict[str | None, dict] = {}
+    for name, value in settings.items():
+        if value is not None:
+            parts.setdefault(SECTIONS[name], {})[name] = value
+    cfg = replace(cfg, **parts.get(None, {}))
+    if "model" in parts:
+        cfg.model = replace(cfg.model, **parts["model"])
+    if "train" in parts:
+        cfg.train = replace(cfg.train, **parts["train"])
+    return cfg
+
+
 PRESETS: dict[str, dict] = {
-    "smoke": dict(tasks=["lm", "copy", "passkey"], schemes=list(ALL_SCHEMES), d_model=32, n_layers=1, n_heads=2,
+    "smoke": dict(tasks=ALL, schemes=ALL, d_model=32, n_layers=1, n_heads=2,
                   train_len=96, batch_size=8, steps=12, warmup=3, eval_lens=[96, 192], eval_tokens=1024,
                   sliding_stride=48, sliding_lens=[192], sliding_tokens=256, copy_examples=4,
-                  passkey_depths=[0.0, 1.0], passkey_trials=2, ckpt_every=5),
+                  passkey_depths=[0.0, 1.0], passkey_trials=2, ckpt_every=5,
+                  extensions=["linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search", "pose-yarn"],
+                  finetune_steps=2, search_population=4, search_generations=1, search_windows=1),
     "default": dict(),
+    "extend": dict(schemes=["rope"], seeds=[0, 1, 2], finetune_steps=100,
+                   extensions=["linear", "ntk", "yarn", "llama3", "longrope-search", "pose-linear", "pose-yarn"]),
+    "extend-passkey": dict(tasks=["passkey"], schemes=["rope"], seeds=[0, 1, 2], batch_size=16, steps=3000,
+                           eval_lens=[128, 256, 512], sliding_stride=0, finetune_steps=100,
+                           extensions=["linear", "yarn"]),
     "ntk": dict(schemes=["rope"], d_model=128, n_layers=4, n_heads=4, train_len=256, batch_size=16, steps=1500,
                 eval_lens=[256, 512, 1024], sliding_stride=256),
-    "copy": dict(tasks=["copy"], schemes=list(ALL_SCHEMES), d_model=128, n_layers=4, n_heads=4, train_len=512,
+    "copy": dict(tasks=["copy"], schemes=ALL, d_model=128, n_layers=4, n_heads=4, train_len=512,
                  batch_size=16, steps=3000, lr=1e-3, warmup=200, eval_lens=[256, 512, 1024, 2048], extensions=[],
                  sliding_stride=0, copy_examples=64),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
@@ -126,12 +192,7 @@ PRESETS: dict[str, dict] = {
 
 
 def get_preset(name: str, **overrides) -> LabConfig:
-    """LabConfig for preset ``name`` with ``overrides`` (None values are ignored) applied."""
-    if name not in PRESETS:
-        raise ConfigError(f"--preset: unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
-    known = {f.name for f in fields(LabConfig)}
-    unknown = set(overrides) - known
-    if unknown:
-        raise ConfigError(f"unknown lab settings: {', '.join(sorted(unknown))}")
-    cfg = replace(LabConfig(preset=name), **PRESETS[name])
-    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None}).validate()
+    """LabConfig for preset ``name`` with flat ``overrides`` (None values are ignored) applied, validated."""
+    check_choice(name, "preset", PRESETS, error=ConfigError)
+    cfg = apply_settings(LabConfig(preset=name), PRESETS[name])
+    return apply_settings(cfg, overrides).validate()

@@ -1,40 +1,41 @@
-"""Run a lab experiment end to end: train one model per (task, scheme, seed), evaluate it (and the RoPE model
-under each extension method), aggregate over seeds, write results.json, report.md and plots into the out dir.
+"""Run a lab experiment end to end: train one model per (task, scheme, seed), evaluate it (and the models of the
+``extended_schemes`` under each extension method), aggregate over seeds, write results.json, report.md and plots.
 
-Every scheme gets the same model size, data order, steps and seeds. Only the main process writes files.
+Every scheme gets the same model size, data order, steps and seeds. Only the main process writes files. Tasks,
+schemes and extension methods are looked up in their registries (docs/architecture.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import math
+import os
 import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from posenc.lab.data import CopySampler, LMSampler, PasskeySampler, load_corpus
-from posenc.lab.distributed import current, map_across_ranks
-from posenc.lab.evaluate import band_counts, copy_eval, extension_scaling, lm_eval, passkey_eval
 from posenc._atomic import atomic_write_json
-from posenc.lab.io import is_main_process
+from posenc.extensions import FitContext, get_method
+from posenc.lab.context import DIVERGED, Evaluation, Run
+from posenc.lab.data import load_corpus
+from posenc.lab.distributed import current, is_main_process, resolve_device
+from posenc.lab.evaluate import apply_extension, band_counts, extension_config, lab_spec
+from posenc.lab.lock import out_lock
 from posenc.lab.presets import LabConfig
+from posenc.lab.report import main_table, write_report
+from posenc.lab.tables import model_label
+from posenc.lab.tasks import get_task
 from posenc.lab.train import TrainSettings, train
-from posenc.model import ModelConfig, TinyLM
+from posenc.nn.model import TinyLM
 
 RESULT_KEY = ("task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "protocol", "depth")
-
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device: {name} requested but CUDA is not available (use --device auto or cpu)")
-    return name
 
 
 def auto_threads() -> int:
@@ -42,8 +43,6 @@ def auto_threads() -> int:
 
     Oversubscribed OpenMP threads wait on each other: on a shared 2-core machine 2 threads ran 2-3x slower than 1.
     """
-    import os
-
     default = torch.get_num_threads()
     try:
         busy = os.getloadavg()[0]
@@ -56,180 +55,228 @@ def out_dir(cfg: LabConfig) -> Path:
     return Path(cfg.out) if cfg.out else Path("runs") / cfg.preset
 
 
-def model_config(cfg: LabConfig, scheme: str) -> ModelConfig:
-    return ModelConfig(scheme=scheme, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                       max_len=cfg.train_len, rope_base=cfg.rope_base, rope_layout=cfg.rope_layout,
-                       scale_embeddings=cfg.scale_embeddings)
+def training(cfg: LabConfig, steps: int | None = None, lr: float | None = None) -> TrainSettings:
+    """The lab's training settings for a run of ``steps`` (default cfg.train.steps): warmup at most a tenth."""
+    steps = steps or cfg.train.steps
+    return replace(cfg.train, steps=steps, lr=lr or cfg.train.lr, warmup=min(cfg.train.warmup, max(1, steps // 10)))
 
 
-def train_settings(cfg: LabConfig, steps: int | None = None, lr: float | None = None) -> TrainSettings:
-    steps = steps or cfg.steps
-    return TrainSettings(steps=steps, lr=lr or cfg.lr, warmup=min(cfg.warmup, max(1, steps // 10)),
-                         weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, ckpt_every=cfg.ckpt_every)
+def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=print,
+            device: torch.device | None = None) -> dict:
+    """Run ``cfg``; returns the results document {"meta", "results", "curves"} (also written to the out dir).
 
-
-def make_sampler(task: str, cfg: LabConfig, corpus, seq_len: int, batch_size: int, seed: int):
-    if task == "lm":
-        return LMSampler(corpus.train, seq_len, batch_size, seed)
-    if task == "copy":
-        return CopySampler(seq_len, batch_size, seed)
-    return PasskeySampler(seq_len, batch_size, seed)
-
-
-def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=print) -> dict:
-    """Run ``cfg``; returns the results document {"meta", "results", "curves"} (also written to the out dir)."""
-    from posenc.lab.report import main_table, write_report
-
+    ``device``: the device already resolved by the caller's distributed session (else resolved here).
+    """
     cfg.validate()
-    t_start = time.perf_counter()
-    device = resolve_device(cfg.device)
-    if cfg.threads or device == "cpu":
+    t_start, c_start = time.perf_counter(), time.process_time()
+    device = device if device is not None else resolve_device(cfg.device)
+    if cfg.threads or device.type == "cpu":
         torch.set_num_threads(cfg.threads or auto_threads())
-    out = out_dir(cfg)
-    corpus = load_corpus(cfg.data) if "lm" in cfg.tasks else None
+    corpus = load_corpus(cfg.data) if any(get_task(t).needs_corpus for t in cfg.tasks) else None
+    run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log)
     meta = {
-        "preset": cfg.preset, "settings": cfg.to_dict(), "device": device, "threads": torch.get_num_threads(),
+        "preset": cfg.preset, "settings": cfg.to_dict(), "device": str(device), "threads": torch.get_num_threads(),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},
         "loadavg_start": _loadavg(),
     }
     raw: list[dict] = []
-    curves: dict[str, list[float]] = {}
-    for task in cfg.tasks:
-        for scheme in cfg.schemes:
-            for seed in cfg.seeds:
-                t0 = time.perf_counter()
-                model = _train_model(task, scheme, seed, cfg, corpus, device, out, resume, progress)
-                t_train = time.perf_counter() - t0
-                raw += _evaluate(task, model, scheme, "none", False, seed, cfg, corpus, device, curves)
-                if scheme == "rope":
-                    raw += _extensions(task, model, seed, cfg, corpus, device, curves, out, resume, progress)
-                meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
-                    "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1)}
-                if progress and is_main_process():
-                    log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
-                        f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
-    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
-    meta["loadavg_end"] = _loadavg()
-    doc = {"meta": meta, "results": aggregate(raw), "curves": curves}
-    if is_main_process():
-        atomic_write_json(out / "results.json", doc)
-        write_report(doc, out)
-        log(main_table(doc))
-        log(f"wrote {out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
+    curves: dict[str, list[float | None]] = {}
+    # the out folder is this job's until it ends (rank 0 holds the lock: only it writes)
+    lock = out_lock(run.out, "posenc " + " ".join(sys.argv[1:])) if is_main_process() else contextlib.nullcontext()
+    with lock:
+        try:
+            for task in cfg.tasks:
+                for scheme in cfg.schemes:
+                    for seed in cfg.seeds:
+                        t0 = time.perf_counter()
+                        model = train_model(run, task, scheme, seed)
+                        t_train = time.perf_counter() - t0
+                        raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves))
+                        if scheme in cfg.extended_schemes:
+                            ext: dict = {}
+                            raw += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
+                            meta.setdefault("extensions", {})[f"{task}/{scheme}/seed{seed}"] = ext
+                        meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
+                            "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1)}
+                        if progress and is_main_process():
+                            log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
+                                f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
+        except BaseException as exc:  # keep what is finished: the rows so far, marked incomplete
+            if raw and is_main_process():
+                _write_partial(run, meta, raw, curves, t_start, c_start, exc)
+            raise
+        doc = _finish(meta, raw, curves, t_start, c_start)
+        if is_main_process():
+            atomic_write_json(run.out / "results.json", doc)
+            write_report(doc, run.out)
+            log(main_table(doc))
+            if meta.get("diverged"):
+                log("diverged (non-finite weights or loss; reported as such, no number): "
+                    + "; ".join(meta["diverged"]))
+            log(f"wrote {run.out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
     return doc
+
+
+def _finish(meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: float) -> dict:
+    """The results document: timings, the diverged models, every number finite (JSON has no NaN)."""
+    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    meta["cpu_s"] = round(time.process_time() - c_start, 1)  # this process's CPU time: on a shared machine < wall
+    meta["loadavg_end"] = _loadavg()
+    diverged = sorted({model_label(r) for r in raw if str(r.get("note", "")).startswith(DIVERGED)})
+    if diverged:
+        meta["diverged"] = diverged
+    doc, replaced = finite_json({"meta": meta, "results": aggregate(raw), "curves": curves})
+    if replaced:  # a plug-in task's row or curve with NaN: recorded, not fatal
+        doc["meta"]["non_finite_replaced"] = replaced
+    return doc
+
+
+def _write_partial(run: Run, meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: float,
+                   exc: BaseException):
+    """results.json and report.md with the rows finished before ``exc`` ended the run (meta.incomplete says why)."""
+    meta["incomplete"] = f"ended early by {type(exc).__name__}: {exc}"[:500]
+    try:
+        doc = _finish(meta, raw, curves, t_start, c_start)
+        atomic_write_json(run.out / "results.json", doc)
+        write_report(doc, run.out)
+        run.log(f"wrote the {len(doc['results'])} finished result rows to {run.out}/results.json and report.md "
+                "(incomplete run)")
+    except Exception as err:  # never hide the original error behind this one
+        run.log(f"could not write the partial results: {type(err).__name__}: {err}")
+
+
+def finite_json(obj) -> tuple[object, int]:
+    """``obj`` with every non-finite float replaced by None (JSON cannot hold NaN/inf); -> (copy, count replaced)."""
+    count = 0
+
+    def walk(x):
+        nonlocal count
+        if isinstance(x, float) and not math.isfinite(x):
+            count += 1
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(obj), count
 
 
 def _loadavg() -> list[float] | None:
     """1/5/15-minute load averages: other work on the machine changes every timing."""
     try:
-        import os
-
         return [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):
         return None
 
 
-def _ckpt_path(out: Path, task: str, scheme: str, seed: int, tag: str = "") -> Path:
+def checkpoint_path(out: Path, task: str, scheme: str, seed: int, tag: str = "") -> Path:
     return out / "checkpoints" / f"{task}-{scheme}{tag}-seed{seed}.safetensors"
 
 
-def _train_model(task, scheme, seed, cfg, corpus, device, out, resume, progress) -> TinyLM:
+def train_model(run: Run, task: str, scheme: str, seed: int) -> TinyLM:
+    """Train (or resume) the model of (task, scheme, seed); same initial shared weights and data for every scheme."""
+    cfg = run.cfg
     torch.manual_seed(seed)
-    model = TinyLM(model_config(cfg, scheme))
-    sampler = make_sampler(task, cfg, corpus, cfg.train_len, cfg.batch_size, seed)
+    model = TinyLM(cfg.model_config(scheme))
+    sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, seed)
     run_settings = {"task": task, "seed": seed, "model": model.cfg.to_dict(), "batch_size": cfg.batch_size,
-                    "data": corpus.meta.get("files_sha256") if corpus else None}
-    train(model, sampler, train_settings(cfg), device=device, ckpt_path=_ckpt_path(out, task, scheme, seed),
-          resume=resume, run_settings=run_settings, desc=f"{task} {scheme} s{seed}", progress=progress)
+                    "data": run.corpus.meta.get("files_sha256") if run.corpus else None}
+    train(model, sampler, training(cfg), device=run.device, ckpt_path=checkpoint_path(run.out, task, scheme, seed),
+          resume=run.resume, run_settings=run_settings, desc=f"{task} {scheme} s{seed}", progress=run.progress)
     return model
 
 
-def _extensions(task, model, seed, cfg, corpus, device, curves, out, resume, progress) -> list[dict]:
-    """Zero-shot (and optionally fine-tuned) evaluation of the RoPE model under each extension method."""
+def evaluate(run: Run, ev: Evaluation) -> list[dict]:
+    """Score one trained model with its task. Under torchrun each rank evaluates a share (``ev.map``)."""
+    ev.model.to(run.device).eval()
+    return get_task(ev.task).evaluate(ev)
+
+
+def finetune_batch(cfg: LabConfig, length: int) -> int:
+    """Sequences per fine-tuning step at ``length``: the pre-training tokens per step (batch_size x train_len),
+    at least one row per rank. Full-length and PoSE fine-tunes thus see about the same tokens per step."""
+    return max(current().world_size, cfg.batch_size * cfg.train_len // length)
+
+
+def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: int, curves: dict,
+                        info: dict | None = None) -> list[dict]:
+    """Zero-shot (and with --finetune-steps, fine-tuned) evaluation of an extendable model under each method.
+
+    ``info`` (filled in, for results.json): per method the time and details of its ``fit`` (LongRoPE's search),
+    and per fine-tune its steps, length, batch, tokens, position mode and wall time. Fine-tuned rows carry the
+    same as ``finetune``.
+    """
+    cfg = run.cfg
+    info = {} if info is None else info
     rows = []
+    fit = FitContext(model=model, task=task, corpus=run.corpus, device=run.device, seed=seed,
+                     eval_lens=list(cfg.eval_lens), settings=cfg.to_dict(), out=run.out, progress=run.progress,
+                     resume=run.resume)
+    configs = {}
     for method in cfg.extensions:
-        scaling, max_pos = extension_scaling(method, cfg.factor, cfg.train_len)
-        model.scheme.set_scaling(scaling, max_position_embeddings=max_pos)
+        t0, c0 = time.perf_counter(), time.process_time()
+        configs[method] = extension_config(method, model, cfg.factor, cfg.train_len, fit)
+        if get_method(method).fit is not None:
+            info.setdefault("fit", {})[method] = {"wall_s": round(time.perf_counter() - t0, 2),
+                                                  "cpu_s": round(time.process_time() - c0, 2),
+                                                  **configs[method].details}
+        if get_method(method).train_positions is not None:
+            continue  # a fine-tuning mode (PoSE): untrained, it is its base method
+        apply_extension(model, configs[method])
         bands = band_counts(model.scheme, seq_len=max(cfg.eval_lens))
-        rows += _evaluate(task, model, "rope", method, False, seed, cfg, corpus, device, curves, bands)
-    model.scheme.set_scaling(None)
+        rows += evaluate(run, Evaluation(run, model, task, scheme, method, seed=seed, bands=bands, curves=curves))
+    apply_extension(model, None)
     if cfg.finetune_steps:
-        ft_len = cfg.finetune_len or max(cfg.eval_lens)
-        # same tokens per step as pre-training, but at least one row per rank
-        batch = max(current().world_size, cfg.batch_size * cfg.train_len // ft_len)
         for method in ["none"] + list(cfg.extensions):
-            ft = copy.deepcopy(model)
-            if method != "none":
-                ft.scheme.set_scaling(*extension_scaling(method, cfg.factor, cfg.train_len))
-            sampler = make_sampler(task, cfg, corpus, ft_len, batch, seed + 10_000)
-            run_settings = {"task": task, "seed": seed, "finetune": method, "len": ft_len, "batch": batch}
-            train(ft, sampler, train_settings(cfg, cfg.finetune_steps, cfg.lr * 0.3), device=device,
-                  ckpt_path=_ckpt_path(out, task, "rope", seed, f"-ft-{method}"), resume=resume,
-                  run_settings=run_settings, desc=f"finetune {method}", progress=progress)
-            bands = band_counts(ft.scheme, seq_len=max(cfg.eval_lens)) if method != "none" else None
-            rows += _evaluate(task, ft, "rope", method, True, seed, cfg, corpus, device, curves, bands)
+            ft_rows, ft_info = finetune(run, model, task, scheme, seed, method, configs.get(method), curves)
+            info.setdefault("finetune", {})[method] = ft_info
+            rows += ft_rows
     return rows
 
 
-def _row(task, scheme, scaling, finetuned, seed, cfg, eval_len, metric, value, **extra) -> dict:
-    row = {"task": task, "scheme": scheme, "scaling": scaling, "finetuned": finetuned, "train_len": cfg.train_len,
-           "eval_len": eval_len, "metric": metric, "value": value, "seed": seed, "protocol": None, "depth": None}
-    row.update(extra)
-    if value is not None and not math.isfinite(value):
-        row["value"], row["note"] = None, "diverged (non-finite)"
-    return row
+def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method: str, config, curves: dict
+             ) -> tuple[list[dict], dict]:
+    """Fine-tune a copy of ``model`` under ``method`` (config: its MethodConfig; None for plain RoPE), then
+    evaluate it -> (rows, what it cost).
 
-
-def _na(model) -> str:
-    return f"n/a (table = {model.scheme.max_len})"
-
-
-def _evaluate(task, model, scheme, scaling, finetuned, seed, cfg, corpus, device, curves, bands=None) -> list[dict]:
-    """Score one trained model. Under torchrun each rank evaluates a share of the lengths (balanced by length, the
-    cost) and every rank receives all results (``map_across_ranks``); in one process it is a plain loop."""
-    rows = []
-    common = dict(bands=bands) if bands is not None else {}
-    args = (task, scheme, scaling, finetuned, seed, cfg)
-    model.to(device).eval()
-    if task == "lm":
-        lm = map_across_ranks(lambda L: lm_eval(model, corpus.val, L, n_tokens=cfg.eval_tokens, device=device),
-                              cfg.eval_lens, cost=lambda L: L)
-        for L, r in zip(cfg.eval_lens, lm):
-            extra = dict(protocol="non-overlapping", **common)
-            if r is None:
-                extra["note"] = _na(model)
-            rows.append(_row(*args, L, "ppl", r and r["ppl"], **extra))
-            if r is not None and L == max(cfg.eval_lens):
-                curves[f"{scheme}|{scaling}|{'ft' if finetuned else 'zs'}|{seed}"] = [round(x, 4) for x in r["per_position"]]
-        if cfg.sliding_stride:
-            lens = cfg.sliding_lens or [max(cfg.eval_lens)]
-
-            def sliding(L):
-                stride = cfg.sliding_stride if cfg.sliding_stride > 0 else max(1, L // 2)
-                return stride, lm_eval(model, corpus.val, L, n_tokens=cfg.sliding_tokens, stride=stride, device=device)
-
-            for L, (stride, r) in zip(lens, map_across_ranks(sliding, lens, cost=lambda L: L)):
-                extra = dict(protocol=f"sliding (stride {stride})", **common)
-                if r is None:
-                    extra["note"] = _na(model)
-                rows.append(_row(*args, L, "ppl", r and r["ppl"], **extra))
-    elif task == "copy":
-        accs = map_across_ranks(lambda L: copy_eval(model, L, n_examples=cfg.copy_examples, seed=seed, device=device),
-                                cfg.eval_lens, cost=lambda L: L)
-        for L, r in zip(cfg.eval_lens, accs):
-            for metric in ("exact_match", "token_accuracy"):
-                extra = dict(common, note=_na(model)) if r is None else common
-                rows.append(_row(*args, L, metric, r and r[metric], **extra))
-    elif task == "passkey":
-        grid = [(L, depth) for L in cfg.eval_lens for depth in cfg.passkey_depths]
-        values = map_across_ranks(lambda item: passkey_eval(model, item[0], item[1], n_trials=cfg.passkey_trials,
-                                                            seed=seed, device=device), grid, cost=lambda item: item[0])
-        for (L, depth), v in zip(grid, values):
-            extra = dict(common, note=_na(model)) if v is None else common
-            rows.append(_row(*args, L, "exact_match", v, depth=depth, **extra))
-    return rows
+    Full-length methods train at --finetune-len (default the longest eval length); a method with
+    ``train_positions`` (PoSE) trains at the training length with those position ids covering the target. Same
+    steps, learning rate (0.3 x the pre-training peak, warmup then cosine) and fine-tuning data for every method.
+    """
+    cfg = run.cfg
+    m = get_method(method) if method != "none" else None
+    pose = m is not None and m.train_positions is not None
+    length = cfg.train_len if pose else (cfg.finetune_len or max(cfg.eval_lens))
+    batch = finetune_batch(cfg, length)
+    ft = copy.deepcopy(model)
+    if config is not None:
+        apply_extension(ft, config)
+    if pose:
+        spec = lab_spec(method, ft.scheme, cfg.factor, cfg.train_len)
+        ft.train_positions = lambda b, t, device: m.train_positions(b, t, spec).to(device)
+        torch.manual_seed(seed + 20_000)  # PoSE draws from torch's RNG, which checkpoints restore on --resume
+    sampler = get_task(task).sampler(run, length, batch, seed + 10_000)
+    settings = training(cfg, cfg.finetune_steps, cfg.train.lr * 0.3)
+    run_settings = {"task": task, "seed": seed, "finetune": method, "len": length, "batch": batch,
+                    "positions": "pose" if pose else "contiguous", "scaling": config and config.scaling}
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = train(ft, sampler, settings, device=run.device,
+                ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"), resume=run.resume,
+                run_settings=run_settings, desc=f"finetune {method}", progress=run.progress)
+    ft.train_positions = None
+    ft_info = {"steps": settings.steps, "len": length, "batch": batch, "tokens": settings.steps * batch * length,
+               "positions": "pose" if pose else "contiguous", "lr": settings.lr,
+               "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2),
+               "resumed_from": out["resumed_from"]}
+    bands = band_counts(ft.scheme, seq_len=max(cfg.eval_lens)) if config is not None else None
+    rows = evaluate(run, Evaluation(run, ft, task, scheme, method, True, seed, bands, curves))
+    for r in rows:
+        r["finetune"] = {k: ft_info[k] for k in ("steps", "len", "batch", "tokens", "positions")}
+    return rows, ft_info
 
 
 def aggregate(rows: list[dict]) -> list[dict]:

@@ -2,7 +2,7 @@
 
 ``train(model, sampler, settings)`` is deliberately plain so a distributed wrapper can reuse it: batches come
 from ``sampler.batch(step, rank, world_size)`` (a pure function of the global step), the gradient sync is the
-wrapper's business (DDP), and only the main process writes checkpoints (``posenc.lab.io.is_main_process``).
+wrapper's business (DDP), and only the main process writes checkpoints (``posenc.lab.distributed.is_main_process``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc.errors import CheckpointError
-from posenc.lab.checkpoint import load_checkpoint, save_checkpoint
+from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from posenc.lab.data import IGNORE
-from posenc.lab.io import is_main_process
+from posenc.lab.distributed import check_batch_size, current, ddp_wrap, is_main_process, sharded_lm_loss
 
 
 @dataclass
@@ -67,8 +67,6 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     from tqdm.auto import tqdm
 
     if rank is None or world_size is None:  # default: this process's place in torch.distributed's group (0 of 1)
-        from posenc.lab.distributed import current
-
         rank = current().rank if rank is None else rank
         world_size = current().world_size if world_size is None else world_size
     model.to(device).train()
@@ -77,15 +75,16 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     run_settings = {"train": asdict(settings), **(run_settings or {})}
     run_settings = _jsonable(run_settings)
     if resume and ckpt_path is not None and Path(ckpt_path).exists():
-        meta = load_checkpoint(ckpt_path, model, opt)
+        try:
+            meta = load_checkpoint(ckpt_path, model, opt)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}. {restart_hint(ckpt_path)}") from None
         if meta["settings"] != run_settings:
-            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; "
-                                  "use a new --out or run without --resume")
+            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; use a new --out, "
+                                  f"or {restart_hint(ckpt_path, lower=True)}")
         start = meta["step"]
     net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
     if world_size > 1:
-        from posenc.lab.distributed import check_batch_size, ddp_wrap, sharded_lm_loss
-
         check_batch_size(sampler.batch_size, world_size)
         net = ddp_wrap(model, start, run_settings)
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
@@ -118,6 +117,13 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     return {"step": end, "losses": losses, "wall_s": time.perf_counter() - t0, "resumed_from": start}
 
 
+def restart_hint(path, lower: bool = False) -> str:
+    """How to restart one model whose checkpoint cannot be resumed, keeping the others."""
+    text = (f"To restart that model from scratch, delete {path} and run the same command with --resume again "
+            "(the other models resume from their checkpoints)")
+    return text[0].lower() + text[1:] if lower else text
+
+
 def _save(path, model, opt, step, run_settings):
     if is_main_process():
         save_checkpoint(path, model, opt, step, run_settings)
@@ -132,8 +138,6 @@ def _jsonable(obj):
 
 def checkpoint_step(path: str | Path) -> int | None:
     """Step stored in a checkpoint, or None if there is none."""
-    from posenc.lab.checkpoint import read_checkpoint
-
     if not Path(path).exists():
         return None
     return read_checkpoint(path)[1]["step"]

@@ -5,11 +5,18 @@ Forms accepted (all seen in real config.json files):
     transformers 4.x   {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, ...}}
     transformers 5.x   {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, ...}}
     legacy key         {"rope_scaling": {"type": "linear", "factor": 4.0}}
-    per layer type     {"rope_parameters": {"full_attention": {...}, "sliding_attention": {...}}}   (Gemma 3)
+    per layer type     {"rope_parameters": {"full_attention": {...}, "sliding_attention": {...}}}   (Gemma 3, 5.x)
+    local / global     {"rope_theta": 1e6, "rope_local_base_freq": 1e4}                             (Gemma 3, 4.x)
+                       {"global_rope_theta": 160000, "local_rope_theta": 10000}                     (ModernBERT)
     Phi-3              {"original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope", ...}}
-    Gemma 3 on 4.x     {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {...}}
+    Hunyuan            {"rope_scaling": {"type": "dynamic", "alpha": 1000.0, ...}}   -> rope_type "ntk_alpha"
+    M-RoPE             {"rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}   (Qwen2-VL; Qwen3-VL adds
+                       "mrope_interleaved": true): default frequencies, positions with 3 rows (posenc.rope.multiaxis);
+                       Qwen-VL / GLM-4V families: the section order and default their rotary hard-codes
+    vision towers      {"model_type": "pixtral", "head_dim": 64, "rope_theta": 1e4}  -> rope_type "axial_pixtral";
+                       Qwen2-VL / Qwen2.5-VL / Qwen3-VL / GLM-4V vision configs -> "axial" (``vision_rope_config``)
     GPT-J / CodeGen    {"n_embd": 4096, "n_head": 16, "n_positions": 2048, "rotary_dim": 64}
-    GPT-NeoX           {"rotary_pct": 0.25, "rotary_emb_base": 10000}
+    GPT-NeoX           {"rotary_pct": 0.25, "rotary_emb_base": 10000}   (absent: the family's default, 0.25)
     DeepSeek-V2/V3 MLA {"qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "rope_scaling": {"type": "yarn", ...}}
 
     >>> cfg = load_rope_config({"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 5e5,
@@ -19,14 +26,15 @@ Forms accepted (all seen in real config.json files):
     >>> cfg.rope_type, cfg.rotary_dim, cfg.params["factor"]
     ('llama3', 128, 8.0)
 
-Validation uses the metadata each rope type registers in ``posenc.rope.scaling`` (required and optional keys,
-value checks): missing keys raise ``ConfigError`` naming them and the type; suspicious values warn with the reason.
+Each family-specific rule above is read the way that family's transformers config class reads it (the tests build
+the transformers config or model and compare). Validation uses the metadata each rope type registers in
+``posenc.rope.registry``: missing keys raise ``ConfigError`` naming them and the type; suspicious values warn with
+the reason.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import warnings
@@ -35,7 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posenc._validate import check_float, check_int, heads_divide
 from posenc.errors import ConfigError
+from posenc.rope.registry import MULTI_AXIS_KEYS, rope_type_function
 
 # keys of the scaling dict that become RopeConfig fields rather than entries of ``params``
 _FIELD_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
@@ -45,6 +55,62 @@ _ALIASES = {"su": "longrope", "mrope": "default"}
 # GPT-J / CodeGen spell three config keys the GPT-2 way (transformers' attribute_map); the usual name wins if both
 KEY_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
 DEFAULT_THETA = 10000.0
+# the largest base float32 holds: transformers (and posenc) raise theta to a power in float32
+MAX_THETA = 3.4028234663852886e38
+
+# rope_theta that transformers' config class assumes when a config.json gives none, where it is not 10000
+# (tests/rope/test_config.py checks every entry against the transformers config classes). Local / global pairs
+# are (global, local): the theta of full-attention and of sliding-attention layers.
+DEFAULT_THETA_BY_MODEL_TYPE: dict[str, float | tuple[float, float]] = {
+    "llama4": 5e5, "llama4_text": 5e5, "smollm3": 2e6, "cohere": 5e5, "exaone": 5e5, "olmo3": (5e5, 5e5),
+    "helium": 1e5,
+    "gpt_oss": 1.5e5, "qwen2_vl": 1e6, "qwen2_vl_text": 1e6, "qwen2_5_vl": 1e6, "qwen2_5_vl_text": 1e6,
+    "qwen3_vl_text": 5e5, "qwen3_vl_moe_text": 5e5, "ernie4_5": 5e5, "bitnet": 5e5,
+    "gemma3_text": (1e6, 1e4), "gemma3n_text": (1e6, 1e4), "modernbert": (160_000.0, 1e4),
+    "modernbert-decoder": (160_000.0, 1e4),
+}
+# partial_rotary_factor that transformers' config class assumes when a config.json gives none, where it is not 1
+# (also checked against transformers): GLM rotates half of each head, GPT-NeoX and StableLM a quarter.
+DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE = {
+    "glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "phi": 0.5, "persimmon": 0.5, "nemotron": 0.5,
+    "recurrent_gemma": 0.5, "stablelm": 0.25, "gpt_neox": 0.25, "qwen3_next": 0.25, "qwen3_5_text": 0.25,
+}
+# Families with a second RoPE base for sliding-window (local) layers, in transformers 4.x's flat form:
+# model_type -> (global theta key, local theta key, whether rope_scaling also applies to local layers).
+# Gemma 3 scales its global layers only (linear x8 on gemma-3-4b+); ModernBERT applies rope_scaling to both.
+# OLMo 3 has no local key: its config class gives sliding layers the default base whatever rope_theta says.
+LOCAL_GLOBAL_THETA = {
+    "olmo3": ("rope_theta", None, False),
+    "gemma3_text": ("rope_theta", "rope_local_base_freq", False),
+    "gemma3n_text": ("rope_theta", "rope_local_base_freq", False),
+    "modernbert": ("global_rope_theta", "local_rope_theta", True),
+    "modernbert-decoder": ("global_rope_theta", "local_rope_theta", True),
+}
+# Text models whose rotary splits the pairs by M-RoPE sections whatever the config says: transformers' default
+# mrope_section when the config gives none, and the order their rotary hard-codes (True: Qwen3-VL's interleaved
+# t, h, w cycling; False: contiguous sections). Checked against those rotary classes in the tests.
+MROPE_FAMILIES = {
+    "qwen2_vl": ((16, 24, 24), False), "qwen2_vl_text": ((16, 24, 24), False),
+    "qwen2_5_vl": ((16, 24, 24), False), "qwen2_5_vl_text": ((16, 24, 24), False),
+    "qwen3_vl": ((24, 20, 20), True), "qwen3_vl_text": ((24, 20, 20), True),
+    "qwen3_5": ((11, 11, 10), True), "qwen3_5_text": ((11, 11, 10), True),
+    "glm4v": ((8, 12, 12), False), "glm4v_text": ((8, 12, 12), False),
+}
+# Vision towers whose 2-D RoPE transformers calls "axial" (their config classes default to it), and the posenc
+# type that reproduces their frequencies; old checkpoints name the vision part after the parent model.
+AXIAL_VISION_TYPES = {
+    "qwen2_vl_vision": "axial", "qwen2_5_vl_vision": "axial", "qwen3_vl_vision": "axial",
+    "qwen3_vl_moe_vision": "axial", "glm4v_vision": "axial", "glm4v_moe_vision": "axial",
+    "paddleocr_vl_vision": "axial", "pixtral": "axial_pixtral",
+}
+# parent model_type -> model_type of its vision tower (read when the vision_config does not say)
+VISION_TOWER_OF = {
+    "qwen2_vl": "qwen2_vl_vision", "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_vl": "qwen3_vl_vision",
+    "qwen3_vl_moe": "qwen3_vl_moe_vision", "glm4v": "glm4v_vision", "glm4v_moe": "glm4v_moe_vision",
+    "paddleocr_vl": "paddleocr_vl_vision",
+}
+# model types whose vision config sizes heads by embed_dim (Qwen2-VL's hidden_size is the merger's output width)
+_EMBED_DIM_HEADS = {"qwen2_vl_vision"}
 
 
 @dataclass(frozen=True)
@@ -59,7 +125,7 @@ class RopeConfig:
         partial_rotary_factor: fraction of head_dim that is rotated.
         max_position_embeddings: Lmax, the context length the config declares (None if absent).
         original_max_position_embeddings: L0, the pre-extension length (yarn, longrope, llama3; None if absent).
-        params: the remaining scaling keys (factor, beta_fast, short_factor, ...), unchanged.
+        params: the remaining scaling keys (factor, beta_fast, short_factor, mrope_section, ...), unchanged.
 
     Constructing one validates it against the registered rope type (errors for missing keys, warnings for
     suspicious values), so ``RopeConfig(rope_type="linear", head_dim=64, params={"factor": 4.0})`` also works.
@@ -96,20 +162,34 @@ class RopeConfig:
 def _check_fields(cfg: RopeConfig) -> None:
     if not isinstance(cfg.rope_type, str) or not cfg.rope_type:
         raise ConfigError(f"rope_type must be a non-empty string, got {cfg.rope_type!r}")
-    if isinstance(cfg.head_dim, bool) or not isinstance(cfg.head_dim, int) or cfg.head_dim <= 0:
-        raise ConfigError(f"head_dim must be a positive integer, got {cfg.head_dim!r}")
-    if not _is_number(cfg.theta) or not cfg.theta > 0 or math.isinf(cfg.theta):
-        raise ConfigError(f"rope_theta must be a positive finite number, got {cfg.theta!r}")
-    if not _is_number(cfg.partial_rotary_factor) or not 0 < cfg.partial_rotary_factor <= 1:
-        raise ConfigError(f"partial_rotary_factor must be a number in (0, 1], got {cfg.partial_rotary_factor!r}")
-    if cfg.rotary_dim is not None and (isinstance(cfg.rotary_dim, bool) or not isinstance(cfg.rotary_dim, int)):
-        raise ConfigError(f"rotary_dim must be an integer, got {cfg.rotary_dim!r}")
+    check_int(cfg.head_dim, "head_dim", min=1, error=ConfigError)
+    object.__setattr__(cfg, "theta", check_theta(cfg.theta))
+    check_float(cfg.partial_rotary_factor, "partial_rotary_factor", positive=True, max=1.0, error=ConfigError)
+    if cfg.rotary_dim is not None:
+        check_int(cfg.rotary_dim, "rotary_dim", error=ConfigError)
     for name in ("max_position_embeddings", "original_max_position_embeddings"):
-        value = getattr(cfg, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if getattr(cfg, name) is not None:
+            check_int(getattr(cfg, name), name, min=1, error=ConfigError)
     if not isinstance(cfg.params, Mapping):
         raise ConfigError(f"params must be a mapping of scaling keys, got {type(cfg.params).__name__}")
+
+
+def check_theta(theta, name: str = "rope_theta") -> float:
+    """A RoPE base as a float: a positive number float32 can hold (strings are refused, not parsed), or ConfigError.
+
+    A base <= 1 only warns: the frequencies theta^(-2j/d) then stop decreasing with j (they grow for theta < 1),
+    so no pair keeps long-range position; published models use 1e4 and above.
+    """
+    theta = check_float(theta, name, positive=True, error=ConfigError)
+    if theta > MAX_THETA:
+        raise ConfigError(f"{name} must be at most {MAX_THETA:.4g} (float32's largest value: RoPE raises it to a "
+                          f"power in float32, so larger bases give inf), got {theta!r}")
+    if theta <= 1:
+        warnings.warn(f"{name} {theta:g} <= 1: the frequencies theta^(-2j/d) do not decrease with j"
+                      + (" (they grow)" if theta < 1 else " (all equal 1)")
+                      + ", so no pair encodes long-range position; RoPE bases are normally >= 1e4",
+                      UserWarning, stacklevel=_user_stacklevel())
+    return theta
 
 
 def _is_number(x) -> bool:
@@ -118,14 +198,9 @@ def _is_number(x) -> bool:
 
 def _validate_against_registry(cfg: RopeConfig) -> None:
     """Missing keys -> ConfigError; unknown keys and suspicious values -> warnings (transformers' policy)."""
-    from posenc.rope.scaling import ROPE_SCALING_FUNCTIONS  # late import: scaling imports this module
-
-    fn = ROPE_SCALING_FUNCTIONS.get(cfg.rope_type)
-    if fn is None:
-        raise ConfigError(f"unknown rope_type {cfg.rope_type!r}; known types: {sorted(ROPE_SCALING_FUNCTIONS)} "
-                          "(add one with posenc.register_rope_type)")
-    required = set(getattr(fn, "required_keys", ()))
-    optional = set(getattr(fn, "optional_keys", ()))
+    fn = rope_type_function(cfg.rope_type)
+    required = set(fn.required_keys)
+    optional = set(fn.optional_keys) | MULTI_AXIS_KEYS
     present = set(cfg.params)
     for name in ("max_position_embeddings", "original_max_position_embeddings"):
         if getattr(cfg, name) is not None:
@@ -135,13 +210,13 @@ def _validate_against_registry(cfg: RopeConfig) -> None:
         raise ConfigError(f"rope_type {cfg.rope_type!r} is missing required keys {missing}")
     unknown = sorted(set(cfg.params) - required - optional)
     if unknown:
-        _warn(cfg, f"unrecognised keys {unknown} (expected some of {sorted((required | optional) - _FIELD_KEYS)})")
+        _warn(cfg, f"unrecognised keys {unknown} (expected some of "
+                   f"{sorted((required | set(fn.optional_keys)) - _FIELD_KEYS)})")
     factor = cfg.params.get("factor")
     if _is_number(factor) and factor < 1:
         _warn(cfg, f"factor should be >= 1, got {factor!r} (a factor below 1 shrinks the context)")
-    check = getattr(fn, "check", None)
-    if check is not None:
-        for reason in check(cfg):
+    if fn.check is not None:
+        for reason in fn.check(cfg):
             _warn(cfg, reason)
 
 
@@ -176,12 +251,16 @@ def read_config_file(path: str | os.PathLike) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(path)!r} nests JSON objects / lists too deeply to read "
+                          "(a config.json is a few levels deep)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
-def _as_mapping(config) -> Mapping:
+def as_mapping(config) -> Mapping:
+    """A config (mapping, path to config.json or a folder, transformers config) as a mapping; ConfigError otherwise."""
     if isinstance(config, (str, os.PathLike)):
         return read_config_file(config)
     if isinstance(config, Mapping):
@@ -197,26 +276,119 @@ def rope_section(config: Mapping) -> Mapping:
     configs such as Gemma 3 or Qwen2-VL) when the top level has none."""
     if not any(k in config for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size",
                                      "n_embd")) and isinstance(config.get("text_config"), Mapping):
-        return config["text_config"]
+        text = config["text_config"]
+        parent = model_type_of(config)
+        if text.get("model_type") is None and parent is not None:
+            # transformers builds the text config class of the parent model: take its family rules along
+            text = {**text, "model_type": _TEXT_MODEL_TYPE.get(parent, parent)}
+        return text
     return config
 
 
+# parent model_type -> its text config's model_type, where family rules (local/global theta) key on the latter
+_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text",
+                    "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
+
+
+def _normalised_scaling(scaling: Mapping, cfg: Mapping) -> dict:
+    """A flat scaling dict in one spelling (rope_type key, aliases resolved, rope_theta filled), for comparisons."""
+    out = {k: v for k, v in scaling.items() if k not in ("type", "rope_type")}
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    out["rope_type"] = _ALIASES.get(rope_type, rope_type) if isinstance(rope_type, str) else rope_type
+    out.setdefault("rope_theta", cfg.get("rope_theta"))
+    return out
+
+
 def _scaling_of(cfg: Mapping) -> Mapping:
-    """rope_parameters (5.x), else rope_scaling (4.x), else {}."""
-    scaling = cfg.get("rope_parameters")
-    if scaling is None:
-        scaling = cfg.get("rope_scaling")
-    if scaling is None:
-        scaling = {}
-    if not isinstance(scaling, Mapping):
-        raise ConfigError(f"rope_parameters / rope_scaling must be a JSON object or null, got {scaling!r}")
-    return scaling
+    """rope_parameters (5.x), else rope_scaling (4.x), else {}; both present and disagreeing -> ConfigError.
+
+    transformers 5 takes rope_scaling when both are given (and drops rope_parameters), transformers 4 never reads
+    rope_parameters: a file holding two different RoPE settings has no single meaning, so posenc refuses it.
+    """
+    params, scaling = cfg.get("rope_parameters"), cfg.get("rope_scaling")
+    for name, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"rope_parameters / rope_scaling must be a JSON object or null, got {name}={value!r}")
+    if params and scaling:
+        same = (dict(params) == dict(scaling) if _is_nested(params) or _is_nested(scaling)
+                else _normalised_scaling(params, cfg) == _normalised_scaling(scaling, cfg))
+        if not same:
+            raise ConfigError(f"the config gives both rope_parameters {_short(params)} and rope_scaling "
+                              f"{_short(scaling)} and they disagree: transformers 5 would use rope_scaling, "
+                              "transformers 4 ignores rope_parameters; delete the stale one")
+    return params or scaling or {}
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _is_nested(scaling: Mapping) -> bool:
-    """Per-layer-type form: every value is a dict (or None for a NoPE layer type) and no rope_type key."""
+    """Per-layer-type form: no rope_type / type key and at least one value a dict (Gemma 3: {"full_attention":
+    {...}, "sliding_attention": {...}}). Other values must be null (NoPE layer types): see ``_nested_entries``."""
     return (bool(scaling) and "rope_type" not in scaling and "type" not in scaling
-            and all(v is None or isinstance(v, Mapping) for v in scaling.values()))
+            and any(isinstance(v, Mapping) for v in scaling.values()))
+
+
+def _nested_entries(scaling: Mapping) -> dict[str, dict | None]:
+    """The per-layer-type dict with every entry checked: a dict of RoPE parameters, or null for a NoPE type."""
+    for key, value in scaling.items():
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"per-layer-type RoPE parameters: entry {key!r} must be a JSON object of RoPE "
+                              f"parameters or null (a layer type without RoPE), got {_short(value)}")
+    return {k: (None if v is None else dict(v)) for k, v in scaling.items()}
+
+
+def model_type_of(cfg: Mapping) -> str | None:
+    """cfg["model_type"] when it is a string (junk values read as absent), else None."""
+    model_type = cfg.get("model_type")
+    return model_type if isinstance(model_type, str) else None
+
+
+def _family(cfg: Mapping) -> str | None:
+    """The local/global family of a flat config: its model_type when listed, else by which keys it holds."""
+    model_type = model_type_of(cfg)
+    if model_type in LOCAL_GLOBAL_THETA:
+        return model_type
+    if "rope_local_base_freq" in cfg:
+        return "gemma3_text"
+    if "global_rope_theta" in cfg or "local_rope_theta" in cfg:
+        return "modernbert"
+    return None
+
+
+def _default_theta(cfg: Mapping, local: bool = False) -> float:
+    """The base transformers assumes when the config gives none (the config class's default_theta)."""
+    value = DEFAULT_THETA_BY_MODEL_TYPE.get(model_type_of(cfg), DEFAULT_THETA)
+    if isinstance(value, tuple):
+        return value[1] if local else value[0]
+    return value
+
+
+def layer_type_parameters(config) -> dict[str, dict | None] | None:
+    """The RoPE parameters per layer type, as transformers' config class standardises them, or None for a config
+    with one set for every layer. Null entries are layer types without RoPE (NoPE).
+
+    Per-layer-type forms: a nested rope_parameters dict (5.x, every entry checked); Gemma 3's rope_theta +
+    rope_local_base_freq (rope_scaling on full-attention layers only); ModernBERT's global_rope_theta +
+    local_rope_theta (rope_scaling on both). ``config``: any form ``load_rope_config`` accepts but a RopeConfig.
+    """
+    cfg = rope_section(as_mapping(config))
+    scaling = _scaling_of(cfg)
+    if _is_nested(scaling):
+        return _nested_entries(scaling)
+    family = _family(cfg)
+    if family is None:
+        return None
+    global_key, local_key, scale_local = LOCAL_GLOBAL_THETA[family]
+    flat = {k: v for k, v in _normalised_scaling(scaling, {}).items() if v is not None} if scaling else {}
+    full = {"rope_type": "default", **flat}
+    local = dict(full) if scale_local else {"rope_type": "default"}
+    full.setdefault("rope_theta", cfg.get(global_key) if cfg.get(global_key) is not None else _default_theta(cfg))
+    local.setdefault("rope_theta", cfg.get(local_key) if local_key is not None and cfg.get(local_key) is not None
+                     else _default_theta(cfg, local=True))
+    return {"full_attention": full, "sliding_attention": local}
 
 
 def rope_layer_types(config) -> list[str] | None:
@@ -227,32 +399,32 @@ def rope_layer_types(config) -> list[str] | None:
     """
     if isinstance(config, RopeConfig):
         return None
-    scaling = _scaling_of(rope_section(_as_mapping(config)))
-    return [k for k, v in scaling.items() if v is not None] if _is_nested(scaling) else None
+    entries = layer_type_parameters(config)
+    return None if entries is None else [k for k, v in entries.items() if v is not None]
 
 
 def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
-    """The flat scaling dict for ``layer_type`` and whether it came from a per-layer-type (nested) form."""
-    scaling = _scaling_of(cfg)
-    if _is_nested(scaling):
+    """The flat scaling dict for ``layer_type`` and whether it came from a per-layer-type form."""
+    entries = layer_type_parameters(cfg)
+    if entries is not None:
+        nested = _is_nested(_scaling_of(cfg))
         if layer_type is None:
-            raise ConfigError(f"this config has per-layer-type RoPE parameters for {sorted(scaling)}; "
-                              "pass layer_type= one of them")
-        if layer_type not in scaling:
+            if nested:
+                raise ConfigError(f"this config has per-layer-type RoPE parameters for {sorted(entries)}; "
+                                  "pass layer_type= one of them")
+            layer_type = "full_attention"  # a flat local/global config: its rope_theta / rope_scaling are global
+        if layer_type not in entries:
             raise ConfigError(f"layer_type {layer_type!r} not in the config's RoPE parameters; "
-                              f"available: {sorted(scaling)}")
-        if scaling[layer_type] is None:
+                              f"available: {sorted(entries)}")
+        if entries[layer_type] is None:
             raise ConfigError(f"layer_type {layer_type!r} has no RoPE (its rope parameters are null: a NoPE layer)")
-        return dict(scaling[layer_type]), True
+        return entries[layer_type], True
     if layer_type is not None:
         layer_types = cfg.get("layer_types")
         if isinstance(layer_types, list) and layer_types and layer_type not in layer_types:
             raise ConfigError(f"layer_type {layer_type!r} not among the config's layer_types "
                               f"{sorted({str(t) for t in layer_types})}")
-        # Gemma 3 saved by transformers 4.x: sliding layers use rope_local_base_freq and no scaling
-        if layer_type == "sliding_attention" and "rope_local_base_freq" in cfg:
-            return {"rope_type": "default", "rope_theta": cfg["rope_local_base_freq"]}, False
-    return dict(scaling), False
+    return dict(_scaling_of(cfg)), False
 
 
 def _get(cfg: Mapping, key: str):
@@ -266,18 +438,27 @@ def _pos_int(x) -> bool:
 
 
 def _head_dim(cfg: Mapping) -> int:
+    """head_dim, else hidden_size // num_attention_heads, which must divide exactly (as transformers' configs
+    require: a remainder would leave hidden dims outside every head)."""
     head_dim = cfg.get("head_dim")
     if head_dim:  # 0 / null fall back to the ratio, as in transformers (`head_dim or hidden // heads`)
-        if not _pos_int(head_dim):
-            raise ConfigError(f"head_dim must be a positive integer, got {head_dim!r}")
-        return head_dim
-    hidden, heads = _get(cfg, "hidden_size"), _get(cfg, "num_attention_heads")
+        return check_int(head_dim, "head_dim", min=1, error=ConfigError)
+    hidden_key = "embed_dim" if model_type_of(cfg) in _EMBED_DIM_HEADS else "hidden_size"
+    hidden = cfg.get(hidden_key) if hidden_key == "embed_dim" else _get(cfg, "hidden_size")
+    heads = _get(cfg, "num_attention_heads")
+    if heads is None:
+        heads = cfg.get("num_heads")        # vision configs (transformers' attribute_map)
     if hidden is None or heads is None:
-        raise ConfigError("config must give head_dim, or hidden_size and num_attention_heads; missing "
-                          f"{[k for k in ('hidden_size', 'num_attention_heads') if _get(cfg, k) is None]}")
-    if not _pos_int(hidden) or not _pos_int(heads):
-        raise ConfigError(f"hidden_size and num_attention_heads must be positive integers, got {hidden!r}, {heads!r}")
-    return hidden // heads
+        raise ConfigError(f"config must give head_dim, or {hidden_key} and num_attention_heads; missing "
+                          f"{[k for k, v in ((hidden_key, hidden), ('num_attention_heads', heads)) if v is None]}")
+    hidden = check_int(hidden, hidden_key, min=1, error=ConfigError)
+    heads = check_int(heads, "num_attention_heads", min=1, error=ConfigError)
+    try:
+        return heads_divide(hidden, heads, error=ConfigError)
+    except ConfigError:
+        raise ConfigError(f"{hidden_key} ({hidden}) is not divisible by num_attention_heads ({heads}) and the "
+                          f"config gives no head_dim: {hidden} // {heads} = {hidden // heads} would silently drop "
+                          f"{hidden % heads} dims (transformers' configs refuse it too); give head_dim") from None
 
 
 def _rotary_geometry(cfg: Mapping, prf: float, prf_given: bool) -> tuple[int, int | None, float]:
@@ -293,8 +474,7 @@ def _rotary_geometry(cfg: Mapping, prf: float, prf_given: bool) -> tuple[int, in
         dim = cfg.get(key)
         if dim is None:
             continue
-        if not _pos_int(dim):
-            raise ConfigError(f"{key} must be a positive integer (dims rotated per head), got {dim!r}")
+        dim = check_int(dim, f"{key} (dims rotated per head)", min=1, error=ConfigError)
         if key == "qk_rope_head_dim":
             head_dim, full = dim, cfg.get("head_dim") if _pos_int(cfg.get("head_dim")) else None
         else:
@@ -309,31 +489,8 @@ def _rotary_geometry(cfg: Mapping, prf: float, prf_given: bool) -> tuple[int, in
     return _head_dim(cfg), None, prf
 
 
-def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
-    """Normalise any Hugging Face config form into a validated ``RopeConfig``.
-
-    Args:
-        config: a mapping in config.json form, a path to a config.json (or a folder holding one), a transformers
-            ``PretrainedConfig``, or a ``RopeConfig`` (returned unchanged). Multimodal configs whose RoPE lives
-            under "text_config" are read from there.
-        layer_type: for per-layer-type configs (Gemma 3: "full_attention" / "sliding_attention"), which one
-            (``rope_layer_types`` lists them).
-    Geometry: head_dim, else hidden_size // num_attention_heads (GPT-J's n_embd / n_head also read, as is
-    n_positions for max_position_embeddings); rotary dim = qk_rope_head_dim (MLA), else rotary_dim (GPT-J),
-    else int(head_dim * partial_rotary_factor) (or rotary_pct, GPT-NeoX).
-    Raises:
-        ConfigError: unreadable file, missing keys (named, with the rope type), unknown rope_type (lists the
-            known ones), a rope_type that is not a string, odd rotary dim, malformed values (named).
-    Warns:
-        UserWarning for unknown keys and suspicious values (factor < 1, beta_fast < beta_slow, wrong longrope
-        list length, llama3 high_freq_factor <= low_freq_factor, yarn factor != Lmax / L0, rotary_dim or
-        qk_rope_head_dim disagreeing with head_dim x partial_rotary_factor).
-    """
-    if isinstance(config, RopeConfig):
-        return config
-    cfg = rope_section(_as_mapping(config))
-    entry, nested = _select_entry(cfg, layer_type)
-
+def _rope_type_of(cfg: Mapping, entry: Mapping) -> str:
+    """The registered rope type an entry names, after the family remaps transformers' model classes make."""
     key = "rope_type" if entry.get("rope_type") is not None else "type"
     rope_type = entry.get(key)
     if rope_type is None:
@@ -341,18 +498,64 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
     if not isinstance(rope_type, str):
         raise ConfigError(f"{key} must be a string naming a rope type such as 'yarn', got {rope_type!r}")
     rope_type = _ALIASES.get(rope_type, rope_type)
-    if rope_type == "yarn" and cfg.get("model_type") == "phi3" and "short_factor" in entry:
+    model_type = model_type_of(cfg)
+    if rope_type == "yarn" and model_type == "phi3" and "short_factor" in entry:
         rope_type = "longrope"  # Phi-3 configs once called LongRoPE "yarn"; transformers' Phi3Config remaps it
+    if rope_type == "dynamic" and entry.get("alpha"):
+        rope_type = "ntk_alpha"  # Hunyuan: a fixed alpha makes "dynamic" static (transformers' HunYuan models)
+    if model_type in AXIAL_VISION_TYPES and rope_type in ("default", "axial"):
+        rope_type = AXIAL_VISION_TYPES[model_type]  # the config class's default_rope_type is "axial"
+    elif rope_type == "axial" and model_type is not None:
+        # transformers' vision towers lay 2-D pairs out in several ways (Gemma 4: h h w w; Kimi: interleaved w, h)
+        raise ConfigError(f"rope_type 'axial' of model_type {model_type!r}: posenc reproduces the 2-D RoPE of "
+                          f"{sorted(AXIAL_VISION_TYPES)} only; its pair layout may differ")
+    return rope_type
+
+
+def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
+    """Normalise any Hugging Face config form into a validated ``RopeConfig``.
+
+    Args:
+        config: a mapping in config.json form, a path to a config.json (or a folder holding one), a transformers
+            ``PretrainedConfig``, or a ``RopeConfig`` (returned unchanged). Multimodal configs whose RoPE lives
+            under "text_config" are read from there (``vision_rope_config`` reads the vision tower).
+        layer_type: for per-layer-type configs (Gemma 3, ModernBERT: "full_attention" / "sliding_attention"),
+            which one (``rope_layer_types`` lists them). A flat local/global config (Gemma 3 on transformers 4.x,
+            ModernBERT) without it gives its full-attention (global) parameters.
+    Geometry: head_dim, else hidden_size // num_attention_heads (which must divide; GPT-J's n_embd / n_head also
+    read, as is n_positions for max_position_embeddings); rotary dim = qk_rope_head_dim (MLA), else rotary_dim
+    (GPT-J), else int(head_dim * partial_rotary_factor) (or rotary_pct, GPT-NeoX; absent: the family's default,
+    ``DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE``, else 1). rope_theta absent: the family's default
+    (``DEFAULT_THETA_BY_MODEL_TYPE``), else 10000.
+    Raises:
+        ConfigError: unreadable file, missing keys (named, with the rope type), unknown rope_type (lists the
+            known ones), a rope_type that is not a string, odd rotary dim, malformed values (named), conflicting
+            rope_scaling and rope_parameters, a malformed per-layer-type entry, hidden_size not divisible by the
+            head count without head_dim.
+    Warns:
+        UserWarning for unknown keys and suspicious values (rope_theta <= 1, factor < 1, beta_fast < beta_slow,
+        wrong longrope list length, llama3 high_freq_factor < low_freq_factor, yarn factor != Lmax / L0,
+        rotary_dim or qk_rope_head_dim disagreeing with head_dim x partial_rotary_factor).
+    """
+    if isinstance(config, RopeConfig):
+        return config
+    cfg = rope_section(as_mapping(config))
+    entry, nested = _select_entry(cfg, layer_type)
+    rope_type = _rope_type_of(cfg, entry)
 
     theta = entry.get("rope_theta")
     if theta is None:
-        theta = cfg.get("rope_theta", cfg.get("rotary_emb_base", DEFAULT_THETA))
+        theta = cfg.get("rope_theta", cfg.get("rotary_emb_base"))
+    if theta is None:
+        theta = _default_theta(cfg)
     prf = entry.get("partial_rotary_factor")
     if prf is None:
         prf = cfg.get("partial_rotary_factor", cfg.get("rotary_pct"))
     prf_given = prf is not None
-    head_dim, rotary_dim, prf = _rotary_geometry(cfg, _to_float(1.0 if prf is None else prf,
-                                                                 "partial_rotary_factor"), prf_given)
+    if prf is None and cfg.get("rotary_dim") is None and cfg.get("qk_rope_head_dim") is None:
+        prf = DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE.get(model_type_of(cfg))
+    prf = check_float(1.0 if prf is None else prf, "partial_rotary_factor", error=ConfigError)
+    head_dim, rotary_dim, prf = _rotary_geometry(cfg, prf, prf_given)
 
     max_len = _get(cfg, "max_position_embeddings")
     orig = entry.get("original_max_position_embeddings")
@@ -363,19 +566,53 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
             warnings.warn(f"original_max_position_embeddings is {top} at the top level but {orig} inside the RoPE "
                           f"parameters; using the top-level {top}", UserWarning, stacklevel=2)
         orig = top
-
-    from posenc.rope.scaling import ROPE_SCALING_FUNCTIONS  # late import: scaling imports this module
-    fn = ROPE_SCALING_FUNCTIONS.get(rope_type)
-    if orig is None and fn is not None and "original_max_position_embeddings" in getattr(fn, "required_keys", ()):
+    if orig is None and "original_max_position_embeddings" in rope_type_function(rope_type).required_keys:
         orig = max_len  # transformers' standardisation: L0 defaults to max_position_embeddings
 
     params = {k: v for k, v in entry.items() if k not in _FIELD_KEYS}
-    return RopeConfig(rope_type=rope_type, theta=_to_float(theta, "rope_theta"), head_dim=head_dim,
+    family = MROPE_FAMILIES.get(model_type_of(cfg))
+    if family is not None:
+        section, interleaved = family
+        params.setdefault("mrope_section", list(section))
+        given = params.get("mrope_interleaved")
+        if given is not None and given != interleaved:
+            warnings.warn(f"mrope_interleaved {given!r} is ignored: {model_type_of(cfg)}'s rotary always uses "
+                          f"{'interleaved' if interleaved else 'contiguous'} M-RoPE sections",
+                          UserWarning, stacklevel=_user_stacklevel())
+        params["mrope_interleaved"] = interleaved
+    return RopeConfig(rope_type=rope_type, theta=theta, head_dim=head_dim,
                       rotary_dim=rotary_dim, partial_rotary_factor=prf,
                       max_position_embeddings=max_len, original_max_position_embeddings=orig, params=params)
 
 
-def _to_float(value, name: str) -> float:
-    if not _is_number(value):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    return float(value)
+def vision_config_of(config) -> Mapping | None:
+    """The vision-tower part of a config whose vision tower uses 2-D (axial) RoPE, with its model_type filled in,
+    or None: the config itself when it is such a vision config (Pixtral, a Qwen2-VL vision_config), else its
+    "vision_config" when that is one."""
+    cfg = as_mapping(config)
+    if _is_axial(cfg):
+        return cfg
+    vision = cfg.get("vision_config")
+    if isinstance(vision, Mapping):
+        if _is_axial(vision):
+            return vision
+        tower = VISION_TOWER_OF.get(model_type_of(cfg))
+        if tower is not None and vision.get("model_type") in (None, model_type_of(cfg)):
+            return {**vision, "model_type": tower}   # old checkpoints: no model_type, or the parent's
+    return None
+
+
+def _is_axial(cfg: Mapping) -> bool:
+    """A vision config with 2-D RoPE: a listed vision model_type, or rope_type "axial" in its RoPE dict."""
+    if model_type_of(cfg) in AXIAL_VISION_TYPES:
+        return True
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    return isinstance(scaling, Mapping) and (scaling.get("rope_type") or scaling.get("type")) == "axial"
+
+
+def vision_rope_config(config) -> RopeConfig | None:
+    """The 2-D (axial) RoPE of a config's vision tower as a RopeConfig (rope_type "axial" or "axial_pixtral"),
+    or None when it has none. Positions for it have two rows (patch row, patch column): see
+    ``posenc.rope.multiaxis``."""
+    vision = vision_config_of(config)
+    return None if vision is None else load_rope_config(vision)

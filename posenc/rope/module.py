@@ -11,6 +11,14 @@ Length-dependent types follow transformers' ``dynamic_rope_update`` exactly:
 - "longrope": long factors when max(position) + 1 > original_max_position_embeddings, else short factors.
 As in transformers, this is decided per call from the positions given: under a KV cache the earlier keys keep
 the rotation they were given (dynamic NTK is then only exact if keys are cached before rotation).
+
+Multi-axis positions (``posenc.rope.multiaxis``): configs with ``mrope_section`` (Qwen2-VL, Qwen2.5-VL; Qwen3-VL's
+interleaved order with ``mrope_interleaved``) take positions [3, batch, seq] (t, h, w), or text positions [seq] /
+[batch, seq] that equal plain RoPE; 2-D vision types ("axial", "axial_pixtral") take [2, seq] / [2, batch, seq]
+(patch row, column).
+
+    >>> rot = Rotary.from_config("Qwen2-VL-7B-Instruct/config.json")
+    >>> q, k = rot(q, k, positions)       # positions [3, B, T] from posenc.rope.mm_positions.mrope_position_ids
 """
 
 from __future__ import annotations
@@ -18,12 +26,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from posenc._validate import check_int
 from posenc.errors import PosencError
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
 from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
-from posenc.rope.scaling import _lookup
+from posenc.rope.layers import rope_layout, softmax_scale_multiplier
+from posenc.rope.multiaxis import MROPE_AXES, as_axis_positions, position_axes, select_axes
+from posenc.rope.registry import rope_type_function
+from posenc.rope.scaling import rope_frequencies
 
 # cos/sin tables grow (doubling) up to this many positions; beyond it each call computes its own rows
 _MAX_CACHED_POSITIONS = 1 << 20
@@ -41,7 +53,11 @@ class Rotary(nn.Module):
         layout: "interleaved" (pairs 2j, 2j+1; the default here) or "half" (Hugging Face's rotate_half).
         cache: keep a float32 cos/sin table of positions 0..n-1 (grown on demand, doubling); False recomputes.
         config: a ready ``RopeConfig`` instead of the fields above.
-        **scaling: the type's keys (factor, beta_fast, low_freq_factor, short_factor, ...).
+        **scaling: the type's keys (factor, beta_fast, low_freq_factor, short_factor, mrope_section, ...).
+
+    Attributes beyond the frequencies: ``axes`` (per-pair position axis, None for 1-D positions), ``n_axes``
+    (1, 3 for M-RoPE, 2 for axial), ``softmax_scale_multiplier`` (DeepSeek's g(factor, mscale_all_dim)^2, 1
+    elsewhere; ``softmax_scale(qk_head_dim)`` applies it).
     """
 
     def __init__(self, head_dim: int | None = None, theta: float = 10000.0, *, rope_type: str = "default",
@@ -66,7 +82,7 @@ class Rotary(nn.Module):
         self.config = config
         self.layout = layout
         self.use_cache = bool(cache)
-        self._fn = _lookup(config.rope_type)
+        self._fn = rope_type_function(config.rope_type)
         self.seq_len_rule = self._fn.seq_len_rule
         if self.seq_len_rule == "dynamic" and config.max_position_embeddings is None:
             raise PosencError(f"rope_type {config.rope_type!r} needs max_position_embeddings")
@@ -84,25 +100,44 @@ class Rotary(nn.Module):
         self.max_seq_len_cached = config.max_position_embeddings     # dynamic: length the frequencies are for
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
+        axes = position_axes(config)
+        if axes is not None and axes.numel() != len(inv_freq):
+            raise PosencError(f"the position axes cover {axes.numel()} pairs but rope_type {config.rope_type!r} "
+                              f"gives {len(inv_freq)} frequencies")
+        self.register_buffer("axes", axes, persistent=False)
+        self.n_axes = 1 if axes is None else (MROPE_AXES if "mrope_section" in config.params else 2)
+        self.softmax_scale_multiplier = softmax_scale_multiplier(config)
 
     @classmethod
-    def from_config(cls, config, layer_type: str | None = None, *, layout: str = "half",
+    def from_config(cls, config, layer_type: str | None = None, *, layout: str | None = None,
                     cache: bool = True) -> Rotary:
-        """Build from a config.json mapping / path / transformers config / RopeConfig; layout "half" (HF's)."""
-        return cls(config=load_rope_config(config, layer_type), layout=layout, cache=cache)
+        """Build from a config.json mapping / path / transformers config / RopeConfig.
+
+        layout: None picks the pairing the model family's attention uses (``posenc.rope.layers.rope_layout``:
+        "interleaved" for Llama 4, GPT-J, Cohere, GLM, DeepSeek; "half", transformers' rotate_half, otherwise and
+        for a bare RopeConfig). The softmax-scale multiplier follows the family too (Hunyuan ignores mscale).
+        """
+        rope = load_rope_config(config, layer_type)
+        rot = cls(config=rope, cache=cache, layout=rope_layout(config) if layout is None else layout)
+        rot.softmax_scale_multiplier = softmax_scale_multiplier(config, rope=rope)
+        return rot
+
+    def softmax_scale(self, qk_head_dim: int) -> float:
+        """The scale for q.k logits: qk_head_dim^-0.5 x ``softmax_scale_multiplier`` (cos/sin carry
+        ``attention_scaling`` on top). qk_head_dim: the full q/k width (DeepSeek MLA: nope + rope dims)."""
+        return check_int(qk_head_dim, "qk_head_dim", min=1) ** -0.5 * self.softmax_scale_multiplier
 
     def _apply(self, fn, recurse=True):
         """Follow device moves but keep frequencies and cos/sin tables in float32 through .half() / .to(dtype)."""
-        names = ("inv_freq", "original_inv_freq", "cos_cached", "sin_cached")
-        saved = {name: getattr(self, name) for name in names}
+        names = ("inv_freq", "original_inv_freq", "cos_cached", "sin_cached", "axes")
+        saved = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         super()._apply(fn, recurse)
         for name, old in saved.items():
             setattr(self, name, old.to(getattr(self, name).device))
         return self
 
     def _frequencies(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
-        inv_freq, scaling = self._fn(self.config, seq_len)
-        return torch.as_tensor(inv_freq, dtype=torch.float32).reshape(-1), float(scaling)
+        return rope_frequencies(self.config, seq_len)
 
     def _set(self, inv_freq: torch.Tensor, scaling: float) -> None:
         """Switch frequencies; the cos/sin table is dropped only if they really changed."""
@@ -119,6 +154,7 @@ class Rotary(nn.Module):
 
     def update(self, seq_len: int) -> None:
         """Apply the type's length rule for a call whose largest position is seq_len - 1 (transformers' rule)."""
+        seq_len = check_int(seq_len, "seq_len", min=1)
         if self.seq_len_rule == "dynamic":
             cached = self.max_seq_len_cached
             if seq_len > cached:  # growth: rescale for the longer sequence
@@ -136,11 +172,20 @@ class Rotary(nn.Module):
                 self._set(self.original_inv_freq, self.original_attention_scaling)
 
     def cos_sin(self, positions) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (times attention_scaling) of positions * inv_freq: float32 [*positions.shape, rotary_dim/2].
+        """cos and sin (times attention_scaling) of positions * inv_freq: float32 [..., rotary_dim/2].
 
-        Applies the length rule first (seq_len = max(positions) + 1), then reads the cache (integer positions).
+        positions: [*shape] for 1-D RoPE -> tables [*shape, R/2]; multi-axis types take the axis dim first
+        ([3, *shape] M-RoPE, text positions [*shape] too; [2, *shape] axial) -> tables [*shape, R/2], pair j at
+        the position of its axis. Applies the length rule first (seq_len = max(positions) + 1 over every axis),
+        then reads the cache (integer positions).
         """
         positions = as_positions(positions, self.inv_freq.device)     # numbers only: no NaN/inf, no half precision
+        if self.axes is not None:
+            positions = as_axis_positions(positions, self.n_axes)
+        return self._cos_sin(positions)
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos_sin`` for positions already checked (and in axis-first form for multi-axis types)."""
         if positions.numel() == 0:
             raise PosencError("positions must not be empty")
         if positions.min() < 0:
@@ -150,16 +195,21 @@ class Rotary(nn.Module):
         # fractional positions, or a table past _MAX_CACHED_POSITIONS rows (a lone far position must not allocate
         # gigabytes): compute exactly what is asked, uncached
         if not self.use_cache or positions.is_floating_point() or seq_len > _MAX_CACHED_POSITIONS:
-            return rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
-        if seq_len > self.cos_cached.shape[0]:
-            n = max(seq_len, 2 * self.cos_cached.shape[0])
-            table = torch.arange(n, device=self.inv_freq.device)
-            self.cos_cached, self.sin_cached = rope_cos_sin(table, self.inv_freq, self.attention_scaling)
-        positions = positions.long()
-        return self.cos_cached[positions], self.sin_cached[positions]
+            cos, sin = rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
+        else:
+            if seq_len > self.cos_cached.shape[0]:
+                n = max(seq_len, 2 * self.cos_cached.shape[0])
+                table = torch.arange(n, device=self.inv_freq.device)
+                self.cos_cached, self.sin_cached = rope_cos_sin(table, self.inv_freq, self.attention_scaling)
+            positions = positions.long()
+            cos, sin = self.cos_cached[positions], self.sin_cached[positions]
+        if self.axes is not None:
+            cos, sin = select_axes(cos, self.axes), select_axes(sin, self.axes)
+        return cos, sin
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q [B, Hq, T, D] and k [B, Hk, T, D] (any float dtype; math in float32) at positions [T] or [B, T].
+        """Rotate q [B, Hq, T, D] and k [B, Hk, T, D] (any float dtype; math in float32) at positions [T] or [B, T]
+        (multi-axis types: [A, T] / [A, B, T] with the axis dim first, see ``cos_sin``).
 
         Returns (q, k) rotated, in their input dtypes. Only the first rotary_dim dims are rotated.
         """
@@ -174,9 +224,13 @@ class Rotary(nn.Module):
         if batch != ks[0] or seq != ks[2]:
             raise PosencError(f"q and k must share batch and seq; got q {list(qs)}, k {list(ks)}")
         positions = as_positions(positions, q.device)
+        if self.axes is not None:
+            positions = as_axis_positions(positions, self.n_axes)
         ps = positions.shape
-        if not (ps == (seq,) or ps == (batch, seq) or ps == (1, seq)):
-            raise PosencError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
+        per_axis = tuple(ps[1:]) if self.axes is not None else tuple(ps)
+        if not (per_axis == (seq,) or per_axis == (batch, seq) or per_axis == (1, seq)):
+            lead = f"[{self.n_axes}, ...] with ... " if self.axes is not None else ""
+            raise PosencError(f"positions must have shape {lead}[seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                               f"got {list(ps)}")
         # fast path (CPU, cached table, integer positions, no length rule): everything above is all the checking
         # the kernel needs (its table is this module's own), so it is called directly: it reads row `position` of
@@ -184,9 +238,9 @@ class Rotary(nn.Module):
         # (The buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards.)
         buffers = self._buffers
         cos_cached = buffers["cos_cached"]
-        if (self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq and cos_cached.shape[0]
-                and not positions.is_floating_point() and q.dtype == k.dtype and q.dtype != torch.float64
-                and k.is_cpu and q.is_cpu):
+        if (self.axes is None and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
+                and cos_cached.shape[0] and not positions.is_floating_point() and q.dtype == k.dtype
+                and q.dtype != torch.float64 and k.is_cpu and q.is_cpu):
             index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
             if index.dtype != torch.int64 or not index.is_contiguous():
                 index = index.to(torch.int64).contiguous()
@@ -195,7 +249,7 @@ class Rotary(nn.Module):
                                      rotary_dim=self.rotary_dim, index=index, names=("q", "k"))
             except TableIndexError:
                 pass
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self._cos_sin(positions)
         if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -205,5 +259,6 @@ class Rotary(nn.Module):
     def extra_repr(self) -> str:
         c = self.config
         return (f"rope_type={c.rope_type!r}, head_dim={c.head_dim}, rotary_dim={self.rotary_dim}, theta={c.theta:g}, "
-                f"layout={self.layout!r}, attention_scaling={self.attention_scaling:g}")
+                f"layout={self.layout!r}, attention_scaling={self.attention_scaling:g}"
+                + (f", position_axes={self.n_axes}" if self.axes is not None else ""))
 

@@ -6,10 +6,14 @@ context, Lmax = max_position_embeddings, default_j = theta^(-2j/d) for j = 0 .. 
 
 Types following transformers 5.x exactly (the parity suite checks thousands of random configs against
 ``transformers.modeling_rope_utils``): default, linear, dynamic, yarn, longrope, llama3, proportional.
+Types transformers computes inside model files (checked against those models): ntk_alpha (Hunyuan), axial
+(Qwen2-VL / Qwen2.5-VL / Qwen3-VL / GLM-4V vision towers) and axial_pixtral (Pixtral's vision tower).
 Types transformers lacks: ntk (static NTK-aware, the lesson's formula), and vLLM's variants whose numbers differ
 from transformers' types of the same name: vllm_dynamic, vllm_dynamic_alpha, vllm_ntk, vllm_longrope.
-See docs/scaling.md for every formula and the semantics it follows. The NTK family (ntk, dynamic, vllm_dynamic,
-vllm_dynamic_alpha) all change the base through ``ntk_theta(theta, factor, rotary_dim)`` = theta * s^(d/(d-2)).
+See docs/scaling.md for every formula and the semantics it follows. The NTK family (ntk, dynamic, ntk_alpha,
+vllm_dynamic, vllm_dynamic_alpha) all change the base through ``ntk_theta(theta, factor, rotary_dim)`` =
+theta * s^(d/(d-2)). Multimodal RoPE (mrope_section) keeps its type's frequencies and splits the pairs between
+position axes: ``posenc.rope.multiaxis``.
 
     >>> inv_freq, attention_scaling = rope_parameters("path/to/config.json")
     >>> inv_freq, attention_scaling = rope_parameters({"head_dim": 64, "rope_scaling": {"type": "linear", "factor": 4}})
@@ -25,54 +29,20 @@ Add a type:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
 
 import torch
 
+from posenc._validate import check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.rope.apply import default_inv_freq
-from posenc.rope.config import RopeConfig, load_rope_config
+from posenc.rope.config import MAX_THETA, RopeConfig, load_rope_config
+from posenc.rope.registry import (  # noqa: F401  (re-exported: the registry's public names live here too)
+    MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, SEQ_LEN_RULES, ScalingFn, register_rope_type, rope_type_function)
 
-ScalingFn = Callable[[RopeConfig, "int | None"], "tuple[torch.Tensor, float]"]
-
-# rope_type -> function(cfg: RopeConfig, seq_len: int | None) -> (inv_freq float32 [rotary_dim // 2], scaling)
-ROPE_SCALING_FUNCTIONS: dict[str, ScalingFn] = {}
-
-SEQ_LEN_RULES = (None, "dynamic", "longrope")
 BAND_NAMES = ("kept", "blended", "interpolated", "removed")
-
-
-def register_rope_type(name: str, *, required: Iterable[str] = (), optional: Iterable[str] = (),
-                       seq_len_rule: str | None = None, check: Callable[[RopeConfig], list] | None = None,
-                       bands: Callable[[RopeConfig, "int | None"], list] | None = None):
-    """Decorator adding ``fn(cfg, seq_len) -> (inv_freq, attention_scaling)`` to ``ROPE_SCALING_FUNCTIONS``.
-
-    Args:
-        name: the rope_type string configs use. Registering an existing name replaces it.
-        required: keys the config must give: scaling keys (e.g. "factor") or "max_position_embeddings" /
-            "original_max_position_embeddings". Missing ones raise ConfigError when the config is loaded.
-        optional: further accepted scaling keys (others warn as unrecognised).
-        seq_len_rule: how ``posenc.Rotary`` refreshes frequencies as sequences grow: None (fixed), "dynamic"
-            (transformers' dynamic NTK rule) or "longrope" (short/long switch at L0).
-        check: cfg -> list of reasons to warn about (suspicious but usable values).
-        bands: (cfg, seq_len) -> per-pair labels for ``frequency_bands`` when the method defines its own bands.
-    """
-    if seq_len_rule not in SEQ_LEN_RULES:
-        raise ConfigError(f"seq_len_rule must be one of {SEQ_LEN_RULES}, got {seq_len_rule!r}")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"name must be a non-empty string, got {name!r}")
-
-    def decorator(fn):
-        fn.rope_type = name
-        fn.required_keys = frozenset(required)
-        fn.optional_keys = frozenset(optional)
-        fn.seq_len_rule = seq_len_rule
-        fn.check = check
-        fn.bands = bands
-        ROPE_SCALING_FUNCTIONS[name] = fn
-        return fn
-
-    return decorator
+# scaling factors (factor, alpha, low/high_freq_factor) outside [1 / MAX_FACTOR, MAX_FACTOR] are refused: a
+# context-extension ratio of ten million already covers any context, and 1e300 divides every frequency to 0
+MAX_FACTOR = 1e7
 
 
 def rope_parameters(config, seq_len: int | None = None, *, layer_type: str | None = None
@@ -82,53 +52,59 @@ def rope_parameters(config, seq_len: int | None = None, *, layer_type: str | Non
     Args:
         config: a mapping in config.json form, a path to a config.json, a transformers config, or a RopeConfig.
         seq_len: the current sequence length (dynamic and longrope depend on it; others ignore it).
-        layer_type: selects the entry of a per-layer-type config (Gemma 3 style).
+        layer_type: selects the entry of a per-layer-type config (Gemma 3, ModernBERT style).
     Note: "proportional" returns head_dim // 2 frequencies (zeros for unrotated pairs), as Gemma 4 rotates the
-    whole head with them.
+    whole head with them. Raises ConfigError when the result is not usable: non-finite or negative frequencies,
+    or an attention scaling that is not a positive finite number.
     """
     cfg = load_rope_config(config, layer_type)
-    fn = _lookup(cfg.rope_type)
     if seq_len is not None:
         if isinstance(seq_len, torch.Tensor):
             seq_len = int(seq_len.max())
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ConfigError(f"seq_len must be a positive integer or None, got {seq_len!r}")
-    inv_freq, scaling = fn(cfg, seq_len)
+        seq_len = check_int(seq_len, "seq_len", min=1, error=ConfigError)
+    return rope_frequencies(cfg, seq_len)
+
+
+def rope_frequencies(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """The registered function of ``cfg.rope_type`` evaluated at ``seq_len``, checked: (inv_freq float32 1-D,
+    attention_scaling float). ConfigError for non-finite or negative frequencies or an attention scaling that is not
+    a positive finite number (the owner of that check: ``rope_parameters`` and ``Rotary`` both come here)."""
+    inv_freq, scaling = rope_type_function(cfg.rope_type)(cfg, seq_len)
     inv_freq = torch.as_tensor(inv_freq, dtype=torch.float32)
     if inv_freq.dim() != 1:
         raise ConfigError(f"rope_type {cfg.rope_type!r} returned inv_freq of shape {tuple(inv_freq.shape)}, "
                           "expected 1-D [rotary_dim // 2]")
     # extreme values (factor 1e-300, huge thetas) overflow fp32: refuse rather than hand on inf / NaN angles
-    if not bool(inv_freq.isfinite().all()) or bool((inv_freq < 0).any()) or not math.isfinite(scaling):
+    if not bool(inv_freq.isfinite().all()) or bool((inv_freq < 0).any()) \
+            or not (isinstance(scaling, (int, float)) and math.isfinite(scaling) and scaling > 0):
         raise ConfigError(f"rope_type {cfg.rope_type!r}: these parameters give non-finite or negative frequencies "
-                          f"or attention scaling ({scaling!r}); check factor and rope_theta: {cfg.params!r:.200}")
+                          f"or an attention scaling that is not a positive finite number ({scaling!r}); check "
+                          f"factor and rope_theta: {cfg.params!r:.200}")
     return inv_freq, float(scaling)
-
-
-def _lookup(rope_type: str) -> ScalingFn:
-    fn = ROPE_SCALING_FUNCTIONS.get(rope_type)
-    if fn is None:
-        raise ConfigError(f"unknown rope_type {rope_type!r}; known types: {sorted(ROPE_SCALING_FUNCTIONS)}")
-    return fn
 
 
 # ----------------------------------------------------------------------------------------------- helpers
 
-def _number(cfg: RopeConfig, key: str, default=None, *, positive: bool = False) -> float:
+def _number(cfg: RopeConfig, key: str, default=None, *, positive: bool = False, min: float | None = None) -> float:
     """A numeric scaling key (``default`` when absent or null), or a ConfigError naming it."""
     value = cfg.params.get(key)
     if value is None:
         value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a finite number, got {cfg.params.get(key)!r}")
-    if positive and value <= 0:
-        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be > 0, got {value!r}")
-    return value
+    return check_float(value, f"rope_type {cfg.rope_type!r}: {key}", positive=positive, min=min, error=ConfigError)
 
 
 def _factor(cfg: RopeConfig, key: str = "factor", default=None) -> float:
-    """A scaling factor: a number > 0 (below 1 only warns, when the config is loaded)."""
-    return _number(cfg, key, default, positive=True)
+    """A scaling factor: a number in [1 / MAX_FACTOR, MAX_FACTOR] (below 1 only warns, when the config is loaded)."""
+    value = _number(cfg, key, default, positive=True)
+    return _check_factor_range(cfg, key, value)
+
+
+def _check_factor_range(cfg: RopeConfig, key: str, value: float) -> float:
+    if not 1 / MAX_FACTOR <= value <= MAX_FACTOR:
+        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be in [{1 / MAX_FACTOR:g}, {MAX_FACTOR:g}], got "
+                          f"{value!r}: a scaling ratio beyond ten million covers no real context and drives the "
+                          "frequencies to 0 or infinity")
+    return value
 
 
 def _factor_or_ratio(cfg: RopeConfig) -> float:
@@ -138,7 +114,8 @@ def _factor_or_ratio(cfg: RopeConfig) -> float:
     if cfg.max_position_embeddings is None or cfg.original_max_position_embeddings is None:
         raise ConfigError(f"rope_type {cfg.rope_type!r}: factor is null, so max_position_embeddings and "
                           "original_max_position_embeddings are both needed to infer it")
-    return cfg.max_position_embeddings / cfg.original_max_position_embeddings
+    return _check_factor_range(cfg, "max_position_embeddings / original_max_position_embeddings",
+                               cfg.max_position_embeddings / cfg.original_max_position_embeddings)
 
 
 def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
@@ -147,18 +124,18 @@ def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
     With this base the lowest frequency is exactly default / s and the highest is unchanged.
     facts.md §6: theta 1e4, d = 32: s = 4 -> ~43,873; s = 8 -> ~91,896.
     """
-    for name, value in (("theta", theta), ("factor", factor)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 2 or rotary_dim % 2:
+    check_float(theta, "theta", positive=True, error=ConfigError)
+    check_float(factor, "factor", positive=True, error=ConfigError)
+    if even_int(rotary_dim, "rotary_dim", error=ConfigError) <= 2:
         raise ConfigError(f"rotary_dim must be an even integer > 2 (the exponent is d/(d-2)), got {rotary_dim!r}")
     try:
         base = float(theta) * float(factor) ** (rotary_dim / (rotary_dim - 2))
     except OverflowError:
         base = math.inf
-    if not math.isfinite(base):
-        raise ConfigError(f"theta * factor^(d/(d-2)) = {theta!r} * {factor!r}^({rotary_dim}/{rotary_dim - 2}) "
-                          "overflows: the factor is far too large")
+    if not base <= MAX_THETA:
+        raise ConfigError(f"theta * factor^(d/(d-2)) = {theta!r} * {factor!r}^({rotary_dim}/{rotary_dim - 2}) = "
+                          f"{base:.4g} overflows float32 (max {MAX_THETA:.4g}), where the frequencies are computed: "
+                          "the factor is far too large for this base")
     return base
 
 
@@ -167,9 +144,7 @@ def dynamic_ntk_theta(theta: float, factor: float, rotary_dim: int, seq_len: int
     """Dynamic NTK's base at ``seq_len`` (transformers' rule): ``ntk_theta`` with the length-dependent factor
     s * L / Lmax - (s - 1), L = max(seq_len, Lmax) (seq_len None: Lmax). Equals theta up to Lmax, then grows.
     """
-    if isinstance(max_position_embeddings, bool) or not isinstance(max_position_embeddings, int) \
-            or max_position_embeddings <= 0:
-        raise ConfigError(f"max_position_embeddings must be a positive integer, got {max_position_embeddings!r}")
+    check_int(max_position_embeddings, "max_position_embeddings", min=1, error=ConfigError)
     length = max_position_embeddings if seq_len is None else max(seq_len, max_position_embeddings)
     return ntk_theta(theta, factor * length / max_position_embeddings - (factor - 1), rotary_dim)
 
@@ -226,8 +201,10 @@ def dynamic_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Ten
     return default_inv_freq(cfg.rotary_dim, base), 1.0
 
 
-def _yarn_get_mscale(s: float, m: float = 1.0) -> float:
-    """YaRN's attention temperature g(s, m) = 0.1 m ln s + 1 (1 when s <= 1)."""
+def yarn_mscale(s: float, m: float = 1.0) -> float:
+    """YaRN's attention temperature g(s, m) = 0.1 m ln s + 1 (1 when s <= 1) (Peng et al. 2023; DeepSeek-V2's
+    mscale form). transformers' yarn uses g(s, mscale) / g(s, mscale_all_dim) on cos and sin, and DeepSeek's
+    attention multiplies its softmax scale by g(s, mscale_all_dim)^2 (``posenc.rope.layers``)."""
     return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
 
 
@@ -292,13 +269,13 @@ def yarn_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor
     s = _factor_or_ratio(cfg)
     attention = cfg.params.get("attention_factor")
     if attention is None:
-        mscale, mscale_all_dim = _number(cfg, "mscale", 0), _number(cfg, "mscale_all_dim", 0)
+        mscale, mscale_all_dim = _number(cfg, "mscale", 0, min=0), _number(cfg, "mscale_all_dim", 0, min=0)
         if mscale and mscale_all_dim:
-            attention = _yarn_get_mscale(s, mscale) / _yarn_get_mscale(s, mscale_all_dim)
+            attention = yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim)
         else:
-            attention = _yarn_get_mscale(s)
+            attention = yarn_mscale(s)
     else:
-        attention = _number(cfg, "attention_factor")
+        attention = _number(cfg, "attention_factor", positive=True)
     keep = 1 - _yarn_ramp(cfg)
     extrapolated = default_inv_freq(cfg.rotary_dim, cfg.theta)
     interpolated = extrapolated / s
@@ -317,12 +294,15 @@ def _longrope_check(cfg: RopeConfig) -> list[str]:
 
 def _longrope_ext(cfg: RopeConfig, key: str) -> torch.Tensor:
     value = cfg.params.get(key)
-    if not isinstance(value, (list, tuple)) or len(value) != cfg.rotary_dim // 2 or \
-            not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf for x in value):
-        raise ConfigError(f"rope_type {cfg.rope_type!r}: {key} must be a list of rotary_dim // 2 = "
-                          f"{cfg.rotary_dim // 2} positive numbers (frequencies are divided by them), "
-                          f"got {value!r:.80}")
-    return torch.tensor(value, dtype=torch.float32)
+    message = (f"rope_type {cfg.rope_type!r}: {key} must be a list of rotary_dim // 2 = {cfg.rotary_dim // 2} "
+               f"positive numbers (frequencies are divided by them), got {value!r:.80}")
+    if not isinstance(value, (list, tuple)) or len(value) != cfg.rotary_dim // 2:
+        raise ConfigError(message)
+    try:
+        factors = [check_float(x, key, positive=True, error=ConfigError) for x in value]
+    except ConfigError:
+        raise ConfigError(message) from None
+    return torch.tensor(factors, dtype=torch.float32)
 
 
 def _longrope_mscale(cfg: RopeConfig, s: float) -> float:
@@ -355,7 +335,7 @@ def longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Te
     orig = cfg.original_max_position_embeddings
     s = _factor_or_ratio(cfg)
     given = cfg.params.get("attention_factor") is not None
-    attention = _number(cfg, "attention_factor") if given else _longrope_mscale(cfg, s)
+    attention = _number(cfg, "attention_factor", positive=True) if given else _longrope_mscale(cfg, s)
     ext = _longrope_ext(cfg, "long_factor" if seq_len and seq_len > orig else "short_factor")
     return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(attention)
 
@@ -363,7 +343,8 @@ def longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Te
 def _llama3_check(cfg: RopeConfig) -> list[str]:
     reasons = []
     low, high = cfg.params.get("low_freq_factor"), cfg.params.get("high_freq_factor")
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and high <= low:
+    # high == low (Llama 4 Scout: both 1) is a hard cut at L0 / low with no blended band: valid, not warned
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and high < low:
         reasons.append(f"high_freq_factor ({high}) should be > low_freq_factor ({low})")
     orig, lmax = cfg.original_max_position_embeddings, cfg.max_position_embeddings
     if orig and lmax and orig >= lmax:
@@ -397,9 +378,11 @@ def llama3_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tens
     orig = cfg.original_max_position_embeddings
     inv = default_inv_freq(cfg.rotary_dim, cfg.theta)
     wavelen, long_wl, short_wl = _llama3_wavelengths(cfg)
+    out = torch.where(wavelen > long_wl, inv / s, inv)
+    if high == low:  # no band between the thresholds: only a pair exactly at L0 / low would be "blended" (0/0)
+        return out, 1.0
     sigma = (orig / wavelen - low) / (high - low)
     blended = (1 - sigma) * inv / s + sigma * inv
-    out = torch.where(wavelen > long_wl, inv / s, inv)
     middle = (wavelen >= short_wl) & (wavelen <= long_wl)
     return torch.where(middle, blended, out), 1.0
 
@@ -443,11 +426,17 @@ def vllm_dynamic_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torc
     return default_inv_freq(cfg.rotary_dim, base), 1.0
 
 
-@register_rope_type("vllm_dynamic_alpha", required=("alpha",))
-def vllm_dynamic_alpha_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
-    """vLLM's "dynamic" type when the config gives "alpha" (Hunyuan): theta' = theta * alpha^(d/(d-2)), fixed.
+# Hunyuan's published rope_scaling carries YaRN-style keys next to alpha; transformers' HunYuan models ignore them
+_HUNYUAN_IGNORED = ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
-    Numerically the static "ntk" type with s = alpha.
+
+@register_rope_type("vllm_dynamic_alpha", required=("alpha",), optional=_HUNYUAN_IGNORED)
+@register_rope_type("ntk_alpha", required=("alpha",), optional=_HUNYUAN_IGNORED)
+def ntk_alpha_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Hunyuan's NTK-alpha: theta' = theta * alpha^(d/(d-2)), fixed for every length (numerically "ntk" with
+    s = alpha). Hunyuan configs label it {"type": "dynamic", "alpha": ...}; transformers' HunYuan models read it as
+    this static type (their "ntk_alpha"), and so does posenc's config reader. vLLM's "dynamic" with alpha
+    ("vllm_dynamic_alpha") is the same formula.
     """
     base = ntk_theta(cfg.theta, _factor(cfg, "alpha"), cfg.rotary_dim)
     return default_inv_freq(cfg.rotary_dim, base), 1.0
@@ -484,9 +473,46 @@ def vllm_longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[tor
     served = lmax if seq_len is None else seq_len
     use_long = served > orig
     key = "long_mscale" if use_long else "short_mscale"
-    mscale = _longrope_mscale(cfg, lmax / orig) if cfg.params.get(key) is None else _number(cfg, key)
+    mscale = _longrope_mscale(cfg, lmax / orig) if cfg.params.get(key) is None else _number(cfg, key, positive=True)
     ext = _longrope_ext(cfg, "long_factor" if use_long else "short_factor")
     return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(mscale)
+
+
+# ------------------------------------------------------------------------------------ 2-D vision RoPE
+
+def axial_axes(cfg: RopeConfig) -> list[int]:
+    """Position axis of each pair for 2-D RoPE: the first half of the pairs follow the patch row (axis 0), the
+    second half the column (axis 1), as transformers' vision rotaries concatenate [h angles, w angles]."""
+    pairs = cfg.rotary_dim // 2
+    return [0] * (pairs // 2) + [1] * (pairs - pairs // 2)
+
+
+def _axial_dim(cfg: RopeConfig) -> int:
+    if cfg.rotary_dim % 4:
+        raise ConfigError(f"rope_type {cfg.rope_type!r} splits the pairs between two axes, so the rotary dim must be "
+                          f"divisible by 4, got {cfg.rotary_dim}")
+    return cfg.rotary_dim
+
+
+def _axial_bands(cfg: RopeConfig, seq_len: int | None) -> list[str]:
+    return ["kept"] * (cfg.rotary_dim // 2)   # 2-D RoPE is never rescaled
+
+
+@register_rope_type("axial", axes=axial_axes, bands=_axial_bands)
+def axial_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """2-D RoPE of vision towers (transformers' "axial": Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V vision): d/4
+    frequencies theta^(-2j/(d/2)), used once with the patch row (pairs 0 .. d/4-1) and once with the column
+    (pairs d/4 .. d/2-1); the whole head rotates (Su 2021's 2-D extension; Qwen2-VL, Wang et al. 2024)."""
+    inv = default_inv_freq(_axial_dim(cfg) // 2, cfg.theta)
+    return torch.cat([inv, inv]), 1.0
+
+
+@register_rope_type("axial_pixtral", axes=axial_axes, bands=_axial_bands)
+def axial_pixtral_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Pixtral's 2-D RoPE: the d/2 default frequencies theta^(-2j/d) split by parity, even j with the patch row,
+    odd j with the column (transformers' PixtralVisionRotaryEmbedding)."""
+    inv = default_inv_freq(_axial_dim(cfg), cfg.theta)
+    return torch.cat([inv[0::2], inv[1::2]]), 1.0
 
 
 # --------------------------------------------------------------------------------------------- bands
@@ -502,7 +528,7 @@ def frequency_bands(config, seq_len: int | None = None, *, layer_type: str | Non
         Llama 3.1 (s=8, low 1, high 4, L0 8192, theta 5e5, head_dim 128): 29 kept, 6 blended, 29 interpolated.
     """
     cfg = load_rope_config(config, layer_type)
-    fn = _lookup(cfg.rope_type)
+    fn = rope_type_function(cfg.rope_type)
     if fn.bands is not None:
         labels = fn.bands(cfg, seq_len)
     else:

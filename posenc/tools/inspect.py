@@ -1,8 +1,10 @@
 """``posenc inspect CONFIG``: what a Hugging Face config.json does with positions.
 
-For RoPE configs: rope type and parameters, head and rotary dims, how many frequency pairs are kept / blended /
-interpolated, the attention scaling, the longest wavelength against the original context, the context the config
-claims, and warnings for inconsistent settings. Configs without RoPE are recognised and described: ALiBi (BLOOM,
+For RoPE configs: rope type and parameters per layer type, head and rotary dims, the rotation layout, how many
+frequency pairs are kept / blended / interpolated, multimodal position axes (M-RoPE sections), the attention
+scaling and the effective logit scale (with DeepSeek's softmax multiplier), the longest wavelength against the
+original context, the context the config claims, the per-layer schedule (NoPE layers, Llama 4's temperature
+tuning, chunked / sliding attention), a vision tower's 2-D RoPE, and warnings for inconsistent settings. Configs without RoPE are recognised and described: ALiBi (BLOOM,
 MPT, Falcon/Baichuan variants), learned absolute tables (GPT-2, OPT, BERT...), sinusoidal tables (Marian...) and
 T5's relative bias buckets. Every number comes from the scaling registry (posenc.rope.scaling); nothing here
 recomputes a scaling formula.
@@ -19,8 +21,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from posenc._validate import check_int
 from posenc.errors import ConfigError
 from posenc.tools._io import read_config
+from posenc.tools.contexts import claimed_context, original_context
 
 HELP = "Describe the positional encoding of a Hugging Face config.json (RoPE scaling, ALiBi, learned...)."
 
@@ -31,11 +35,13 @@ _LEARNED_TYPES = {"gpt2", "gpt_neo", "opt", "gpt_bigcode", "bert", "roberta", "x
 _SINUSOIDAL_TYPES = {"marian", "fsmt", "m2m_100", "xglm", "pegasus", "speech_to_text", "nllb_moe"}
 _T5_TYPES = {"t5", "mt5", "umt5", "longt5", "switch_transformers"}
 _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim", "rotary_pct", "rotary_emb_base",
-              "partial_rotary_factor")
+              "partial_rotary_factor", "rope_local_base_freq", "global_rope_theta", "local_rope_theta")
 _ROPE_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
                "gemma3", "gemma3_text", "phi", "phi3", "gpt_neox", "gptj", "falcon", "starcoder2", "olmo", "olmo2",
                "cohere", "stablelm", "internlm2", "deepseek_v2", "deepseek_v3", "granite", "persimmon", "codegen",
-               "baichuan", "mistral3", "llama4", "glm", "exaone", "nemotron", "smollm3"}
+               "baichuan", "mistral3", "llama4", "llama4_text", "glm", "glm4", "exaone", "nemotron", "smollm3",
+               "modernbert", "modernbert-decoder", "hunyuan_v1_dense", "hunyuan_v1_moe", "qwen2_vl", "qwen2_5_vl",
+               "qwen3_vl", "qwen3_vl_text", "gemma3n_text", "cohere2", "olmo3", "kimi_k2"}
 
 
 # ------------------------------------------------------------------------------------------ scheme detection
@@ -51,8 +57,10 @@ def _n_heads(cfg: Mapping) -> int | None:
     return _get(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
 
 
-def detect_scheme(cfg: Mapping) -> tuple[str, str]:
+def detect_scheme(cfg: Mapping, _nested: bool = False) -> tuple[str, str]:
     """Return (scheme, why) with scheme in rope / alibi / learned / sinusoidal / relative_bias / unknown."""
+    from posenc.rope.config import vision_config_of
+
     model_type = str(cfg.get("model_type", "")).lower()
     attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), Mapping) else {}
     if model_type in _ALIBI_TYPES:
@@ -71,8 +79,10 @@ def detect_scheme(cfg: Mapping) -> tuple[str, str]:
         return "rope", "RoPE keys present"
     if model_type in _ROPE_TYPES:
         return "rope", f"model_type {model_type!r} uses RoPE (defaults apply: no RoPE keys in the file)"
-    if isinstance(cfg.get("text_config"), Mapping):
-        scheme, why = detect_scheme(cfg["text_config"])
+    if vision_config_of(cfg) is cfg:
+        return "rope", f"a vision tower with 2-D (axial) RoPE (model_type {model_type!r})"
+    if isinstance(cfg.get("text_config"), Mapping) and not _nested:   # one level: text configs do not nest
+        scheme, why = detect_scheme(cfg["text_config"], _nested=True)
         return scheme, f"text_config: {why}"
     if model_type in _SINUSOIDAL_TYPES or cfg.get("static_position_embeddings") is True:
         return "sinusoidal", f"model_type {model_type!r} uses a fixed sinusoidal table"
@@ -88,57 +98,25 @@ def _pos_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
-def _validate(rc) -> None:
-    """Raise ConfigError (naming the key) for malformed parameters, e.g. a non-numeric factor, before any
-    arithmetic here touches them; the registry's own validation runs, its warnings are left to the real call."""
-    from posenc.rope.scaling import rope_parameters
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rope_parameters(rc, None)
-
-
-def _claimed_context(rc) -> tuple[int | None, str]:
-    """The longest context this RoPE config claims, and where that number comes from."""
-    _validate(rc)
-    lmax, l0, s = rc.max_position_embeddings, rc.original_max_position_embeddings, rc.params.get("factor")
-    if rc.rope_type == "dynamic":
-        return None, "dynamic NTK has no fixed limit: frequencies are rescaled for any length past " \
-                     f"max_position_embeddings={lmax}"
-    if rc.rope_type == "yarn" and s and l0:
-        implied = int(round(s * l0))
-        if lmax is None or implied > lmax:
-            return implied, f"yarn factor x original context = {s:g} x {l0} (max_position_embeddings={lmax})"
-    if lmax is None:
-        return None, "max_position_embeddings is absent"
-    return lmax, "max_position_embeddings"
-
-
-def _original_context(rc) -> int | None:
-    _validate(rc)
-    if rc.original_max_position_embeddings:
-        return rc.original_max_position_embeddings
-    lmax, s = rc.max_position_embeddings, rc.params.get("factor")
-    if rc.rope_type == "linear" and lmax and s:
-        return int(round(lmax / s))  # convention: max_position_embeddings holds the extended length
-    return lmax
-
-
-def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> dict[str, Any]:
+def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, multiplier: float,
+                  reach: int | None = None) -> dict[str, Any]:
     import torch
 
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.config import load_rope_config
+    from posenc.rope.layers import rope_layout
+    from posenc.rope.multiaxis import axis_count
     from posenc.rope.scaling import frequency_bands, rope_parameters
 
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         rc = load_rope_config(cfg, layer_type)
-        claimed, claimed_from = _claimed_context(rc)
-        original = _original_context(rc)
+        claimed, claimed_from = claimed_context(rc)
+        original = original_context(rc)
         at = seq_len or claimed or (2 * rc.max_position_embeddings if rc.max_position_embeddings else None)
         inv, attention_scaling = rope_parameters(rc, at)
         bands = frequency_bands(rc, at)
+        axes = _position_axes(rc)
     caught = [str(w.message) for w in record]
 
     inv = inv.double()
@@ -160,8 +138,9 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
     else:
         longest = shortest = mean_interp = None
     warn = [*dict.fromkeys(caught)]  # unique, in order
-    warn += _rope_consistency(cfg, rc, claimed, original, longest, at)
-    params = {k: (f"[{len(v)} values {min(v):g}..{max(v):g}]" if isinstance(v, list) else v)
+    warn += _rope_consistency(cfg, rc, claimed, original, longest, at, reach)
+    params = {k: (f"[{len(v)} values {min(v):g}..{max(v):g}]" if isinstance(v, list) and k != "mrope_section"
+                  and v and all(_is_num(x) for x in v) else v)
               for k, v in rc.params.items()}
     return {
         "layer_type": layer_type,
@@ -172,6 +151,8 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
         "rotary_dim": rc.rotary_dim,
         "partial_rotary_factor": rc.partial_rotary_factor,
         "pairs": rc.rotary_dim // 2,
+        "layout": rope_layout(cfg),
+        "position_axes": axes,
         "max_position_embeddings": rc.max_position_embeddings,
         "original_context": original,
         "claimed_context": claimed,
@@ -180,6 +161,8 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
         "bands": {k: bands.get(k, 0) for k in ("kept", "blended", "interpolated", "removed")},
         "attention_scaling": float(attention_scaling),
         "logit_scaling": float(attention_scaling) ** 2,
+        "softmax_scale_multiplier": multiplier,
+        "effective_logit_scale": float(attention_scaling) ** 2 * multiplier,
         "longest_wavelength": longest,
         "longest_wavelength_unscaled": longest_default,
         "longest_wavelength_over_original_context": (longest_default / original)
@@ -187,6 +170,69 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None) -> 
         "shortest_wavelength": shortest,
         "mean_interpolation": mean_interp,
         "warnings": warn,
+        "_axis_count": axis_count(rc),
+    }
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _position_axes(rc) -> dict[str, Any] | None:
+    """M-RoPE: how the pairs split between the t / h / w position rows; None for 1-D positions."""
+    from posenc.rope.multiaxis import position_axes
+
+    axes = position_axes(rc)
+    if axes is None:
+        return None
+    counts = [int((axes == a).sum()) for a in range(int(axes.max()) + 1)]
+    return {"kind": "mrope", "axes": ["temporal", "height", "width"][: len(counts)], "pairs_per_axis": counts,
+            "mrope_section": rc.params.get("mrope_section"),
+            "interleaved": bool(rc.params.get("mrope_interleaved", False))}
+
+
+def _inspect_vision(vision: Mapping) -> dict[str, Any]:
+    """The 2-D (axial) RoPE of a vision tower: two position axes (patch row, column), never rescaled."""
+    from posenc.rope.config import load_rope_config
+    from posenc.rope.scaling import rope_parameters
+
+    rc = load_rope_config(vision)
+    inv, _ = rope_parameters(rc)
+    half = inv.numel() // 2
+    return {
+        "model_type": vision.get("model_type"),
+        "rope_type": rc.rope_type,
+        "rope_theta": rc.theta,
+        "head_dim": rc.head_dim,
+        "rotary_dim": rc.rotary_dim,
+        "pairs_per_axis": {"row": half, "column": inv.numel() - half},
+        "layout": "half",
+        "longest_wavelength_patches": _finite(2 * math.pi / float(inv.min())) if float(inv.min()) > 0 else None,
+        "note": "positions are (row, column) patch coordinates of each image (posenc.rope.mm_positions."
+                "vision_position_ids); they are bounded by the image size, so context extension does not apply",
+    }
+
+
+def _schedule(cfg: Mapping) -> dict[str, Any]:
+    """Per-layer schedule: which layers rotate, attention kinds, temperature tuning, softmax multiplier."""
+    from collections import Counter
+
+    from posenc.rope.layers import layer_schedule
+
+    s = layer_schedule(cfg)
+    tuning = s.temperature_tuning
+    return {
+        "num_layers": s.num_layers,
+        "nope_layers": s.nope_layers,
+        "rope_layers": None if s.rope is None else sum(s.rope),
+        "layer_types": None if s.layer_types is None else dict(Counter(s.layer_types)),
+        "attention_chunk_size": s.attention_chunk_size,
+        "sliding_window": s.sliding_window,
+        "temperature_tuning": None if tuning is None else {
+            "floor_scale": tuning.floor_scale, "attn_scale": tuning.attn_scale,
+            "applies_to": "NoPE layers: q x (log(1 + floor((p + 1) / floor_scale)) x attn_scale + 1)"},
+        "softmax_scale_multiplier": s.softmax_scale_multiplier,
+        "layout": s.layout,
     }
 
 
@@ -207,8 +253,10 @@ def _json_safe(obj):
     return obj
 
 
-def _rope_consistency(cfg, rc, claimed, original, longest, at) -> list[str]:
-    """Checks transformers does not make: lengths that disagree, partial-rotary mismatches, aliasing."""
+def _rope_consistency(cfg, rc, claimed, original, longest, at, reach=None) -> list[str]:
+    """Checks transformers does not make: lengths that disagree, partial-rotary mismatches, aliasing.
+
+    reach: the farthest distance this layer type attends over when it is bounded (a sliding window)."""
     out = []
     lmax, l0, s = rc.max_position_embeddings, rc.original_max_position_embeddings, rc.params.get("factor")
     # yarn and longrope read the factor as Lmax / L0 (transformers warns / derives it); llama3's factor is only the
@@ -224,28 +272,23 @@ def _rope_consistency(cfg, rc, claimed, original, longest, at) -> list[str]:
                        f"= {lmax}/{l0} = {implied:g}")
     if rc.rope_type == "linear" and s and lmax and "original_max_position_embeddings" not in cfg:
         out.append(f"linear scaling has no original length in the config: assuming max_position_embeddings "
-                   f"({lmax}) is the extended length, i.e. original {int(round(lmax / s))}")
+                   f"({lmax}) is the extended length, i.e. original {int(round(lmax / s))} (the file cannot say; "
+                   "a model may have been trained longer and scaled past Lmax / factor)")
     if original and claimed and original > claimed:
         out.append(f"the original context ({original}) is longer than the claimed context ({claimed})")
     prf = rc.partial_rotary_factor
     if prf < 1 and not math.isclose(rc.head_dim * prf, rc.rotary_dim, abs_tol=1e-9):
         out.append(f"partial_rotary_factor {prf:g} x head_dim {rc.head_dim} = {rc.head_dim * prf:g} is not an "
                    f"integer; int() truncates it to rotary_dim {rc.rotary_dim}")
-    if isinstance(cfg.get("rope_parameters"), Mapping) and isinstance(cfg.get("rope_scaling"), Mapping) \
-            and cfg["rope_parameters"] != cfg["rope_scaling"]:
-        out.append("both rope_parameters (5.x) and rope_scaling (4.x) are set and differ; rope_parameters is used")
     inner = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
     if "rope_theta" in inner and "rope_theta" in cfg and inner["rope_theta"] != cfg["rope_theta"]:
         out.append(f"rope_theta is {cfg['rope_theta']} at the top level but {inner['rope_theta']} inside "
                    "rope_parameters; the inner value is used")
-    head_dim, hidden, heads = cfg.get("head_dim"), cfg.get("hidden_size"), cfg.get("num_attention_heads")
-    if _pos_int(head_dim) and _pos_int(hidden) and _pos_int(heads) and head_dim != hidden // heads \
-            and "qk_rope_head_dim" not in cfg:
-        out.append(f"head_dim {head_dim} differs from hidden_size / num_attention_heads = "
-                   f"{hidden}/{heads} (fine if intended, e.g. Gemma)")
-    if at and longest is not None and longest < at:
-        out.append(f"the longest wavelength ({longest:,.0f} tokens) is shorter than the length evaluated "
-                   f"({at:,}): every pair wraps around, so far positions alias onto nearer ones")
+    span = min(at, reach) if at and reach else at
+    if span and longest is not None and longest < span:
+        out.append(f"the longest wavelength ({longest:,.0f} tokens) is shorter than the "
+                   + (f"sliding window ({span:,})" if span != at else f"length evaluated ({at:,})")
+                   + ": every pair wraps around, so far positions alias onto nearer ones")
     if lmax is None:
         out.append("max_position_embeddings is absent: the config claims no context length")
     return out
@@ -293,9 +336,13 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
     seq_len: evaluate length-dependent values (dynamic NTK, LongRoPE short/long factors, attention scaling) at this
     length instead of the claimed context. Returns a JSON-serialisable dict; see format_report for the text form.
     """
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0):
-        raise ConfigError(f"seq_len must be a positive integer, got {seq_len!r}")
-    cfg = read_config(config)
+    if seq_len is not None:
+        check_int(seq_len, "seq_len", min=1, error=ConfigError)
+    try:
+        cfg = read_config(config)
+    except RecursionError:
+        raise ConfigError("the config nests JSON objects / lists too deeply to read (a config.json is a few "
+                          "levels deep)") from None
     scheme, why = detect_scheme(cfg)
     report: dict[str, Any] = {
         "source": None if isinstance(config, Mapping) else os.fspath(config),
@@ -305,14 +352,29 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
         "detected_by": why,
     }
     if scheme == "rope":
-        from posenc.rope.config import rope_layer_types, rope_section
+        from posenc.rope.config import rope_layer_types, rope_section, vision_config_of
 
-        rope_cfg = rope_section(cfg)
-        layer_types = rope_layer_types(rope_cfg)
-        if layer_types == []:
-            raise ConfigError("every layer type has null RoPE parameters: nothing uses RoPE")
-        report["rope"] = [_inspect_rope(rope_cfg, lt, seq_len) for lt in layer_types or [None]]
-        report["warnings"] = [w for entry in report["rope"] for w in entry["warnings"]]
+        vision = vision_config_of(cfg)
+        if vision is not None:
+            report["vision"] = _inspect_vision(vision)
+        if vision is cfg:            # a vision tower on its own: no text RoPE to describe
+            report["rope"], report["layers"], report["warnings"] = [], None, []
+        else:
+            rope_cfg = rope_section(cfg)
+            layer_types = rope_layer_types(rope_cfg)
+            if layer_types == []:
+                raise ConfigError("every layer type has null RoPE parameters: nothing uses RoPE")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")        # the same warnings are recorded per layer type below
+                report["layers"] = _schedule(rope_cfg)
+            multiplier = report["layers"]["softmax_scale_multiplier"]
+            window = report["layers"]["sliding_window"]
+            report["rope"] = [_inspect_rope(rope_cfg, lt, seq_len, multiplier,
+                                            window if lt == "sliding_attention" else None)
+                              for lt in layer_types or [None]]
+            for entry in report["rope"]:
+                entry.pop("_axis_count")
+            report["warnings"] = list(dict.fromkeys(w for entry in report["rope"] for w in entry["warnings"]))
     elif scheme == "alibi":
         report["alibi"] = _inspect_alibi(cfg)
         report["warnings"] = report["alibi"].pop("warnings")
@@ -339,7 +401,7 @@ def _describe(report: dict[str, Any]) -> str:
     if scheme == "alibi":
         a = report["alibi"]
         return (f"ALiBi: no position embedding; each of the {a['n_heads']} heads adds -m_h*distance to its scores. "
-                "Extrapolates past the trained length without changes (facts.md §4), but far tokens are "
+                "Extrapolates past the trained length without changes (Press et al. 2022, Table 2; docs/facts.md §3), but far tokens are "
                 "penalised linearly.")
     if scheme == "learned":
         n = report["learned"]["table_size"]
@@ -351,9 +413,22 @@ def _describe(report: dict[str, Any]) -> str:
         r = report["relative_bias"]
         return (f"T5 relative position buckets: {r['num_buckets']} learned biases per head, log-spaced up to "
                 f"distance {r['max_distance']}; farther tokens share the last bucket.")
+    if scheme == "rope" and not report["rope"]:
+        v = report["vision"]
+        return (f"Vision tower with 2-D RoPE ({v['rope_type']}): rotates all {v['head_dim']} dims per head, "
+                f"{v['pairs_per_axis']['row']} pairs by patch row and {v['pairs_per_axis']['column']} by column.")
     if scheme == "rope":
         e = report["rope"][0]
-        return f"RoPE ({e['rope_type']}): rotates {e['rotary_dim']} of {e['head_dim']} dims per head."
+        text = f"RoPE ({e['rope_type']}): rotates {e['rotary_dim']} of {e['head_dim']} dims per head"
+        if e["position_axes"]:
+            text += (f", multimodal (M-RoPE{', interleaved' if e['position_axes']['interleaved'] else ''}): "
+                     f"t/h/w positions on {'/'.join(map(str, e['position_axes']['pairs_per_axis']))} pairs")
+        layers = report.get("layers") or {}
+        if layers.get("nope_layers"):
+            text += f"; {len(layers['nope_layers'])} of {layers['num_layers']} layers use no positional encoding"
+        if len(report["rope"]) > 1:
+            text += f"; {len(report['rope'])} layer types with their own RoPE"
+        return text + "."
     return "Unknown positional encoding."
 
 
@@ -367,6 +442,12 @@ def _fmt_num(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _ranges(indices: list[int]) -> str:
+    """[3, 7, 11] -> "3, 7, 11"; long lists shortened."""
+    text = ", ".join(map(str, indices[:12]))
+    return text + (f", ... ({len(indices)} in all)" if len(indices) > 12 else "")
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The human-readable form of an inspect_config report."""
     title = report["source"] or "config"
@@ -375,15 +456,26 @@ def format_report(report: dict[str, Any]) -> str:
         if e["layer_type"]:
             lines.append(f"\n[{e['layer_type']}]")
         lines += [
-            f"  rope_type            {e['rope_type']}   rope_theta {e['rope_theta']:g}",
+            f"  rope_type            {e['rope_type']}   rope_theta {e['rope_theta']:g}   layout {e['layout']}",
             f"  parameters           {json.dumps(e['parameters'])}",
             f"  head_dim / rotary    {e['head_dim']} / {e['rotary_dim']} ({e['pairs']} pairs, "
             f"partial_rotary_factor {e['partial_rotary_factor']:g})",
+        ]
+        if e["position_axes"]:
+            a = e["position_axes"]
+            lines.append(f"  position axes        {' / '.join(a['axes'])} rows on {a['pairs_per_axis']} pairs "
+                         f"({'interleaved' if a['interleaved'] else 'chunked'} M-RoPE; positions [3, batch, seq])")
+        lines += [
             f"  pairs                {e['bands']['kept']} kept / {e['bands']['blended']} blended / "
             f"{e['bands']['interpolated']} interpolated"
             + (f" / {e['bands']['removed']} removed" if e["bands"]["removed"] else "")
             + f"  (at length {_fmt_len(e['evaluated_at_length'])})",
             f"  attention scaling    {e['attention_scaling']:.6g} on cos and sin (logits x{e['logit_scaling']:.6g})",
+        ]
+        if e["softmax_scale_multiplier"] != 1:
+            lines.append(f"  softmax scale        x{e['softmax_scale_multiplier']:.6g} on 1/sqrt(qk_head_dim) (DeepSeek "
+                         f"mscale^2): effective logit scale x{e['effective_logit_scale']:.6g}")
+        lines += [
             f"  original context     {_fmt_len(e['original_context'])}",
             f"  claimed context      {_fmt_len(e['claimed_context'])}  ({e['claimed_context_from']})",
             f"  longest wavelength   {_fmt_num(e['longest_wavelength'], ',.0f')} tokens scaled, "
@@ -393,6 +485,31 @@ def format_report(report: dict[str, Any]) -> str:
             f"  shortest wavelength  {_fmt_num(e['shortest_wavelength'], '.3g')} tokens;  mean interpolation "
             f"x{_fmt_num(e['mean_interpolation'], '.3g')} (geometric)",
         ]
+    layers = report.get("layers")
+    if layers:
+        lines.append("\nlayers")
+        if layers["num_layers"] is not None:
+            nope = layers["nope_layers"]
+            lines.append(f"  rotate q/k           {layers['num_layers'] - len(nope)} of {layers['num_layers']} layers"
+                         + (f"; NoPE layers {_ranges(nope)}" if nope else ""))
+        if layers["layer_types"]:
+            lines.append("  attention kinds      " + ", ".join(f"{k} x{v}" for k, v in layers["layer_types"].items()))
+        if layers["attention_chunk_size"]:
+            lines.append(f"  chunked attention    blocks of {layers['attention_chunk_size']:,} tokens")
+        if layers["sliding_window"]:
+            lines.append(f"  sliding window       {layers['sliding_window']:,} tokens")
+        if layers["temperature_tuning"]:
+            t = layers["temperature_tuning"]
+            lines.append(f"  temperature tuning   floor_scale {t['floor_scale']:g}, attn_scale {t['attn_scale']:g} "
+                         f"({t['applies_to']})")
+    if "vision" in report:
+        v = report["vision"]
+        lines += [f"\nvision tower ({v['model_type']})",
+                  f"  rope_type            {v['rope_type']}   rope_theta {v['rope_theta']:g}   layout {v['layout']}",
+                  f"  head_dim / rotary    {v['head_dim']} / {v['rotary_dim']} ({v['pairs_per_axis']['row']} pairs "
+                  f"by patch row, {v['pairs_per_axis']['column']} by column)",
+                  f"  longest wavelength   {_fmt_num(v['longest_wavelength_patches'], ',.0f')} patches",
+                  f"  note                 {v['note']}"]
     if "alibi" in report:
         a = report["alibi"]
         slopes = a.get("slopes")

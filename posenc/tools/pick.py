@@ -2,8 +2,8 @@
 
 Given the context the model must serve, the context it was (or will be) trained at, the training budget, the task and
 whether it must work past every trained length, recommend a scheme and an extension method with parameters, the
-reasons (each citing the evidence in docs: facts.md section or the lesson), the alternatives and why not, and a
-ready config snippet. The decision table is documented in docs/picker.md; keep the two in step.
+reasons (each citing the evidence by path: a docs/facts.md section or docs/lesson.md), the alternatives and why
+not, and a ready config snippet. The decision table is documented in docs/picker.md; keep the two in step.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from posenc._validate import check_choice, check_float, check_int
 from posenc.errors import PosencError
+from posenc.extensions import ExtensionSpec, method_config
+from posenc.tools.contexts import MAX_CONTEXT
+
+# the snippet's rope_theta when the existing model's base is not given: visibly not a number to copy
+THETA_PLACEHOLDER = "<your model's rope_theta: pass --rope-theta, or --config config.json to read it>"
 
 HELP = "Recommend a positional encoding / context-extension method for a target context, budget and task."
 
@@ -21,33 +27,43 @@ TASKS = ("lm", "code", "retrieval", "encoder")
 
 # Evidence, quoted from the project reference facts (facts.md) and the spec (lesson); see docs/picker.md.
 EVIDENCE = {
-    "alibi_table2": "ALiBi paper Table 2 (facts.md §4): trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 at 15512, "
-                    "while rotary reaches 79.25 and sinusoidal 406.01",
-    "alibi_short_train": "ALiBi trained at only L=64 still goes 28.46 -> 21.53 at 3072 (facts.md §4, ALiBi Table 5)",
+    "alibi_table2": "ALiBi paper Table 2 (docs/facts.md §4): trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 "
+                    "at 15512, while rotary reaches 79.25 and sinusoidal 406.01",
+    "alibi_short_train": ("ALiBi trained at only L=64 still goes 28.46 -> 21.53 at 3072 (docs/facts.md §4, "
+                          "ALiBi Table 5)"),
     "alibi_sliding": "with stride-1 sliding-window eval ALiBi stays flat (17.98 -> 18.30) instead of improving: much "
-                     "of its gain is the early-token curse, not use of the far context (facts.md §4)",
-    "kazemnejad": "Kazemnejad et al. 2023 (facts.md §4, synthetic tasks at 2x the train length): MRR NoPE 0.69, "
+                     "of its gain is the early-token curse, not use of the far context (docs/facts.md §4)",
+    "kazemnejad": "Kazemnejad et al. 2023 (docs/facts.md §4, synthetic tasks at 2x the train length): MRR NoPE 0.69, "
                   "T5 0.55, ALiBi 0.50, RoPE 0.33, absolute 0.22; on copy RoPE and absolute fall to ~0",
-    "pi": "Position interpolation (Chen et al. 2023, facts.md §4): Llama 7B at an 8k window has 16.10 ppl with no "
-          "fine-tuning, 7.12 after 200 steps and 6.95 after 1000",
-    "zero_shot": "LongRoPE Table 1 (facts.md §4, Llama-2-7B zero-shot from 4k, PG19 ppl at 8k/16k): dynamic NTK "
+    "pi": "Position interpolation (Chen et al. 2023, docs/facts.md §4): Llama 7B at an 8k window has 16.10 ppl "
+          "with no fine-tuning, 7.12 after 200 steps and 6.95 after 1000",
+    "zero_shot": "LongRoPE Table 1 (docs/facts.md §4, Llama-2-7B zero-shot from 4k, PG19 ppl at 8k/16k): dynamic NTK "
                  "10.21/23.29, PI 10.65/20.49, YaRN 32.64/87.89 -- zero-shot YaRN is poor, it is meant for "
                  "fine-tuning",
-    "yarn": "YaRN Table 2 (facts.md §4, Llama-2-7B fine-tuned at s=32): 3.56 ppl at 8k, 2.37 at 128k, passkey "
+    "yarn": "YaRN Table 2 (docs/facts.md §4, Llama-2-7B fine-tuned at s=32): 3.56 ppl at 8k, 2.37 at 128k, passkey "
             "99.4% to 128k",
-    "probe": "posenc's CPU probe (facts.md §6, trained at 128): RoPE ppl 5.6 -> 19.1 at 8x; static NTK s=8 "
+    "probe": "posenc's CPU probe (docs/facts.md §6, trained at 128): RoPE ppl 5.6 -> 19.1 at 8x; static NTK s=8 "
              "zero-shot 7.7 at 4x; PI s=8 zero-shot ~20 everywhere; ALiBi flat 6.7 -> 6.6",
-    "rope_default": "lesson: RoPE dominates frontier models (Llama 2/3/4, Qwen 2/3, Mistral, DeepSeek-V3) -- no "
-                    "architecture change, relative position in the dot product, and its base is a clean knob for "
-                    "long-context fine-tuning",
+    "rope_default": "docs/lesson.md: RoPE dominates frontier models (Llama 2/3/4, Qwen 2/3, Mistral, "
+                    "DeepSeek-V3) -- no architecture change, relative position in the dot product, and its base "
+                    "is a clean knob for long-context fine-tuning",
     "llama31": "Llama 3.1 went from 8k to 128k with llama3 scaling (factor 8, low 1, high 4) plus long-context "
-               "training (lesson 'Use it'; facts.md §2)",
+               "training (docs/lesson.md 'Use it'; docs/facts.md §2)",
     "encoder_alibi": "bidirectional use needs the symmetric bias -m_h*|i-j|; the causal shortcut m_h*j is only "
-                     "valid under a causal mask (facts.md §3)",
-    "absolute": "sinusoidal and learned absolute positions do not extrapolate (lesson table); sinusoidal ppl 20.05 "
-                "-> 406.01 at 30x the train length (facts.md §4)",
+                     "valid under a causal mask (docs/facts.md §3)",
+    "absolute": "sinusoidal and learned absolute positions do not extrapolate (docs/lesson.md, the comparison "
+                "table); sinusoidal ppl 20.05 -> 406.01 at 30x the train length (docs/facts.md §4)",
+    "lab_finetune": "posenc lab --preset extend (docs/lab.md; byte LM trained at 128, 8x to 1024, 3 seeds): 100 "
+                    "fine-tune steps at 1024 (13% of pre-training's tokens) bring YaRN to 6.82 +- 0.10 ppl at 1024 "
+                    "(zero-shot 10.92), NTK 6.89, Llama 3 6.89, searched LongRoPE 6.85, PI 8.63 (zero-shot 16.88)",
+    "lab_pose": "posenc lab --preset extend: PoSE (fine-tune at the original length, positions covering the "
+                "target) at the same 100 steps costs 1.7x less CPU than fine-tuning at 8x the length; PI + PoSE "
+                "8.26 vs PI 8.63 at full length, YaRN + PoSE 7.19 vs YaRN 6.82 (docs/lab.md)",
+    "lab_longrope": "posenc lab --preset extend: LongRoPE's search (192 evaluations, ~11 CPU s on the lab model) "
+                    "gives 9.73 +- 0.40 ppl at 8x zero-shot vs YaRN 10.92, NTK 11.78, PI 16.88 -- better on every "
+                    "seed at the searched length, not at 2x/4x (NTK better there) (docs/lab.md)",
     "dynamic": "dynamic NTK raises the base only once the sequence passes max_position_embeddings, so short inputs "
-               "keep the original frequencies exactly (facts.md §2)",
+               "keep the original frequencies exactly (docs/facts.md §2)",
 }
 
 # Published (theta, trained context) anchors used to size the RoPE base for a new model.
@@ -87,31 +103,73 @@ def _pretrain_theta(context: int) -> tuple[float, str]:
 
 
 def _check_inputs(target_context, train_context, budget, task, rope_theta):
-    for name, value in (("target_context", target_context), ("train_context", train_context)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PosencError(f"{name} must be a positive integer number of tokens, got {value!r}")
-    if budget not in BUDGETS:
-        raise PosencError(f"budget must be one of {', '.join(BUDGETS)}, got {budget!r}")
-    if task not in TASKS:
-        raise PosencError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if rope_theta is not None and not (isinstance(rope_theta, (int, float)) and rope_theta > 1):
-        raise PosencError(f"rope_theta must be a number > 1, got {rope_theta!r}")
+    check_int(target_context, "target_context", min=1, max=MAX_CONTEXT)
+    check_int(train_context, "train_context", min=1, max=MAX_CONTEXT)
+    check_choice(budget, "budget", BUDGETS)
+    check_choice(task, "task", TASKS)
+    if rope_theta is not None:
+        check_float(rope_theta, "rope_theta", min=1.0)
+        if rope_theta == 1:
+            raise PosencError(f"rope_theta must be a number > 1, got {rope_theta!r}")
+
+
+def _snippet(method: str, train: int, target: int, theta: float) -> dict[str, Any]:
+    """The config keys ``method`` writes (from the extension-method registry), transformers 5.x form."""
+    written = method_config(method, ExtensionSpec(original=train, factor=_factor(target, train), rotary_dim=None,
+                                                  theta=theta, target=target))
+    snippet: dict[str, Any] = {}
+    if written.max_position_embeddings != train:
+        snippet["max_position_embeddings"] = written.max_position_embeddings
+    snippet["rope_parameters"] = {**written.scaling, "rope_theta": theta}
+    return snippet
+
+
+def _yarn_betas(snippet: dict[str, Any]) -> dict[str, Any]:
+    """The YaRN snippet with the ramp bounds its text cites written out (transformers' defaults, YaRN paper)."""
+    snippet["rope_parameters"] = {**snippet["rope_parameters"], "beta_fast": 32, "beta_slow": 1}
+    return snippet
 
 
 def _factor(target: int, train: int) -> float:
     return target / train  # exact: transformers warns when a yarn factor differs from Lmax / L0
 
 
-def pick(target_context: int, train_context: int, budget: str = "none", task: str = "lm",
-         extrapolation_needed: bool = False, *, rope_theta: float | None = None) -> Recommendation:
+def config_context(config) -> tuple[float, int]:
+    """(rope_theta, trained context) of an existing model's config, read as ``posenc inspect`` reads them: the
+    global (full-attention) layer type's base and the original, pre-extension context. PosencError for a config
+    without language-model RoPE (ALiBi, learned positions, a vision tower)."""
+    from posenc.tools.inspect import inspect_config
+
+    report = inspect_config(config)
+    entries = report.get("rope") or []
+    if not entries:
+        raise PosencError(f"pick reads rope_theta and the trained context from a RoPE language-model config; this "
+                          f"one is {report['scheme']}" + (" (a vision tower)" if "vision" in report else ""))
+    entry = next((e for e in entries if e["layer_type"] in (None, "full_attention")), entries[0])
+    context = entry["original_context"] or entry["max_position_embeddings"]
+    if context is None:
+        raise PosencError("the config states no context length (max_position_embeddings): give --train-context")
+    return entry["rope_theta"], context
+
+
+def pick(target_context: int, train_context: int | None = None, budget: str = "none", task: str = "lm",
+         extrapolation_needed: bool = False, *, rope_theta: float | None = None, config=None) -> Recommendation:
     """Recommend a positional-encoding strategy.
 
     target_context: tokens the model must handle; train_context: tokens it was (budget none/finetune: an existing
     model's original context) or will be (budget pretrain) trained at; budget: "none" (use an existing model as is),
     "finetune" (a short fine-tune of an existing model), "pretrain" (train a new model); task: "lm", "code",
     "retrieval" or "encoder" (bidirectional); extrapolation_needed: inputs may exceed every length ever trained on;
-    rope_theta: the existing model's base (budget none/finetune), used in the snippet (default 10000).
+    rope_theta: the existing model's base (budget none/finetune), written into the snippet (None: a placeholder
+    string, never a made-up number); config: an existing model's config.json (path or mapping): rope_theta and
+    train_context default to what it says (``config_context``).
     """
+    if config is not None:
+        theta, context = config_context(config)
+        rope_theta = theta if rope_theta is None else rope_theta
+        train_context = context if train_context is None else train_context
+    if train_context is None:
+        raise PosencError("train_context is required (or give config= to read it from a model config)")
     _check_inputs(target_context, train_context, budget, task, rope_theta)
     inputs = {"target_context": target_context, "train_context": train_context, "budget": budget, "task": task,
               "extrapolation_needed": bool(extrapolation_needed), "rope_theta": rope_theta}
@@ -120,6 +178,11 @@ def pick(target_context: int, train_context: int, budget: str = "none", task: st
     else:
         rec = _pick_existing(target_context, train_context, budget, task, extrapolation_needed,
                              10_000.0 if rope_theta is None else float(rope_theta))
+        if rope_theta is None and rec.config_snippet:  # never a made-up base for an existing model
+            rec.config_snippet["rope_parameters"]["rope_theta"] = THETA_PLACEHOLDER
+            rec.parameters["rope_theta"] = THETA_PLACEHOLDER
+            rec.notes.append("rope_theta in the snippet is a placeholder: use your model's own value (`--config "
+                             "config.json` or `--rope-theta` fills it in; `posenc inspect config.json` shows it)")
     rec.inputs = inputs
     return rec
 
@@ -140,8 +203,8 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
             alternatives=[
                 _alt("RoPE + a YaRN long-context stage",
                      "reaches a chosen length but not past it; every extension needs a factor and long data "
-                     "(facts.md §4: rotary 20.07 -> 79.25 ppl at 30x without it)"),
-                _alt("NoPE", "best on synthetic length generalisation (MRR 0.69, facts.md §4) but unproven for "
+                     "(docs/facts.md §4: rotary 20.07 -> 79.25 ppl at 30x without it)"),
+                _alt("NoPE", "best on synthetic length generalisation (MRR 0.69, docs/facts.md §4) but unproven for "
                              "LM perplexity at scale; the posenc probe has it worst in-distribution (10.2 ppl)"),
                 _alt("sinusoidal / learned absolute", EVIDENCE["absolute"]),
             ],
@@ -167,7 +230,7 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
         notes = ["train on documents that actually reach the target length"]
         if extrapolate:
             notes.append("past the trained length RoPE needs an extension: plan a YaRN long-context stage, or "
-                         "serve with dynamic NTK as a zero-shot fallback (facts.md §4 LongRoPE Table 1)")
+                         "serve with dynamic NTK as a zero-shot fallback (docs/facts.md §4 LongRoPE Table 1)")
         return Recommendation(scheme="RoPE", method="none (train at the target length)", parameters=params,
                               reasons=reasons, alternatives=alternatives, config_snippet=snippet, notes=notes)
     s = _factor(T, L)
@@ -178,10 +241,8 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
              "below and train on long documents (the Llama 3.1 / Qwen 2.5 recipe)"]
     if extrapolate:
         notes.append("past the stage-2 length no RoPE method is reliable for retrieval; serve beyond it with "
-                     "dynamic NTK only as a graceful-degradation fallback (facts.md §4 LongRoPE Table 1)")
-    snippet = {"max_position_embeddings": T,
-               "rope_parameters": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,
-                                   "rope_theta": theta}}
+                     "dynamic NTK only as a graceful-degradation fallback (docs/facts.md §4 LongRoPE Table 1)")
+    snippet = _snippet("yarn", L, T, theta)
     return Recommendation(scheme="RoPE", method="yarn (long-context stage)", parameters=params, reasons=reasons,
                           alternatives=alternatives, config_snippet=snippet, notes=notes)
 
@@ -221,20 +282,22 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                 _alt("PI (linear)", "needs fine-tuning: " + EVIDENCE["pi"]),
                 _alt("YaRN", "zero-shot it is the worst of the four in LongRoPE Table 1 (32.64 at 8k); use it "
                              "with a fine-tune (--budget finetune)"),
-                _alt("LongRoPE", "needs an evolutionary search of per-dimension factors (and ideally a fine-tune)"),
+                _alt("LongRoPE", "needs an evolutionary search of per-dimension factors on your model and data "
+                                 "(`posenc search`); it then beats the fixed methods at the searched length: "
+                                 + EVIDENCE["lab_longrope"]),
                 _alt("ALiBi", "needs pretraining from scratch"),
             ],
-            config_snippet={"rope_parameters": {"rope_type": "dynamic", "factor": s, "rope_theta": theta}},
+            config_snippet=_snippet("dynamic", L, T, theta),
             notes=notes + ["keep max_position_embeddings at the original context: dynamic NTK scales relative to "
-                           "it; cache keys before rotation for exactness under a KV cache (facts.md §2)"])
+                           "it; cache keys before rotation for exactness under a KV cache (docs/facts.md §2)"])
     # budget == "finetune"
-    reasons = [EVIDENCE["yarn"], EVIDENCE["pi"],
+    reasons = [EVIDENCE["yarn"], EVIDENCE["pi"], EVIDENCE["lab_finetune"],
                "YaRN interpolates only the low-frequency pairs (wavelength > original context) and keeps the "
                "high-frequency ones, plus an attention temperature 0.1*ln(s)+1 that preserves attention entropy "
-               "(lesson; facts.md §2)"]
+               "(docs/lesson.md; docs/facts.md §2)"]
     if task in ("code", "retrieval"):
         reasons.append("kept high-frequency pairs preserve local token order, which code and exact retrieval "
-                       "depend on; PI compresses them by the full factor (facts.md §2: YaRN's ramp keeps pairs "
+                       "depend on; PI compresses them by the full factor (docs/facts.md §2: YaRN's ramp keeps pairs "
                        "that turn more than beta_fast=32 times within L0)")
     return Recommendation(
         scheme="RoPE (existing model)", method="yarn + short fine-tune",
@@ -243,20 +306,24 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
         reasons=reasons,
         alternatives=[
             _alt("PI (linear)", "also fine after a fine-tune, but divides every frequency by s, losing local "
-                                "resolution, and needs more steps to recover"),
+                                "resolution, and needs more steps to recover (posenc lab: 8.63 vs YaRN's 6.82 after "
+                                "the same 100 steps)"),
             _alt("llama3", "the same keep/blend/interpolate idea with fixed wavelength cut-offs; Meta paired it "
                            "with long-context pretraining rather than a short fine-tune -- a fine choice if you "
                            "follow that recipe (`posenc extend --method llama3`)"),
-            _alt("LongRoPE", "better zero-shot (LongRoPE Table 1: 9.37/11.34) but needs its evolutionary factor "
-                             "search; `posenc extend --method longrope` only writes an unsearched initialisation"),
+            _alt("LongRoPE", "better zero-shot (LongRoPE Table 1: 9.37/11.34; " + EVIDENCE["lab_longrope"] + ") "
+                             "but needs its factor search on the model (`posenc search`, then `posenc extend "
+                             "--method longrope --longrope rope_scaling.json`); after the same fine-tune it ties "
+                             "YaRN (6.85 vs 6.82) and loses quality inside the original context (7.49 vs 6.91 at "
+                             "1x) unless its short factors are searched too"),
+            _alt("PoSE", "fine-tune at the original length with skip-wise positions: cheaper per step; "
+                         + EVIDENCE["lab_pose"]),
             _alt("dynamic NTK", "a zero-shot method: fine-tuning under frequencies that change with length "
                                 "trains on a moving target"),
             _alt("ALiBi", "needs pretraining from scratch"),
         ],
-        config_snippet={"max_position_embeddings": T,
-                        "rope_parameters": {"rope_type": "yarn", "factor": s,
-                                            "original_max_position_embeddings": L, "rope_theta": theta}},
-        notes=notes + ["fine-tune on documents up to the target length (hundreds of steps / ~1B tokens: lesson "
+        config_snippet=_yarn_betas(_snippet("yarn", L, T, theta)),
+        notes=notes + ["fine-tune on documents up to the target length (hundreds of steps / ~1B tokens: docs/lesson.md "
                        "'PI + fine-tune'); `posenc extend CONFIG --method yarn --target-length "
                        f"{T}` writes the config"])
 
@@ -284,20 +351,24 @@ def format_recommendation(rec: Recommendation) -> str:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--target-context", type=int, required=True, help="tokens the model must handle")
-    parser.add_argument("--train-context", type=int, required=True,
-                        help="tokens the model was trained at (existing model) or will be trained at (pretrain)")
+    parser.add_argument("--train-context", type=int, default=None,
+                        help="tokens the model was trained at (existing model) or will be trained at (pretrain); "
+                             "read from --config when not given")
+    parser.add_argument("--config", default=None,
+                        help="an existing model's config.json: its rope_theta and original context are used")
     parser.add_argument("--budget", choices=BUDGETS, default="none",
                         help="none: use an existing model as is; finetune: a short fine-tune; pretrain: new model")
     parser.add_argument("--task", choices=TASKS, default="lm", help="workload (encoder = bidirectional)")
     parser.add_argument("--extrapolation-needed", action="store_true",
                         help="inputs may be longer than any length ever trained on")
     parser.add_argument("--rope-theta", type=float, default=None,
-                        help="the existing model's rope_theta, used in the snippet (default 10000)")
+                        help="the existing model's rope_theta, written into the snippet (without it the snippet "
+                             "shows a placeholder)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args) -> int:
     rec = pick(args.target_context, args.train_context, args.budget, args.task, args.extrapolation_needed,
-               rope_theta=args.rope_theta)
+               rope_theta=args.rope_theta, config=args.config)
     print(json.dumps(rec.to_dict(), indent=2) if args.json else format_recommendation(rec))
     return 0

@@ -24,7 +24,10 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from posenc._atomic import atomic_path
+from posenc._validate import check_float, check_int, even_int, positive_float
 from posenc.errors import PosencError
+from posenc.extensions import METHODS
+from posenc.tools.contexts import MAX_CONTEXT, claimed_context, original_context
 
 HELP = "Draw positional-encoding plots: sinusoidal, rope, scaling, alibi, decay."
 
@@ -56,16 +59,21 @@ def _save(fig, out: str | os.PathLike) -> Path:
     return out
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PosencError(f"{name} must be a positive integer, got {value!r}")
-    return value
+def _positive_int(value, name: str, max: int | None = None) -> int:
+    """A positive int, at most ``max`` (the sizes that keep a plot's memory bounded)."""
+    return check_int(value, name, min=1, max=max)
+
+
+# size limits: a plot never needs more, and past them the tables would not fit in memory
+MAX_DIM = 8192          # head or model dimension
+MAX_TABLE = 2**24       # cells of the sinusoidal table (positions x dim)
+MAX_ALIBI_HEADS = 1024
+MAX_ALIBI_SEQ = 256     # heatmap side
+MAX_POINTS = 100_000
 
 
 def _positive_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise PosencError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+    return positive_float(value, name)
 
 
 # ---------------------------------------------------------------------------------------------- sinusoidal
@@ -98,11 +106,12 @@ def plot_sinusoidal(out, *, max_len: int = 512, dim: int = 128, base: float = 10
     """
     from posenc.absolute import sinusoidal
 
-    _positive_int(max_len, "max_len")
-    _positive_int(dim, "dim")
+    _positive_int(max_len, "max_len", MAX_CONTEXT)
+    _positive_int(dim, "dim", MAX_DIM)
+    if max_len * dim > MAX_TABLE:
+        raise PosencError(f"max_len x dim must be at most {MAX_TABLE:,} table cells, got {max_len} x {dim}")
     base = _positive_float(base, "base")
-    if dim % 2:
-        raise PosencError(f"dim must be even (sin/cos pairs), got {dim}")
+    even_int(dim, "dim")
     pe = sinusoidal(max_len, dim, base)                       # [max_len, dim]
     measured = measure_periods(pe)
     expected = [2 * math.pi * base ** (2 * i / dim) for i in range(dim // 2)]
@@ -156,14 +165,14 @@ def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor
     if factor is not None:
         params["factor"] = _positive_float(factor, "factor")
     if original is not None:
-        params["original_max_position_embeddings"] = _positive_int(original, "original")
-    if rope_type == "llama3":
-        params.setdefault("low_freq_factor", 1.0)
-        params.setdefault("high_freq_factor", 4.0)
+        params["original_max_position_embeddings"] = _positive_int(original, "original", MAX_CONTEXT)
+    if rope_type in METHODS:  # a method's fixed parameters (Llama 3's low/high freq factors), from the registry
+        for key, value in METHODS[rope_type].defaults.items():
+            params.setdefault(key, value)
     lmax = max_position_embeddings
     if lmax is None and original is not None:
         lmax = int(original * (factor or 1)) if rope_type != "dynamic" else original
-    mapping = {"head_dim": _positive_int(head_dim, "head_dim"), "rope_parameters": params}
+    mapping = {"head_dim": _positive_int(head_dim, "head_dim", MAX_DIM), "rope_parameters": params}
     if lmax is not None:
         mapping["max_position_embeddings"] = lmax
     return mapping
@@ -180,13 +189,13 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.scaling import frequency_bands, rope_parameters
     from posenc.rope.config import load_rope_config
-    from posenc.tools.inspect import _claimed_context, _original_context
-
     mapping = _rope_mapping(config, head_dim=head_dim, theta=theta, rope_type=rope_type, factor=factor,
                             original=original, max_position_embeddings=max_position_embeddings)
     rc = load_rope_config(mapping)
-    claimed, _ = _claimed_context(rc)
-    l0 = _original_context(rc)
+    claimed, _ = claimed_context(rc)
+    l0 = original_context(rc)
+    if seq_len is not None:
+        _positive_int(seq_len, "seq_len", MAX_CONTEXT)
     at = seq_len or claimed or (2 * l0 if l0 else None)
     inv, attention = rope_parameters(rc, at)  # malformed values raise ConfigError naming the key
     labels = frequency_bands(rc, at)["labels"]
@@ -223,16 +232,23 @@ def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, 
 # ------------------------------------------------------------------------------------------------- scaling
 
 def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: int = 4096, factor: float = 8.0,
-                    partial_rotary_factor: float = 1.0, longrope: Mapping[str, Any] | None = None
+                    partial_rotary_factor: float = 1.0, longrope: Mapping[str, Any] | None = None,
+                    own: tuple[str, Mapping[str, Any], int | None] | None = None
                     ) -> dict[str, tuple[torch.Tensor, float, list[str]]]:
-    """Method name -> (inv_freq, attention_scaling, band labels), all from the registry, for one geometry.
+    """Display name -> (inv_freq, attention_scaling, band labels) for plain RoPE and every registered extension
+    method (``posenc.extensions``), all from the rope-type registry, for one geometry.
 
-    Dynamic NTK is evaluated at the target length factor * original (with max_position_embeddings = original).
-    LongRoPE uses ``longrope`` ({"short_factor", "long_factor"}) if given, else posenc extend's unsearched
-    initialisation (YaRN's per-pair ratio), labelled as such.
+    Methods that keep max_position_embeddings at the original length (dynamic NTK) are evaluated at the target
+    length factor * original. LongRoPE uses ``longrope`` ({"short_factor", "long_factor"}) if given, else its
+    unsearched initialisation (YaRN's per-pair ratio), labelled as such. Methods that compute their config from a
+    trained model (``fit``) are skipped: there is no model here; so are fine-tuning modes (``train_positions``,
+    PoSE), whose frequencies are their base method's. ``own`` = (rope_type, params, max_position_embeddings) of a
+    config that already uses one of the methods: that method is drawn with the config's own parameters (Llama 3.1:
+    llama3 at its factor 8, although its context claims 16x), labelled so.
     """
+    from posenc.extensions import ExtensionSpec, method_config, method_names
+    from posenc.rope.config import load_rope_config
     from posenc.rope.scaling import frequency_bands, rope_parameters
-    from posenc.tools.extend import _derived_longrope_long_factor
 
     target = int(round(original * factor))
     geometry = {"head_dim": head_dim, "partial_rotary_factor": partial_rotary_factor}
@@ -240,26 +256,31 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     def cfg(params, lmax):
         return {**geometry, "max_position_embeddings": lmax, "rope_parameters": {"rope_theta": theta, **params}}
 
-    configs = {
-        "default (no scaling)": cfg({"rope_type": "default"}, original),
-        "PI (linear)": cfg({"rope_type": "linear", "factor": factor}, target),
-        "NTK-aware (static)": cfg({"rope_type": "ntk", "factor": factor}, target),
-        f"dynamic NTK (factor {factor:g}) @ {target:,}": cfg({"rope_type": "dynamic", "factor": factor}, original),
-        "YaRN": cfg({"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}, target),
-        "Llama 3": cfg({"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": original}, target),
-    }
-    from posenc.rope.config import load_rope_config
-
-    rc = load_rope_config(configs["default (no scaling)"])
-    if longrope is not None:
-        short, long, label = list(longrope["short_factor"]), list(longrope["long_factor"]), "LongRoPE (searched)"
-    else:
-        short = [1.0] * (rc.rotary_dim // 2)
-        long = _derived_longrope_long_factor(rc, factor, original)
-        label = "LongRoPE (unsearched init)"
-    configs[label] = cfg({"rope_type": "longrope", "factor": factor, "short_factor": short, "long_factor": long,
-                          "original_max_position_embeddings": original}, target)
+    rc = load_rope_config(cfg({"rope_type": "default"}, original))
+    spec = ExtensionSpec(original=original, factor=factor, rotary_dim=rc.rotary_dim, theta=theta, target=target,
+                         head_dim=rc.head_dim)
+    configs = {"default (no scaling)": cfg({"rope_type": "default"}, original)}
+    for name in method_names():
+        method = METHODS[name]
+        if method.fit is not None or method.train_positions is not None:
+            continue
+        label = method.label
+        options = {}
+        if "short_factor" in method.options:
+            if longrope is not None:
+                options = {"short_factor": list(longrope["short_factor"]), "long_factor": list(longrope["long_factor"])}
+                label += " (searched)"
+            else:
+                label += " (unsearched init)"
+        if own is not None and own[0] == name and not options:
+            own_factor = own[1].get("factor")
+            label += " (this config" + (f", factor {own_factor:g})" if own_factor else ")")
+            configs[label] = cfg({"rope_type": name, **own[1]}, own[2] or original)
+            continue
+        written = method_config(name, spec, **options)
+        if method.keeps_original_length:
+            label += f" (factor {factor:g}) @ {target:,}"
+        configs[label] = cfg(written.scaling, written.max_position_embeddings)
     out = {}
     for name, c in configs.items():
         inv, attention = rope_parameters(c, target)
@@ -278,36 +299,40 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     from posenc.rope.apply import default_inv_freq
 
     partial = 1.0
-    longrope = None
+    longrope = own = None
     if config is not None:
         from posenc.rope.config import load_rope_config
-        from posenc.tools.inspect import _claimed_context, _original_context
 
         rc = load_rope_config(_rope_mapping(config, head_dim=head_dim, theta=theta, rope_type="default",
                                             factor=None, original=None, max_position_embeddings=None))
         head_dim, theta, partial = rc.head_dim, rc.theta, rc.partial_rotary_factor
-        original = _original_context(rc) or original
-        claimed, _ = _claimed_context(rc)
+        original = original_context(rc) or original
+        claimed, _ = claimed_context(rc)
         if claimed and claimed > original:
             factor = claimed / original
         if rc.rope_type == "longrope":
             longrope = rc.params
-    _positive_int(head_dim, "head_dim")
-    _positive_int(original, "original")
-    factor = _positive_float(factor, "factor")
+        elif rc.rope_type != "default":
+            l0 = rc.original_max_position_embeddings
+            own = (rc.rope_type, {**rc.params, **({"original_max_position_embeddings": l0} if l0 else {})},
+                   rc.max_position_embeddings)
+    _positive_int(head_dim, "head_dim", MAX_DIM)
+    _positive_int(original, "original", MAX_CONTEXT)
+    factor = check_float(factor, "factor", positive=True, max=float(MAX_CONTEXT) / original)
     if factor <= 1:
         raise PosencError(f"factor must be > 1 to compare extension methods, got {factor:g}")
     methods = scaling_methods(head_dim=head_dim, theta=theta, original=original, factor=factor,
-                              partial_rotary_factor=partial, longrope=longrope)
+                              partial_rotary_factor=partial, longrope=longrope, own=own)
     target = int(round(original * factor))
     first = next(iter(methods.values()))[0]
     base = default_inv_freq(2 * len(first), theta).double()
 
     fig = _figure(15, 6.5)
     ax, ax2 = fig.subplots(1, 2)
-    styles = ["-", "--", "-.", ":", "-", "--", "-."]
+    styles = ["-", "--", "-.", ":"]
     summary = {}
-    for (name, (inv, attention, labels)), ls in zip(methods.items(), styles):
+    for i, (name, (inv, attention, labels)) in enumerate(methods.items()):
+        ls = styles[i % len(styles)]
         wl = (2 * math.pi / inv.double()).tolist()
         ratio = (base / inv.double()).tolist()
         lw = 2.4 if name.startswith("default") else 1.6
@@ -323,6 +348,19 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     ax.set_ylabel("wavelength (tokens, log scale)")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
+    # the divisor panel's scale is the extension factor; a method that goes far past it (dynamic NTK under
+    # transformers' rule at the target: base x (s*L/L0 - s + 1)^(d/(d-2)), ~s^2) is clipped and named, not
+    # allowed to squash every other curve into the bottom of the panel
+    top = 3.0 * factor
+    off_scale = {name: max(v["interpolation"]) for name, v in summary.items() if max(v["interpolation"]) > top}
+    if off_scale:
+        ax2.set_ylim(top=top)
+        ax2.text(0.98, 0.02, "off scale (clipped): " + "; ".join(
+            f"{name} reaches x{peak:,.0f}" for name, peak in off_scale.items())
+            + ".\nDynamic NTK under transformers' rule raises the base by (s*L/L0 - s + 1)^(d/(d-2)) at length L,"
+            "\n~s^2 at the target; the lab's reading (factor 1) reaches ~s there.",
+            transform=ax2.transAxes, ha="right", va="bottom", fontsize=7, color="0.25",
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "0.7"})
     ax2.axhline(factor, color="gray", ls=":", lw=1)
     ax2.set_title("Interpolation per pair: default / scaled frequency\n(1 = kept, "
                   f"{factor:g} = fully interpolated)")
@@ -331,7 +369,8 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
     ax2.legend(fontsize=8, loc="upper left")
     ax2.grid(True, which="both", alpha=0.3)
     path = _save(fig, out)
-    return {"path": str(path), "methods": summary, "original": original, "target": target, "factor": factor}
+    return {"path": str(path), "methods": summary, "original": original, "target": target, "factor": factor,
+            "off_scale": off_scale}
 
 
 # --------------------------------------------------------------------------------------------------- alibi
@@ -343,8 +382,8 @@ def plot_alibi(out, *, n_heads: int = 8, seq_len: int = 16, max_panels: int = 8)
     """
     from posenc.alibi import alibi_bias, alibi_slopes
 
-    _positive_int(n_heads, "n_heads")
-    _positive_int(seq_len, "seq_len")
+    _positive_int(n_heads, "n_heads", MAX_ALIBI_HEADS)
+    _positive_int(seq_len, "seq_len", MAX_ALIBI_SEQ)
     _positive_int(max_panels, "max_panels")
     slopes = alibi_slopes(n_heads)
     bias = alibi_bias(n_heads, seq_len)                        # [H, T, T]
@@ -400,13 +439,11 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
     """
     from posenc.rope.apply import default_inv_freq
     from posenc.rope.scaling import rope_parameters
-    from posenc.tools.inspect import _claimed_context
 
-    _positive_int(head_dim, "head_dim")
-    _positive_int(max_distance, "max_distance")
-    _positive_int(points, "points")
-    if head_dim % 2:
-        raise PosencError(f"head_dim must be even, got {head_dim}")
+    _positive_int(head_dim, "head_dim", MAX_DIM)
+    _positive_int(max_distance, "max_distance", MAX_CONTEXT)
+    _positive_int(points, "points", MAX_POINTS)
+    even_int(head_dim, "head_dim")
     freqs: dict[str, torch.Tensor] = {}
     for b in bases:
         freqs[f"base {_positive_float(b, 'base'):g} (d={head_dim})"] = default_inv_freq(head_dim, float(b))
@@ -415,7 +452,7 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
 
         rc = load_rope_config(_rope_mapping(c, head_dim=head_dim, theta=1e4, rope_type="default",
                                             factor=None, original=None, max_position_embeddings=None))
-        claimed, _ = _claimed_context(rc)
+        claimed, _ = claimed_context(rc)
         inv, _ = rope_parameters(rc, claimed)
         name = Path(os.fspath(c)).stem if isinstance(c, (str, os.PathLike)) else "config"
         freqs[f"{name} ({rc.rope_type})"] = inv[inv > 0]
@@ -469,7 +506,7 @@ def add_arguments(parser) -> None:
     p.add_argument("--max-position-embeddings", type=int)
     p.add_argument("--seq-len", type=int, help="length for length-dependent types (dynamic, longrope)")
 
-    p = kinds.add_parser("scaling", help="PI, NTK, dynamic, YaRN, Llama 3, LongRoPE side by side")
+    p = kinds.add_parser("scaling", help="every registered extension method side by side (PI, NTK, YaRN, ...)")
     p.add_argument("--config", help="take geometry (and searched LongRoPE factors) from this config")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
     p.add_argument("--theta", type=float, default=10000.0, help="rope_theta (default 10000)")

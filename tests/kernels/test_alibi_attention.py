@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from posenc import reference
 from posenc.errors import PosencError
-from posenc.kernels.alibi_attention import (alibi_attention, bias_template, default_block_size, flex_available,
-                                            reversed_keys_bias)
+from posenc.kernels import alibi_attention as module
+from posenc.kernels.alibi_attention import (alibi_attention, bias_template, causal_blocks, default_block_size,
+                                            flex_available, reversed_keys_bias, split_causal_attention)
 
 
 def oracle(q, k, v, slopes=None, causal=True, offset=None, scale=None):
@@ -108,6 +109,109 @@ def test_gradients_match_oracle():
         torch.testing.assert_close(g.double(), e, atol=1e-4, rtol=1e-4)
 
 
+# ----------------------------------------------------------------------------------------------- CPU schedules
+
+@st.composite
+def split_cases(draw):
+    Hkv = draw(st.sampled_from([1, 2, 3]))
+    inner = draw(st.sampled_from([1, 2, 4, 8]))
+    outer = inner * draw(st.integers(1, 4))
+    Tq = draw(st.integers(outer, 80))   # at least one full outer block; Tq mod outer is the ragged head
+    return dict(B=draw(st.integers(1, 3)), H=Hkv * draw(st.sampled_from([1, 2, 4])), Hkv=Hkv, Tq=Tq,
+                offset=draw(st.integers(0, 40)), outer=outer, inner=inner,
+                dtype=draw(st.sampled_from([torch.float32, torch.float64])), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(split_cases())
+def test_split_schedule_matches_oracle(c):
+    # diagonal squares batched over blocks + fully visible keys, merged by log-sum-exp: the same attention
+    q, k, v = qkv(c["B"], c["H"], c["Hkv"], c["Tq"], c["Tq"] + c["offset"], dtype=c["dtype"], seed=c["seed"])
+    slopes = torch.tensor(reference.alibi_slopes(c["H"]), dtype=torch.float32)  # slopes are stored in fp32
+    out = split_causal_attention(q, k, v, slopes, offset=c["offset"], scale=None, outer=c["outer"],
+                                 inner=c["inner"])
+    assert out.shape == q.shape and out.dtype == q.dtype
+    tol = dict(atol=2e-5, rtol=1e-4) if c["dtype"] == torch.float32 else dict(atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(out.double(), oracle(q, k, v, slopes.tolist(), offset=c["offset"]), **tol)
+
+
+def test_split_schedule_with_custom_slopes_scale_and_strided_inputs():
+    # a custom scale and slopes, and q/k/v that are transposed views ([B, T, H, D] memory), as models hand them over
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 24, 4, 8, generator=g, dtype=torch.float64).transpose(1, 2)
+    k = torch.randn(2, 30, 2, 8, generator=g, dtype=torch.float64).transpose(1, 2)
+    v = torch.randn(2, 30, 2, 8, generator=g, dtype=torch.float64).transpose(1, 2)
+    slopes = torch.tensor([0.5, 0.0, 0.03125, 1.5])   # exact in fp32, the slopes' storage dtype
+    out = split_causal_attention(q, k, v, slopes, offset=6, scale=0.2, outer=8, inner=4)
+    torch.testing.assert_close(out, oracle(q, k, v, slopes.tolist(), scale=0.2), atol=1e-12, rtol=1e-12)
+
+
+def test_split_schedule_refuses_a_layout_it_does_not_cover():
+    q, k, v = qkv(1, 2, 2, 16, 20)
+    with pytest.raises(PosencError, match="needs Tk = Tq \\+ offset"):
+        split_causal_attention(q, k, v, torch.ones(2), offset=0, scale=None, outer=8, inner=4)
+    with pytest.raises(PosencError, match="Dv = D"):
+        split_causal_attention(q, k, v[..., :3], torch.ones(2), offset=4, scale=None, outer=8, inner=4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_value_width_other_than_key_width(causal):
+    # Dv != D takes torch's unfused attention, which writes scores out: blocks bound them; same answer either way
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 4, 50, 8, generator=g), torch.randn(1, 2, 60, 8, generator=g)
+    v = torch.randn(1, 2, 60, 3, generator=g)
+    torch.testing.assert_close(alibi_attention(q, k, v, causal=causal).double(), oracle(q, k, v, causal=causal),
+                               atol=2e-5, rtol=1e-4)
+
+
+@pytest.fixture
+def small_split(monkeypatch):
+    # the split schedule's thresholds scaled down, so that alibi_attention picks it on test-sized inputs
+    monkeypatch.setattr(module, "SPLIT_MIN_QUERIES", 16)
+    monkeypatch.setattr(module, "SPLIT_OUTER", 8)
+    monkeypatch.setattr(module, "SPLIT_INNER", 4)
+
+
+@pytest.mark.parametrize("offset", [None, 0, 7, 40])
+def test_alibi_attention_uses_the_split_schedule_correctly(small_split, offset):
+    # q_offset=40 > Tk - Tq: queries past the keys (their block schedule); 7 < Tk - Tq: later keys are never seen
+    q, k, v = qkv(2, 4, 2, 37, 45)
+    with torch.no_grad():
+        out = alibi_attention(q, k, v, q_offset=offset)
+    torch.testing.assert_close(out.double(), oracle(q, k, v, offset=offset), atol=2e-5, rtol=1e-4)
+
+
+def test_split_schedule_is_not_used_under_autograd(small_split):
+    # torch gives the log-sum-exp no gradient: with grad enabled the (differentiable) block schedule must run
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 33, 33))
+    out = alibi_attention(q, k, v)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = torch.autograd.grad(oracle(q64, k64, v64).square().sum(), (q64, k64, v64))
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g.double(), e, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_float64_inputs_get_a_float64_bias(causal):
+    # 12 heads: slopes like 2^-0.5 whose multiples are not exact in fp32; an fp32 template would cost ~1e-8 here
+    q, k, v = qkv(1, 12, 12, 20, 30, dtype=torch.float64)
+    slopes = torch.tensor(reference.alibi_slopes(12), dtype=torch.float32)
+    expected = oracle(q, k, v, slopes.tolist(), causal=causal)
+    out = alibi_attention(q, k, v, slopes, causal=causal)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_schedule_reversing_queries_or_keys_agree(causal):
+    # a decoding step (Tq=1, the query is reversed) and a long prefill block (the keys are) against the oracle
+    for shape in ((2, 4, 2, 1, 300), (1, 8, 2, 5, 300), (1, 2, 2, 40, 40)):
+        q, k, v = qkv(*shape)
+        slopes = torch.tensor(reference.alibi_slopes(shape[1]))
+        out = causal_blocks(q, k, v, slopes, causal=causal, offset=shape[4] - shape[3], scale=None, block=3)
+        torch.testing.assert_close(out.double(), oracle(q, k, v, causal=causal), atol=2e-5, rtol=1e-4)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 8), st.integers(1, 64), st.integers(0, 2**16))
 def test_key_only_shortcut_equals_symmetric_form_under_causal_mask(H, T, seed):
@@ -138,7 +242,7 @@ def test_key_only_shortcut_is_wrong_without_causal_mask():
 def test_block_bias_is_a_view_of_the_small_template():
     slopes = torch.tensor(reference.alibi_slopes(4))
     template = bias_template(slopes, 50, 80, 30, causal=True)
-    assert template.shape == (4, 50 + 80 - 1 + 30)
+    assert template.shape == (4, 50 + 80 - 1)   # one entry per distance that occurs, whatever the offset
     view = reversed_keys_bias(template, 80, 10, 30, 70)
     assert view.shape == (1, 4, 20, 70)
     assert view.untyped_storage().data_ptr() == template.untyped_storage().data_ptr()
@@ -163,9 +267,33 @@ def test_chunked_never_allocates_the_full_bias(causal):
     assert total < full_bias / 4, (total, full_bias)
 
 
+def test_split_schedule_never_allocates_the_full_bias(small_split):
+    B, H, N, D = 1, 8, 1024, 16
+    q, k, v = qkv(B, H, H, N, N, D=D)
+    full_bias = H * N * N * 4
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                 profile_memory=True) as prof:
+        alibi_attention(q, k, v)
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names and "aten::lerp_" in names  # split ran
+    total = sum(e.self_cpu_memory_usage for e in prof.key_averages() if e.self_cpu_memory_usage > 0)
+    assert total < full_bias / 4, (total, full_bias)
+
+
+def test_decoding_step_does_not_copy_the_cache():
+    # Tq=1 against a 4096-key cache: the query is reversed, not k and v (a copy of both per generated token)
+    q, k, v = qkv(1, 8, 8, 1, 4096)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = alibi_attention(q, k, v)
+    biggest = max(e.self_cpu_memory_usage for e in prof.key_averages())
+    assert biggest < k.numel() * k.element_size() / 4, biggest   # the bias template is the biggest piece
+    torch.testing.assert_close(out.double(), oracle(q, k, v), atol=2e-5, rtol=1e-4)
+
+
 def test_default_block_size():
-    # CPU: the bias is a view, so blocks only serve to skip masked keys: 8 causal blocks, one bidirectional call
-    assert default_block_size(16, 8192, 8192, "cpu") == 1024
+    # CPU: the bias is a view, so blocks only serve to skip masked keys: 256 queries per causal call (the fused
+    # kernel's own causal granularity), one bidirectional call
+    assert default_block_size(16, 8192, 8192, "cpu") == 256
     assert default_block_size(16, 100, 100, "cpu") == 100
     assert default_block_size(16, 8192, 8192, "cpu", causal=False) == 8192
     # elsewhere each block's bias is materialised: it stays near 8 Mi elements
@@ -201,13 +329,22 @@ def test_flex_matches_oracle(causal, dtype):
     ({}, ((4, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16)), "q must be a 4-D tensor"),
     ({}, ((1, 4, 9, 16), (1, 4, 8, 16), (1, 4, 8, 16)), "pass q_offset"),
     ({"slopes": torch.ones(3)}, None, r"slopes must have shape \[H\] = \[4\]"),
-    ({"slopes": torch.tensor([1.0, float("nan"), 1.0, 1.0])}, None, "slopes must be finite"),
-    ({"block_size": 0}, None, "block_size must be a positive integer"),
+    ({"slopes": torch.tensor([1.0, float("nan"), 1.0, 1.0])}, None, "slopes must be finite numbers, got nan for head 1"),
+    ({"slopes": [0.5, 0.25, float("inf"), 1.0]}, None, "slopes must be finite numbers, got inf for head 2"),
+    ({"slopes": "abcd"}, None, "slopes must be a tensor or sequence of 4 numbers"),
+    ({"block_size": 0}, None, "block_size must be a positive integer, got 0"),
     ({"block_size": -4}, None, "block_size must be a positive integer"),
     ({"block_size": 2.5}, None, "block_size must be a positive integer"),
-    ({"q_offset": -1}, None, "q_offset must be a non-negative integer"),
-    ({"scale": 0.0}, None, "scale must be a positive"),
-    ({"backend": "cuda"}, None, "backend must be one of"),
+    ({"block_size": True}, None, "block_size must be a positive integer"),
+    ({"q_offset": -1}, None, r"q_offset must be an integer in \[0, "),
+    ({"q_offset": 10**30}, None, r"q_offset must be an integer in \[0, 4503599627370496\]"),
+    ({"q_offset": 1.0}, None, "q_offset must be an integer"),
+    ({"scale": 0.0}, None, "scale must be a positive finite number"),
+    ({"scale": float("nan")}, None, "scale must be a positive finite number"),
+    ({"scale": "0.5"}, None, "scale must be a number, got '0.5'"),
+    ({"backend": "cuda"}, None, "backend: expected one of auto, chunked, flex"),
+    ({"causal": "no"}, None, "causal must be True or False, got 'no'"),
+    ({"causal": 1}, None, "causal must be True or False, got 1"),
 ])
 def test_bad_input_names_the_argument(kwargs, shapes, match):
     shapes = shapes or ((1, 4, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16))

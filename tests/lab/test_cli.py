@@ -29,7 +29,14 @@ def test_smoke_writes_results_report_and_plots(smoke_run, capsys):
     assert {r["task"] for r in results} == {"lm", "copy", "passkey"}
     assert {r["scheme"] for r in results} == {"nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi"}
     assert {r["metric"] for r in results} == {"ppl", "exact_match", "token_accuracy"}
-    assert {r["scaling"] for r in results} == {"none", "linear", "ntk", "dynamic", "yarn", "llama3"}
+    assert {r["scaling"] for r in results} == {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search",
+                                               "pose-yarn"}
+    # CI runs the fine-tune, the search and PoSE: fine-tuned rows per method, PoSE only fine-tuned
+    assert {r["scaling"] for r in results if r["finetuned"]} == {r["scaling"] for r in results}
+    assert {r["scaling"] for r in results if not r["finetuned"] and r["scheme"] == "rope"} == {
+        "none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search"}
+    assert all(r["finetune"]["tokens"] > 0 for r in results if r["finetuned"])
+    assert all(v["fit"]["longrope-search"]["evaluations"] > 0 for v in meta["extensions"].values())
     assert all(r["scheme"] == "rope" for r in results if r["scaling"] != "none")
     train_len = results[0]["train_len"]
     for r in results:
@@ -59,7 +66,10 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
 
 @pytest.mark.parametrize("argv,match", [
     (["--data", "/no/such/corpus"], "--data: /no/such/corpus does not exist"),
-    (["--schemes", "rope,t5"], "--schemes: unknown scheme 't5'"),
+    (["--schemes", "rope,t5"], "--schemes: expected one of nope, sinusoidal"),
+    (["--extensions", "yarn,rerope"], "--extensions: expected one of linear, ntk"),
+    (["--heads", "3"], "--d-model must be divisible by --heads (3), got 32"),
+    (["--plugin", "/no/such/plugin.py"], "plugin /no/such/plugin.py: no such file"),
     (["--eval-lens", "1"], "--eval-lens"),
     (["--d-model", "30"], "--d-model"),
     (["--tasks", "passkey", "--train-len", "40"], "passkey episodes need at least"),
@@ -75,12 +85,19 @@ def test_every_preset_is_valid_and_default_reaches_8x():
         get_preset(name)
     d = get_preset("default")
     assert max(d.eval_lens) >= 8 * d.train_len and d.schemes == ["nope", "sinusoidal", "learned", "rope", "alibi"]
-    assert get_preset("copy").n_layers == 4 and get_preset("copy").train_len == 512
+    assert get_preset("copy").model.n_layers == 4 and get_preset("copy").train_len == 512
     assert max(get_preset("copy").eval_lens) == 2048
     ntk = get_preset("ntk")
     assert ntk.train_len == 256 and max(ntk.eval_lens) == 1024 and "ntk" in ntk.extensions
-    with pytest.raises(ConfigError, match="--preset"):
+    with pytest.raises(ConfigError, match="preset: expected one of"):
         get_preset("huge")
+    smoke = get_preset("smoke")  # "all": every registered task and scheme
+    assert smoke.tasks == ["lm", "copy", "passkey"] and smoke.schemes[:6] == [
+        "nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi"]
+    assert get_preset("smoke", d_model=48, steps=7).model.d_model == 48  # flat names reach their section
+    assert get_preset("smoke", steps=7).train.steps == 7
+    with pytest.raises(ConfigError, match="unknown lab settings: depth"):
+        get_preset("smoke", depth=3)
 
 
 def test_finetune_adds_finetuned_rows_per_method(tmp_path):
@@ -116,5 +133,5 @@ def test_sliding_stride_defaults_to_half_the_window_and_is_validated(tmp_path):
     rows = run_lab(cfg, progress=False, log=lambda *a: None)["results"]
     assert {r["protocol"] for r in rows} == {"non-overlapping", "sliding (stride 32)"}
     get_preset("default", tasks=["copy"], eval_lens=[16, 32])  # no LM task: the LM-only stride is not checked
-    with pytest.raises(ConfigError, match="--sliding-stride"):
+    with pytest.raises(ConfigError, match="sliding_stride"):
         get_preset("default", eval_lens=[16, 32], sliding_stride=64)

@@ -64,35 +64,5 @@ def test_lm_sampler_is_a_function_of_seed_and_step_and_shards_by_rank():
     assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the next bytes
     shards = [s.batch(7, rank=r, world_size=3)[0] for r in range(3)]
     assert torch.equal(torch.stack([shards[r][i] for i in range(2) for r in range(3)]), x)
-    with pytest.raises(DataError, match="--train-len"):
+    with pytest.raises(DataError, match="seq_len"):
         D.LMSampler(tokens[:10].to(torch.uint8), 16, 2, 0)
-
-
-def test_copy_example_layout():
-    import random
-
-    inputs, targets = D.copy_example(4, 12, random.Random(0))
-    xs = inputs[:4]
-    assert inputs[4] == D.COPY_SEP and inputs[5:9] == xs and len(inputs) == 12
-    assert targets[4:8] == xs and all(t == D.IGNORE for i, t in enumerate(targets) if not 4 <= i < 8)
-    x, y = D.CopySampler(21, 5, 0).batch(0)
-    assert x.shape == y.shape == (5, 21) and (y != D.IGNORE).sum(1).min() >= 1
-    assert torch.equal(x, D.CopySampler(21, 5, 0).batch(0)[0])
-
-
-def test_passkey_episode_places_the_key_at_depth():
-    for depth in (0.0, 0.5, 1.0):
-        prompt, key = D.passkey_example(300, depth, "31415")
-        assert len(prompt) + len(key) == 300 and prompt.endswith(D.QUESTION)
-        at = prompt.index("The pass key is 31415.")
-        filler = len(prompt) - len(D.QUESTION) - len("The pass key is 31415. Remember it. ")
-        assert at == round(depth * filler)
-    x, y = D.PasskeySampler(120, 3, 0).batch(5)
-    assert x.shape == (3, 120)
-    for row_x, row_y in zip(x, y):
-        scored = (row_y != D.IGNORE).nonzero().flatten()
-        assert len(scored) == D.KEY_DIGITS and all(chr(int(row_y[i])).isdigit() for i in scored)
-        # teacher forcing: each answer digit is the next input (the last one ends the episode)
-        assert torch.equal(row_x[scored[:-1] + 1], row_y[scored[:-1]]) and scored[-1] == 118
-    with pytest.raises(DataError, match="too short"):
-        D.passkey_example(50, 0.5, "12345")

@@ -21,10 +21,12 @@ from hypothesis import given, settings, strategies as st
 
 from posenc.errors import CheckpointError, ConfigError, DataError
 from posenc.lab import distributed as D
-from posenc.lab.data import CopySampler, IGNORE
-from posenc.lab.evaluate import copy_eval
+from posenc.lab import launch
+from posenc.lab.data import IGNORE
+from posenc.lab.tasks.copy import CopySampler
+from posenc.lab.tasks.copy import copy_eval
 from posenc.lab.train import TrainSettings, train
-from posenc.model import ModelConfig, TinyLM
+from posenc.nn.model import ModelConfig, TinyLM
 
 CFG = dict(scheme="rope", d_model=32, n_layers=1, n_heads=2, max_len=16)
 TRAIN = dict(steps=6, warmup=2, lr=1e-2)
@@ -151,7 +153,7 @@ def _failing_job(out: str) -> None:
 def test_error_on_one_rank_ends_the_job_with_its_message(tmp_path):
     # rank 0 is blocked in DDP's all-reduce when rank 1 fails; its collective timeout (120 s) is far above the
     # bound, so only torchrun tearing the job down can pass this
-    proc = subprocess.run(D.torchrun_command(2, [__file__, "fail", str(tmp_path)]), env=D.worker_env(2),
+    proc = subprocess.run(launch.torchrun_command(2, [__file__, "fail", str(tmp_path)]), env=launch.worker_env(2),
                           capture_output=True, text=True, timeout=180, cwd=ROOT)
     ended = time.time()
     output = proc.stdout + proc.stderr
@@ -191,44 +193,7 @@ def test_posenc_lab_nproc_2_trains_like_one_process(tmp_path, device):
             torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-# ---- launch plumbing and validation (no processes) ----
-
-def test_torchrun_command_is_single_node_loopback():
-    cmd = D.torchrun_command(3, ["-m", "posenc", "lab", "--steps", "5"])
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert cmd[cmd.index("--nproc-per-node") + 1] == "3"
-    assert cmd[cmd.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
-    assert cmd[-5:] == ["-m", "posenc", "lab", "--steps", "5"]
-    with pytest.raises(ConfigError, match="--nproc"):
-        D.torchrun_command(0, ["x.py"])
-
-
-def test_strip_nproc_and_thread_split():
-    assert D.strip_nproc(["lab", "--nproc", "2", "--steps", "5", "--nproc=4"]) == ["lab", "--steps", "5"]
-    assert D.worker_env(2, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
-    cores = len(os.sched_getaffinity(0))
-    assert D.worker_env(2, {})["OMP_NUM_THREADS"] == str(max(1, cores // 2))
-
-
-def test_relaunch_decisions(monkeypatch):
-    class Args:
-        nproc = 1
-
-    assert D.relaunch(Args()) is None  # one process: do the work here
-    Args.nproc = 0
-    with pytest.raises(ConfigError, match="--nproc"):
-        D.relaunch(Args())
-    Args.nproc = 2
-    with pytest.raises(ConfigError, match="does not start with 'lab'"):
-        D.relaunch(Args(), ["check"])
-    for name, value in dict(RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT="1").items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigError, match="WORLD_SIZE=4"):
-        D.relaunch(Args(), ["lab"])
-    Args.nproc = 4
-    assert D.relaunch(Args(), ["lab"]) is None  # already a torchrun worker
-
+# ---- validation (no processes) ----
 
 def test_bad_environment_and_settings_are_named(monkeypatch):
     for name, value in dict(RANK="x", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -245,14 +210,14 @@ def test_bad_environment_and_settings_are_named(monkeypatch):
         D.init_distributed("cpu")
     with pytest.raises(ConfigError, match="positive"):
         D.timeout_seconds(0)
-    with pytest.raises(ConfigError, match="--batch-size: a training batch of 1 rows cannot be split across 2"):
+    with pytest.raises(ConfigError, match="batch_size: a training batch of 1 rows cannot be split across 2"):
         D.check_batch_size(1, 2)
     with pytest.raises(ConfigError, match="process group"):
         D.ddp_wrap(_model(0))
-    with pytest.raises(ConfigError, match="--device: cuda:1 pins one GPU"):
+    with pytest.raises(ConfigError, match="device: cuda:1 pins one GPU"):
         D._rank_device(torch.device("cuda:1"), 0)
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="--device: cuda was requested but no CUDA device"):
+        with pytest.raises(ConfigError, match="device: cuda was requested but no CUDA device"):
             D._rank_device(torch.device("cuda"), 0)
 
 
@@ -280,3 +245,40 @@ def test_assign_covers_every_item_and_balances(costs, world_size):
 if __name__ == "__main__":  # torchrun worker for test_error_on_one_rank_ends_the_job_with_its_message
     if sys.argv[1] == "fail":
         _failing_job(sys.argv[2])
+
+
+# ---- a stopped or hung rank ends the whole job (posenc lab --nproc 2 with a plug-in task that stalls rank 1)
+
+STALL_PLUGIN = ROOT / "tests" / "fixtures" / "stall_plugin.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["stop", "sleep"])
+def test_a_stopped_or_hung_rank_ends_the_job_with_one_message(tmp_path, mode):
+    # SIGSTOP: rank 1's heartbeat stops, rank 0's watchdog notices after --dist-timeout. sleep: rank 1's heartbeat
+    # goes on, rank 0's collective times out after --dist-timeout. Either way torchrun then stops the job.
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "posenc", "lab", "--plugin", str(STALL_PLUGIN), "--tasks", "stall",
+            *LAB_ARGS[2:], "--steps", "50", "--batch-size", "4", "--out", str(out), "--nproc", "2",
+            "--dist-timeout", "10"]
+    env = {**os.environ, "POSENC_TEST_STALL": mode, "PYTHONPATH": str(ROOT)}
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=ROOT, env=env)
+        ended = time.time()
+    finally:
+        stalled = out / "stalled"
+        if stalled.exists():  # never leave a stopped process behind
+            pid = int(stalled.read_text().split()[0])
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+    pid, stalled_at = stalled.read_text().split()
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "Traceback" not in err and "ChildFailedError" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert any(line.startswith("posenc lab: error: rank 0 of 2:") for line in lines), err
+    assert lines[-1].startswith("posenc lab: error: the distributed job failed"), err
+    assert ended - float(stalled_at) < 120, f"the job took {ended - float(stalled_at):.0f} s to end"
+    assert not (out / "results.json").exists()

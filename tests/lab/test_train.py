@@ -9,9 +9,10 @@ import torch
 
 from posenc.errors import CheckpointError
 from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from posenc.lab.data import CopySampler, LMSampler
+from posenc.lab.data import LMSampler
+from posenc.lab.tasks.copy import CopySampler
 from posenc.lab.train import TrainSettings, lr_at, make_optimizer, train
-from posenc.model import ModelConfig, TinyLM
+from posenc.nn.model import ModelConfig, TinyLM
 
 CFG = dict(d_model=32, n_layers=1, n_heads=2, max_len=16)
 

@@ -307,7 +307,7 @@ def test_bad_seq_len(seq_len):
 
 
 def test_bad_values_raise_named_errors():
-    with pytest.raises(ConfigError, match="factor must be a finite number"):
+    with pytest.raises(ConfigError, match="'linear': factor must be a number, got 'four'"):
         rope_parameters(cfg("linear", factor="four"))
     with pytest.raises(ConfigError, match=r"long_factor must be a list of rotary_dim // 2 = 64"):
         with warnings.catch_warnings():
@@ -343,9 +343,9 @@ def test_ntk_theta_closed_form_and_registry_use_it(d, theta, s):
 
 @pytest.mark.parametrize("args,match", [
     ((0.0, 2.0, 64), "theta must be a positive"), ((1e4, -1.0, 64), "factor must be a positive"),
-    ((1e4, float("inf"), 64), "factor must be a positive"), ((1e4, "2", 64), "factor must be a positive"),
-    ((1e4, 2.0, 2), "rotary_dim must be an even integer > 2"), ((1e4, 2.0, 63), "rotary_dim must be an even"),
-    ((1e4, 2.0, 64.0), "rotary_dim must be an even"),
+    ((1e4, float("inf"), 64), "factor must be a positive"), ((1e4, "2", 64), "factor must be a number"),
+    ((1e4, 2.0, 2), "rotary_dim must be an even integer > 2"), ((1e4, 2.0, 63), "rotary_dim must be even"),
+    ((1e4, 2.0, 64.0), "rotary_dim must be a positive integer"),
 ])
 def test_ntk_theta_bad_arguments(args, match):
     from posenc.rope.scaling import ntk_theta
@@ -374,20 +374,26 @@ def test_dynamic_ntk_theta_matches_transformers(seq_len):
 # ------------------------------------------------------------------------------- malformed scaling values
 
 @pytest.mark.parametrize("rope_type,scaling,match", [
-    ("yarn", {"factor": 4.0, "beta_fast": "x"}, "beta_fast must be a finite number"),
-    ("yarn", {"factor": 4.0, "beta_slow": -1}, "beta_slow must be > 0"),
-    ("yarn", {"factor": 4.0, "mscale": [1], "mscale_all_dim": 1.0}, "mscale must be a finite number"),
-    ("yarn", {"factor": 4.0, "attention_factor": "big"}, "attention_factor must be a finite number"),
-    ("yarn", {"factor": 0}, "factor must be > 0"),
-    ("linear", {"factor": -2.0}, "factor must be > 0"),
-    ("linear", {"factor": float("inf")}, "factor must be a finite number"),
+    ("yarn", {"factor": 4.0, "beta_fast": "x"}, "beta_fast must be a number"),
+    ("yarn", {"factor": 4.0, "beta_slow": -1}, "beta_slow must be a positive finite number"),
+    ("yarn", {"factor": 4.0, "mscale": [1], "mscale_all_dim": 1.0}, "mscale must be a number"),
+    ("yarn", {"factor": 4.0, "mscale": -1.0, "mscale_all_dim": 1.0}, r"mscale must be a finite number >= 0"),
+    ("yarn", {"factor": 4.0, "attention_factor": "big"}, "attention_factor must be a number"),
+    ("yarn", {"factor": 4.0, "attention_factor": -1}, "attention_factor must be a positive finite number"),
+    ("yarn", {"factor": 0}, "factor must be a positive finite number"),
+    ("linear", {"factor": -2.0}, "factor must be a positive finite number"),
+    ("linear", {"factor": float("inf")}, "factor must be a positive finite number"),
+    ("linear", {"factor": 1e300}, r"factor must be in \[1e-07, 1e\+07\]"),
     ("llama3", {"factor": 8.0, "low_freq_factor": 0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 512}, "low_freq_factor must be > 0"),
+                "original_max_position_embeddings": 512}, "low_freq_factor must be a positive finite number"),
     ("longrope", {"short_factor": [1.0] * 64, "long_factor": [1.0] * 64, "original_max_position_embeddings": 1},
      "original_max_position_embeddings must be >= 2"),
     ("longrope", {"short_factor": [1.0] * 64, "long_factor": [1.0] * 64, "original_max_position_embeddings": 512,
-                  "attention_factor": {}}, "attention_factor must be a finite number"),
-    ("vllm_dynamic_alpha", {"alpha": 0.0}, "alpha must be > 0"),
+                  "attention_factor": {}}, "attention_factor must be a number"),
+    ("longrope", {"short_factor": [1.0] * 64, "long_factor": [1.0] * 64, "original_max_position_embeddings": 512,
+                  "attention_factor": 0}, "attention_factor must be a positive finite number"),
+    ("vllm_dynamic_alpha", {"alpha": 0.0}, "alpha must be a positive finite number"),
+    ("ntk_alpha", {"alpha": 1e9}, r"alpha must be in \[1e-07, 1e\+07\]"),
 ])
 def test_malformed_scaling_values_are_config_errors(rope_type, scaling, match):
     with warnings.catch_warnings():

@@ -12,7 +12,10 @@ import torch
 import posenc
 from posenc.cli import main
 from posenc.errors import ConfigError
-from posenc.tools.extend import METHODS, extend_config
+from posenc.extensions import METHODS as REGISTRY, method_names
+from posenc.tools.extend import extend_config
+
+METHODS = [m for m in method_names() if REGISTRY[m].fit is None]  # every method writable without a model
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
 QWEN = CONFIGS / "qwen2.5-7b-instruct.json"
@@ -55,7 +58,7 @@ def test_round_trip_through_transformers(tmp_path, method, version):
     inv, att = posenc.rope_parameters(out, 131072)
     assert inv.double().tolist() == pytest.approx(inv_hf.double().tolist(), rel=2e-6)
     assert att == pytest.approx(att_hf)
-    expected_lmax = 32768 if method == "dynamic" else 131072
+    expected_lmax = 32768 if REGISTRY[method].keeps_original_length else 131072
     assert hf_cfg.max_position_embeddings == expected_lmax
 
 
@@ -211,3 +214,36 @@ def test_dynamic_note_gives_the_base_at_the_target():
     base, static = (float(x) for x in re.search(r"its base is (\S+) .* would use (\S+)\.", note).groups())
     assert base == pytest.approx(base_hf, rel=1e-5)                  # fp32 frequencies: ~6 digits
     assert static == pytest.approx(1e6 * 4 ** (128 / 126), rel=1e-6)  # static NTK at s = 131072 / 32768
+
+
+def test_readme_example_on_llama31_needs_and_names_replace(tmp_path, capsys):
+    """README: on Llama 3.1 (llama3 scaling already), the plain example is refused naming --replace, and the
+    README's --replace form works and reads back as YaRN from the original 8k context."""
+    src = CONFIGS / "llama-3.1-8b.json"
+    argv = ["extend", str(src), "--target-length", "131072", "--method", "yarn", "--out", str(tmp_path / "new.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--replace" in err and "\n" not in err
+    assert main([*argv, "--replace"]) == 0
+    new = json.loads((tmp_path / "new.json").read_text())
+    assert new["rope_parameters"]["rope_type"] == "yarn"
+    assert new["rope_parameters"]["factor"] == 16.0 and new["rope_parameters"]["original_max_position_embeddings"] == 8192
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "--replace --out new.json" in readme
+
+
+@pytest.mark.parametrize("target,factor,word", [(10**30, None, "target_length"), (2**30 + 1, None, "target_length"),
+                                                (65536, 1e300, "factor")])
+def test_absurd_targets_and_factors_are_refused(target, factor, word):
+    with pytest.raises(ConfigError, match=word):
+        extend_config(CONFIGS / "qwen2.5-7b-instruct.json", target, "ntk", factor=factor)
+
+
+@pytest.mark.parametrize("out", ["{file}/x.json", "/proc/posenc-test/x.json"])
+def test_impossible_out_paths_are_one_line(tmp_path, capsys, out):
+    (tmp_path / "file").write_text("")
+    out = out.format(file=tmp_path / "file")
+    assert main(["extend", str(CONFIGS / "qwen2.5-7b-instruct.json"), "--target-length", "65536", "--method",
+                 "yarn", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc extend: error:") and "\n" not in err and ("x.json" in err or "posenc-test" in err)

@@ -276,3 +276,66 @@ def test_proportional_partial_rotary(capsys, tmp_path):
     assert "Infinity" not in out and "NaN" not in out
     data = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert data["rope"][0]["longest_wavelength"] == pytest.approx(s * unscaled, rel=1e-6)
+
+
+# ----------------------------------------------------------------- issue 12: what today's models need reported
+
+def test_deepseek_v3_reports_the_softmax_multiplier():
+    (e,) = inspect_config(CONFIGS / "deepseek-v3.json")["rope"]
+    assert e["softmax_scale_multiplier"] == pytest.approx((0.1 * math.log(40) + 1) ** 2)    # 1.874
+    assert e["effective_logit_scale"] == pytest.approx(1.874, abs=5e-4)
+    assert "softmax scale        x1.87385" in format_report(inspect_config(CONFIGS / "deepseek-v3.json"))
+
+
+def test_llama4_reports_nope_layers_temperature_and_chunks():
+    report = inspect_config(CONFIGS / "llama-4-scout.json")
+    layers = report["layers"]
+    assert layers["nope_layers"] == list(range(3, 48, 4)) and layers["attention_chunk_size"] == 8192
+    assert layers["temperature_tuning"]["floor_scale"] == 8192 and layers["temperature_tuning"]["attn_scale"] == 0.1
+    text = format_report(report)
+    assert "NoPE layers 3, 7, 11" in text and "temperature tuning" in text and "layout interleaved" in text
+    assert "12 of 48 layers use no positional encoding" in report["description"]
+
+
+def test_null_per_layer_entry_is_a_nope_layer_type_not_an_error():
+    cfg = {"model_type": "custom", "head_dim": 64, "num_hidden_layers": 4, "max_position_embeddings": 4096,
+           "layer_types": ["full_attention", "nope", "full_attention", "nope"],
+           "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4}, "nope": None}}
+    report = inspect_config(cfg)
+    assert [e["layer_type"] for e in report["rope"]] == ["full_attention"]
+    assert report["layers"]["nope_layers"] == [1, 3] and report["warnings"] == []
+
+
+def test_qwen35_style_mrope_keys_do_not_warn():
+    cfg = {"model_type": "qwen3_5_text", "head_dim": 256, "hidden_size": 2048, "num_attention_heads": 8,
+           "max_position_embeddings": 262144,
+           "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                               "rope_theta": 10000000, "partial_rotary_factor": 0.25}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = inspect_config(cfg)
+    (e,) = report["rope"]
+    assert report["warnings"] == [] and e["rotary_dim"] == 64
+    assert e["position_axes"]["pairs_per_axis"] == [11, 11, 10] and e["position_axes"]["interleaved"]
+    # mrope keys ride along with any scaling type without "unrecognised keys"
+    yarn = {**cfg, "rope_parameters": {**cfg["rope_parameters"], "rope_type": "yarn", "factor": 2.0,
+                                       "original_max_position_embeddings": 131072}}
+    assert not any("unrecognised" in w for w in inspect_config(yarn)["warnings"])
+
+
+def test_hunyuan_modernbert_and_vision_towers_are_described():
+    hunyuan = inspect_config(CONFIGS / "hunyuan-7b-instruct.json")
+    assert hunyuan["rope"][0]["rope_type"] == "ntk_alpha" and hunyuan["warnings"] == []
+    modernbert = inspect_config(CONFIGS / "modernbert-base.json")
+    assert {e["layer_type"]: e["rope_theta"] for e in modernbert["rope"]} == {"full_attention": 160000.0,
+                                                                             "sliding_attention": 10000.0}
+    vision = inspect_config(CONFIGS / "pixtral-12b-vision.json")
+    assert vision["rope"] == [] and vision["vision"]["rope_type"] == "axial_pixtral"
+    assert "Vision tower with 2-D RoPE" in vision["description"]
+    assert main(["inspect", str(CONFIGS / "qwen2.5-vl-7b-instruct.json")]) == 0
+
+
+def test_a_vision_tower_is_refused_by_extend_with_the_reason(capsys, tmp_path):
+    assert main(["extend", str(CONFIGS / "pixtral-12b-vision.json"), "--target-length", "65536", "--method",
+                 "yarn", "--out", str(tmp_path / "c.json")]) == 2
+    assert "vision tower with 2-D (axial) RoPE" in capsys.readouterr().err

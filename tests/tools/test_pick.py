@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc.cli import main
 from posenc.errors import PosencError
-from posenc.tools.pick import BUDGETS, TASKS, format_recommendation, pick
+from posenc.tools.pick import BUDGETS, TASKS, THETA_PLACEHOLDER, format_recommendation, pick
 
 # (target, train, budget, task, extrapolation) -> (scheme contains, method contains): the rows of docs/picker.md
 TABLE = [
@@ -37,7 +37,7 @@ def test_finetune_yarn_parameters_and_snippet_load_in_transformers():
     rec = pick(32768, 8192, "finetune", "lm", rope_theta=500000.0)
     rp = rec.config_snippet["rope_parameters"]
     assert rp == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
-                  "rope_theta": 500000.0}
+                  "rope_theta": 500000.0, "beta_fast": 32, "beta_slow": 1}  # the ramp bounds its text cites
     assert rec.config_snippet["max_position_embeddings"] == 32768
     # the snippet is a working config fragment: transformers reads it and agrees with posenc's registry
     from transformers import LlamaConfig
@@ -68,17 +68,21 @@ def test_encoder_alibi_is_symmetric():
        task=st.sampled_from(TASKS), extrapolate=st.booleans())
 def test_laws(target, train, budget, task, extrapolate):
     rec = pick(target, train, budget, task, extrapolate)
-    # every reason cites its evidence; every alternative says why not
-    assert rec.reasons and all(("facts.md" in r or "lesson" in r or "published" in r or "fits in" in r)
-                               for r in rec.reasons)
+    # every reason cites its evidence (a paper via facts.md, the lesson, or posenc's own measurement in lab.md);
+    # every alternative says why not
+    assert rec.reasons and all(("facts.md" in r or "lesson" in r or "published" in r or "fits in" in r
+                                or "docs/lab.md" in r) for r in rec.reasons)
     assert all(a["why_not"] for a in rec.alternatives)
     if budget != "pretrain" and target <= train:
         assert rec.method == "none" and rec.config_snippet == {}
     rp = rec.config_snippet.get("rope_parameters")
     if rp and "factor" in rp:
         assert rp["factor"] == pytest.approx(target / train, rel=1e-5) and rp["factor"] > 1
-        # the snippet loads through the registry (with a head_dim supplied)
-        inv, _ = posenc.rope_parameters({"head_dim": 64, "max_position_embeddings": train, **rec.config_snippet})
+        # an existing model's base is not guessed: without --rope-theta the snippet holds a visible placeholder
+        assert (rp["rope_theta"] == THETA_PLACEHOLDER) == (budget != "pretrain")
+        snippet = {**rec.config_snippet, "rope_parameters": {**rp, "rope_theta": 10000.0}}
+        # the snippet loads through the registry (with a head_dim and the model's theta supplied)
+        inv, _ = posenc.rope_parameters({"head_dim": 64, "max_position_embeddings": train, **snippet})
         assert inv.isfinite().all()
     json.dumps(rec.to_dict())   # always serialisable
     assert rec.scheme in format_recommendation(rec)
@@ -111,3 +115,56 @@ def test_cli_bad_value_is_one_line(capsys):
     assert main(["pick", "--target-context", "-5", "--train-context", "8192"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("posenc pick: error:") and "target_context" in err[0]
+
+
+def test_existing_model_snippet_never_guesses_theta_and_cites_paths(capsys):
+    rec = pick(32768, 8192, "finetune", "lm")
+    assert rec.config_snippet["rope_parameters"]["rope_theta"] == THETA_PLACEHOLDER
+    assert any("placeholder" in n and "--rope-theta" in n for n in rec.notes)
+    given = pick(32768, 8192, "finetune", "lm", rope_theta=500000.0)
+    assert given.config_snippet["rope_parameters"]["rope_theta"] == 500000.0
+    assert not any("placeholder" in n for n in given.notes)
+    # every citation of the reference docs names the file by its path in the repository
+    import re
+
+    text = format_recommendation(rec) + format_recommendation(pick(10**6, 4096, "pretrain", "lm", True))
+    assert "docs/facts.md" in text and "docs/lesson.md" in text
+    assert not re.search(r"(?<!docs/)facts\.md", text) and not re.search(r"\blesson\b(?!\.md)", text.replace(
+        "docs/lesson.md", ""))
+
+
+@pytest.mark.parametrize("argv", [["--target-context", str(10**38), "--train-context", "8192"],
+                                  ["--target-context", "1e38", "--train-context", "8192"],
+                                  ["--target-context", "32768", "--train-context", str(2**31)]])
+def test_absurd_contexts_are_refused_in_one_line(argv, capsys):
+    assert main(["pick", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc pick: error:") and "\n" not in err and "context" in err
+
+
+def test_closed_pipe_ends_quietly(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # `posenc pick ... | head -0`: the reader is gone before anything is written (deterministic, unlike a race
+    # with a reader that leaves after one line while the whole output still fits in the pipe's buffer)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "posenc", "pick", "--target-context", "32768",
+                               "--train-context", "8192", "--budget", "finetune"],
+                              stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == b"", proc.stderr
+
+
+def test_finetune_and_longrope_advice_cite_the_lab_measurements():
+    """The fine-tune recommendation and the LongRoPE alternative quote posenc's measured extend study."""
+    rec = pick(1024, 128, "finetune", "lm", False)
+    assert any("6.82" in r and "docs/lab.md" in r for r in rec.reasons)          # YaRN fine-tuned, lab.md table
+    why = {a["option"]: a["why_not"] for a in rec.alternatives}
+    longrope = why["LongRoPE"]
+    assert "9.73" in longrope and "posenc search" in longrope
+    assert "PoSE" in why

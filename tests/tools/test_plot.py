@@ -10,6 +10,7 @@ import torch
 from posenc import reference
 from posenc.cli import main
 from posenc.errors import PosencError
+from posenc.extensions import METHODS, method_names
 from posenc.rope.apply import apply_rope, default_inv_freq
 from posenc.tools.plot import (measure_periods, plot_alibi, plot_decay, plot_rope, plot_scaling,
                                plot_sinusoidal, rope_decay)
@@ -74,14 +75,17 @@ def test_scaling_plot_properties(tmp_path):
     result = plot_scaling(tmp_path / "scaling.png", head_dim=128, theta=1e4, original=4096, factor=8.0)
     assert_sensible_png(result["path"])
     m = result["methods"]
-    assert len(m) == 7
+    # plain + every method with its own frequencies (no fit-only search, no PoSE fine-tuning mode)
+    assert len(m) == 1 + sum(1 for name in method_names()
+                             if METHODS[name].fit is None and METHODS[name].train_positions is None)
     assert m["default (no scaling)"]["interpolation"] == pytest.approx([1.0] * 64)
-    assert m["PI (linear)"]["interpolation"] == pytest.approx([8.0] * 64, rel=1e-6)
-    ntk = m["NTK-aware (static)"]["interpolation"]
+    assert m["PI"]["interpolation"] == pytest.approx([8.0] * 64, rel=1e-6)
+    ntk = m["NTK-aware"]["interpolation"]
     assert ntk[0] == pytest.approx(1.0) and ntk[-1] == pytest.approx(8.0, rel=1e-5)  # lowest pair divided by s
     yarn = m["YaRN"]
     assert yarn["attention_scaling"] == pytest.approx(0.1 * math.log(8) + 1)
     assert yarn["interpolation"][0] == pytest.approx(1.0) and yarn["interpolation"][-1] == pytest.approx(8.0)
+    assert "dynamic NTK (factor 8) @ 32,768" in m and "LongRoPE (unsearched init)" in m
 
 
 def test_scaling_plot_uses_searched_longrope_factors(tmp_path):
@@ -172,3 +176,24 @@ def test_importing_the_tools_does_not_import_matplotlib():
 def test_python_api_rejects_bad_values(tmp_path):
     with pytest.raises(PosencError, match="max_len"):
         plot_sinusoidal(tmp_path / "a.png", max_len=0)
+
+
+def test_scaling_plot_draws_a_configs_own_method_with_its_own_factor(tmp_path):
+    # Llama 3.1 claims 131072 = 16 x 8192, but its llama3 scaling has factor 8: that curve must be x8
+    result = plot_scaling(tmp_path / "s.png", CONFIGS / "llama-3.1-8b.json")
+    assert result["factor"] == 16
+    own = [name for name in result["methods"] if name.startswith("Llama 3")]
+    assert own == ["Llama 3 (this config, factor 8)"]
+    assert max(result["methods"][own[0]]["interpolation"]) == pytest.approx(8.0)
+    assert max(result["methods"]["PI"]["interpolation"]) == pytest.approx(16.0)
+
+
+def test_scaling_plot_clips_and_names_the_off_scale_dynamic_curve(tmp_path):
+    result = plot_scaling(tmp_path / "s.png", CONFIGS / "phi-3.5-mini-instruct.json")
+    s = result["factor"]
+    [(name, peak)] = result["off_scale"].items()
+    assert name.startswith("dynamic NTK")
+    # transformers' dynamic rule at L = s * L0: base x (s^2 - s + 1)^(d/(d-2)); the lowest pair's frequency
+    # base^(-(d-2)/d) is then divided by exactly s^2 - s + 1 (993 for Phi-3.5's x32)
+    assert peak == pytest.approx(s * s - s + 1, rel=1e-4)
+    assert all(max(v["interpolation"]) <= 3 * s for k, v in result["methods"].items() if k != name)

@@ -1,0 +1,90 @@
+"""FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context Transformers",
+arXiv 2310.04418): a learned function of the progressively normalised distance, added to the attention logits.
+
+    bias[h, i, j] = f_theta( psi(i - j) / psi(max(L, i)) )[h]        psi(x) = log(c * x + 1),  j <= i
+
+f_theta: R -> R^H is a small MLP (one hidden layer, ReLU; width 32 in the paper) whose outputs are the per-head
+biases; c > 0 and the threshold L > 0 are learned. Dividing by psi(max(L, i)) maps every distance a query at
+position i can see into [0, 1] whatever the sequence length ("progressive interpolation"), which is why FIRE is
+reported to extrapolate; below the threshold L the normaliser is fixed, so short contexts keep absolute distances.
+
+Causal only: keys after the query (j > i) get the distance-0 value; the causal mask hides them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc._validate import check_float, positive_int
+from posenc.bias.parametrize import inverse_softplus
+from posenc.bias.positions import check_positions, relative_positions
+from posenc.errors import PosencError
+
+
+def fire_inputs(query_positions, key_positions, *, c: torch.Tensor | float,
+                threshold: torch.Tensor | float) -> torch.Tensor:
+    """The MLP's input psi(i - j) / psi(max(L, i)), float32 [..., Tq, Tk], in [0, 1] for j <= i.
+
+    ``c`` and ``threshold`` (L) are positive scalars (tensors keep their gradient). Positions are absolute:
+    [..., Tq] queries and [..., Tk] keys (with a KV cache the queries sit after the cached keys).
+    """
+    device = c.device if isinstance(c, torch.Tensor) else None      # compute where the parameters live
+    q, _ = check_positions(query_positions, key_positions, device=device)
+    c = torch.as_tensor(c, dtype=torch.float32, device=q.device)
+    threshold = torch.as_tensor(threshold, dtype=torch.float32, device=q.device)
+    if c.dim() or threshold.dim():
+        raise PosencError(f"c and threshold must be scalars, got shapes {tuple(c.shape)} and {tuple(threshold.shape)}")
+    distance = (-relative_positions(q, key_positions, dtype=torch.float32)).clamp(min=0)   # i - j, [..., Tq, Tk]
+    normaliser = torch.log1p(c * torch.maximum(q.to(torch.float32), threshold))          # [..., Tq]
+    return torch.log1p(c * distance) / normaliser.unsqueeze(-1)
+
+
+def fire_bias(query_positions, key_positions, *, c, threshold,
+              mlp: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The FIRE bias [..., H, Tq, Tk]: ``mlp`` maps inputs [..., 1] to per-head values [..., H].
+
+    Memory: the MLP's hidden layer holds Tq * Tk * width floats (32 M for 1024 x 1024 at width 32).
+    """
+    x = fire_inputs(query_positions, key_positions, c=c, threshold=threshold)
+    return mlp(x.unsqueeze(-1)).movedim(-1, -3)
+
+
+class FIREBias(nn.Module):
+    """Learned FIRE bias: forward(query_positions, key_positions) -> [..., n_heads, Tq, Tk] (float32).
+
+    Args:
+        n_heads: outputs of the MLP (one bias per head).
+        width: hidden width of the MLP (32 in the paper).
+        init_c, init_threshold: starting c and L (the paper's code starts at 0.1 and 512). A threshold above the
+            training length means training never reaches the interpolating regime; the lab may prefer the
+            training length.
+    c and L are kept positive as softplus(raw) (smooth, with a gradient everywhere; the paper's code uses |c| and
+    |m| * L0 with a learned multiplier m and a fixed L0 instead).
+    """
+
+    def __init__(self, n_heads: int, *, width: int = 32, init_c: float = 0.1, init_threshold: float = 512.0):
+        super().__init__()
+        self.n_heads = positive_int(n_heads, "n_heads")
+        self.width = positive_int(width, "width")
+        self.raw_c = nn.Parameter(inverse_softplus(check_float(init_c, "init_c", positive=True)))
+        self.raw_threshold = nn.Parameter(
+            inverse_softplus(check_float(init_threshold, "init_threshold", positive=True)))
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_heads))
+
+    @property
+    def c(self) -> torch.Tensor:
+        return F.softplus(self.raw_c)
+
+    @property
+    def threshold(self) -> torch.Tensor:
+        return F.softplus(self.raw_threshold)
+
+    def forward(self, query_positions, key_positions) -> torch.Tensor:
+        return fire_bias(query_positions, key_positions, c=self.c, threshold=self.threshold, mlp=self.mlp)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, width={self.width}"

@@ -1,0 +1,98 @@
+"""How a ``posenc`` command ends when something goes wrong: the one owner of the CLI's error policy.
+
+    bad input (PosencError: ConfigError, DataError, CheckpointError, ...)  one line, exit 2
+    the environment refused (OSError: read-only or missing --out, no space)  one line naming the path, exit 2
+    a closed pipe (``posenc pick ... | head``)                              quiet, exit 141 (128 + SIGPIPE)
+    Ctrl-C                                                                   one line, exit 130
+    out of memory                                                            one line, exit 1
+    anything else is a bug in posenc: one line saying so, the traceback saved to a file to attach to a report, exit 1
+
+Only posenc's own PosencError family is "your input": a stray ValueError or KeyError from deep inside is a bug, and
+calling it user error would send the user hunting for a mistake they did not make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import traceback
+from typing import Callable
+
+ISSUES_HINT = "please report it (the command line and the saved traceback) to the posenc maintainers"
+EXIT_USER = 2
+EXIT_BUG = 1
+EXIT_PIPE = 141
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: "posenc lab: error: argument --steps: invalid int value: 'x' (see ...)"."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USER, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def describe_os_error(exc: OSError) -> str:
+    """'cannot write /ro/out/results.json: Permission denied' style text for an OSError."""
+    what = exc.strerror or type(exc).__name__
+    if exc.filename is None and exc.strerror:  # already a sentence ("cannot write runs/x/results.json: ...")
+        return exc.strerror
+    if exc.filename is not None:
+        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+        return f"{where}: {what}"
+    return str(exc) or what
+
+
+def save_traceback(exc: BaseException) -> str | None:
+    """Write the traceback of ``exc`` to a temporary file; -> its path (None if even that fails)."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="posenc-bug-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write("posenc " + " ".join(sys.argv[1:]) + "\n\n")
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=f)
+        return path
+    except OSError:
+        return None
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the interpreter's final flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def run_reporting_faults(command: str, fn: Callable[[], int | None]) -> int:
+    """Run ``fn()`` for ``posenc COMMAND`` and turn every fault into its one-line message and exit status."""
+    from posenc.errors import PosencError
+
+    prefix = f"posenc {command}"
+    try:
+        status = int(fn() or 0)
+        sys.stdout.flush()  # a closed pipe shows up here for short outputs
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        print(f"{prefix}: interrupted", file=sys.stderr)
+        return 130
+    except PosencError as exc:
+        print(f"{prefix}: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    except OSError as exc:  # the environment: permissions, missing folders, a file where a folder should be
+        print(f"{prefix}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return EXIT_USER
+    except MemoryError:
+        print(f"{prefix}: error: out of memory (use smaller sizes or lengths)", file=sys.stderr)
+        return EXIT_BUG
+    except Exception as exc:  # a bug: say so, and keep the traceback for the report
+        path = save_traceback(exc)
+        saved = f"; traceback saved to {path}" if path else ""
+        text = " ".join(str(exc).split())[:300]
+        print(f"{prefix}: internal error (a bug in posenc, not in your input): {type(exc).__name__}: {text}"
+              f"{saved}; {ISSUES_HINT}", file=sys.stderr)
+        return EXIT_BUG

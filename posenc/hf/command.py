@@ -1,0 +1,19 @@
+"""Run one ``posenc`` subcommand of this package on its own (``export_main``, ``eval_main``), with the same contract
+as posenc.cli: bad input is one ``posenc NAME: error: ...`` line on stderr and exit status 2, never a traceback.
+
+The modules also expose ``HELP``, ``add_arguments(parser)`` and ``run(args)``, the shape posenc.cli's COMMANDS table
+takes, so ``posenc export`` / ``posenc eval`` are one line each there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from posenc.faults import Parser, run_reporting_faults
+
+
+def run_command(name: str, add_arguments: Callable, run: Callable, argv: list[str] | None = None) -> int:
+    parser = Parser(prog=f"posenc {name}")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_reporting_faults(name, lambda: run(args))

@@ -1,0 +1,598 @@
+"""``posenc eval MODEL_DIR``: the lab's length-extrapolation measurements on any local transformers causal LM.
+
+    posenc eval exported/rope --eval-lens 128,256,512 --methods none,yarn,dynamic --factor 4
+    posenc eval ~/models/Qwen2.5-0.5B --eval-lens 2048,8192 --tasks lm,passkey --dtype bfloat16 --device cuda
+
+Protocols are the lab's own code, called through a thin adapter (posenc.hf.lab_bridge.LogitsModel):
+- perplexity: ``posenc.lab.evaluate.lm_eval``, non-overlapping windows of each eval length (context restarts at
+  every window) and the sliding window (``--sliding-stride``: -1 = half the length, 0 = off); about
+  ``--eval-tokens`` tokens scored per length, over the lab corpus's validation split (``--data`` as in the lab).
+- passkey: ``posenc.lab.evaluate.passkey_eval`` over the lab's episodes (``posenc.lab.data.passkey_example``):
+  greedy decoding of a 5-digit key hidden at each ``--passkey-depths`` fraction.
+Tokens: with the byte tokenizer of an exported lab model the stream is the corpus bytes themselves and the numbers
+equal the lab's (same windows, same episodes, same keys). Any other tokenizer encodes the UTF-8 text (invalid
+bytes become U+FFFD) and eval lengths count its tokens; a passkey episode then has as many characters as fit the
+length in tokens, and the answer is the first 5 characters of the decoded continuation, leading spaces dropped.
+
+Extension methods (``--methods linear,yarn,...`` with ``--factor F``) go through transformers' own code: the
+scaling is written into the loaded config by ``posenc.tools.extend.extend_config`` (the lab's meaning of the method
+at F, see posenc.hf.scaling) and the model is reloaded with that config. Before each length the model runs one
+token, which makes transformers' dynamic-NTK rule return to the original frequencies, so every length is scored
+with its own frequencies (as the lab does) whatever ran before.
+
+Loading: ``--device``/``--dtype``; ``--device-map auto`` spreads a large model over the visible GPUs and the CPU
+through accelerate (when installed; otherwise a note and a plain load); attention is the model's default
+implementation (SDPA) unless ``--attn-implementation`` says otherwise.
+Outputs: the lab's tables (each task's report section: rows = model and method, e.g. "rope + YaRN, zero-shot",
+columns = length) are printed; with ``--out DIR`` also results.json ({meta, results, curves}: the lab's row schema
+{task, scheme, scaling, finetuned, train_len, eval_len, metric, value, std, seed, protocol, depth} and per-position
+losses), report.md and the lab's plots (posenc.lab.report through posenc.hf.lab_bridge), written atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from posenc.errors import ConfigError
+
+HELP = "Evaluate a local transformers causal LM: perplexity vs length, passkey, extension methods via its config."
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+TASKS = ("lm", "passkey")
+# logits of one forward are [rows, T, vocab] float32: cap them near 256 MiB unless --batch-tokens says otherwise
+_LOGIT_BUDGET = 1 << 26
+# model_type -> config attribute holding a hard position limit (a learned table, MPT's ALiBi tensor)
+_POSITION_LIMITS = {"gpt2": "n_positions", "mpt": "max_seq_len", "gpt_neo": "max_position_embeddings",
+                    "opt": "max_position_embeddings", "gpt_bigcode": "n_positions", "biogpt": "max_position_embeddings"}
+
+
+@dataclass
+class EvalSettings:
+    """What ``evaluate_model`` measures. Lengths count the model's tokens."""
+
+    eval_lens: list[int] = field(default_factory=lambda: [128, 256, 512, 1024])
+    tasks: list[str] = field(default_factory=lambda: ["lm"])
+    methods: list[str] = field(default_factory=lambda: ["none"])   # "none" = the config as it is
+    factor: float | None = None             # extension factor for methods other than none
+    replace_scaling: bool = False           # allow replacing a scaling the config already has
+    config: str | None = None               # a config file to load the model with (e.g. posenc search's output)
+    data: str | None = None                 # corpus (lab semantics): None = the CPython stdlib
+    eval_tokens: int = 49152
+    sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
+    sliding_lens: list[int] = field(default_factory=list)   # empty: the longest eval length
+    passkey_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    passkey_trials: int = 20
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    device_map: str | None = None           # "auto": accelerate's placement over GPUs and CPU
+    attn_implementation: str | None = None  # None: the model's default (SDPA where supported)
+    batch_tokens: int | None = None         # tokens per forward; None: as many windows as keep logits ~256 MiB
+
+    def validate(self) -> "EvalSettings":
+        from posenc._validate import check_choice, check_float, check_int, positive_int
+        from posenc.extensions import method_names
+
+        if not self.eval_lens:
+            raise ConfigError("eval_lens: expected at least one length")
+        self.eval_lens = [check_int(n, "eval_lens", min=2, error=ConfigError) for n in self.eval_lens]
+        self.sliding_lens = [check_int(n, "sliding_lens", min=2, error=ConfigError) for n in self.sliding_lens]
+        for t in self.tasks:
+            check_choice(t, "tasks", TASKS, error=ConfigError)
+        for m in self.methods:
+            check_choice(m, "methods", ("none",) + tuple(method_names()), error=ConfigError)
+        if any(m != "none" for m in self.methods):
+            if self.factor is None:
+                raise ConfigError("factor: extension methods need --factor F (target / original context), e.g. 4")
+            check_float(self.factor, "factor", min=1.0, error=ConfigError)
+        positive_int(self.eval_tokens, "eval_tokens", error=ConfigError)
+        positive_int(self.passkey_trials, "passkey_trials", error=ConfigError)
+        check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
+        if self.sliding_stride > min(self.sliding_lens or [max(self.eval_lens)]):
+            raise ConfigError(f"sliding_stride: expected -1 (auto), 0 (off) or at most the sliding length, got "
+                              f"{self.sliding_stride}")
+        for d in self.passkey_depths:
+            check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
+        check_choice(self.dtype, "dtype", DTYPES, error=ConfigError)
+        if self.device_map is not None:
+            check_choice(self.device_map, "device_map", ("auto",), error=ConfigError)
+        if self.batch_tokens is not None:
+            positive_int(self.batch_tokens, "batch_tokens", error=ConfigError)
+        return self
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+
+def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float | None = None,
+                   replace_scaling: bool = False, device: str = "cpu", dtype: str = "float32",
+                   device_map: str | None = None, attn_implementation: str | None = None,
+                   config_file: str | None = None, log=print):
+    """Load a local causal LM (offline), optionally with an extension method written into its config.
+    ``config_file``: load with this config instead of the folder's config.json (a searched LongRoPE config).
+
+    -> (model in eval mode, its config as loaded, the ExtendResult or None). ``device_map="auto"`` needs
+    accelerate: without it the model is loaded on ``device`` and ``log`` says so.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(model_dir)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
+    if config_file is not None and not Path(config_file).is_file():
+        raise FileNotFoundError(f"config {config_file}: no such config file")
+    config = AutoConfig.from_pretrained(str(config_file or folder), local_files_only=True)
+    extended = None
+    if method not in (None, "none"):
+        from posenc.hf.scaling import extend_for_factor
+
+        extended = extend_for_factor(config.to_dict(), method, factor, replace=replace_scaling)
+        config = type(config).from_dict(extended.config)
+    kwargs = dict(config=config, dtype=DTYPES[dtype], local_files_only=True)
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if device_map == "auto":
+        if importlib.util.find_spec("accelerate") is None:
+            log(f"note: --device-map auto needs accelerate (pip install accelerate); loading on {device} instead")
+            device_map = None
+        else:
+            kwargs["device_map"] = "auto"
+    model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()
+    if device_map is None:
+        model.to(device)
+    return model, config, extended
+
+
+def load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def position_limit(config) -> int | None:
+    """The longest input the architecture can encode at all (a learned table, MPT's ALiBi tensor); None if none."""
+    attr = _POSITION_LIMITS.get(getattr(config, "model_type", None))
+    value = getattr(config, attr, None) if attr else None
+    return int(value) if value else None
+
+
+def original_context(config) -> int | None:
+    """The context the model was trained for, as posenc reads the config (None when unknown)."""
+    from posenc.tools.inspect import inspect_config
+
+    fallback = position_limit(config) or getattr(config, "max_position_embeddings", None)
+    try:
+        report = inspect_config(config.to_dict())
+    except (ValueError, KeyError, TypeError):  # e.g. a GPT-NeoX export of a NoPE model (rotary dim 0)
+        return fallback
+    if report.get("rope"):
+        return report["rope"][0].get("original_context") or fallback
+    return report.get("claimed_context") or fallback
+
+
+def config_method(config) -> str:
+    """The extension method a loaded config file already applies (its rope_type, when that names a registered
+    method, e.g. a searched ``longrope``), else "none": the label of rows measured with ``--config``."""
+    from posenc.extensions import method_names
+
+    params = getattr(config, "rope_parameters", None)
+    rope_type = params.get("rope_type") if isinstance(params, dict) else None
+    return rope_type if rope_type in method_names() else "none"
+
+
+def input_device(model) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
+# ---- tokens ----------------------------------------------------------------------------------------------------
+
+def token_stream(tokenizer, data: torch.Tensor, needed: int) -> tuple[torch.Tensor, bool]:
+    """The validation text as the model's tokens (at least ``needed`` when the text has them) -> (tokens, bytes?).
+
+    A byte tokenizer gets the bytes themselves (exactly the lab's stream); any other encodes the UTF-8 text,
+    growing the encoded prefix until ``needed`` tokens are there.
+    """
+    from posenc.hf.tokenizer import is_byte_tokenizer
+
+    if is_byte_tokenizer(tokenizer):
+        return data, True
+    raw = bytes(data.numpy().tobytes())
+    chars = max(4 * needed, 4096)
+    while True:
+        text = raw[:chars].decode("utf-8", errors="replace")
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) >= needed or chars >= len(raw):
+            return torch.tensor(ids, dtype=torch.long), False
+        chars *= 2
+
+
+class _Bar:
+    """A tqdm bar counting forward passes (one per batch of windows)."""
+
+    def __init__(self, desc: str, total: int | None, enabled: bool):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, leave=False, disable=not enabled, dynamic_ncols=True,
+                        mininterval=0.5, unit="batch")
+
+    def tick(self):
+        self.bar.update(1)
+
+    def close(self):
+        self.bar.close()
+
+
+def logits_model(model, *, max_len: int | None, bar: _Bar | None = None, tokenizer=None, byte_level: bool = True,
+                 batch_tokens: int = 1 << 16):
+    """A ``LogitsModel`` over a transformers causal LM: forward = logits of input_ids (no cache), generate = greedy.
+
+    For the byte tokenizer, generate continues the byte prompts directly; otherwise prompts are decoded to text,
+    encoded with ``tokenizer`` and the continuation decoded back to characters (ASCII codes, '?' for others).
+    """
+    from posenc.hf.lab_bridge import LogitsModel
+
+    device = input_device(model)
+    pad = getattr(tokenizer, "pad_token_id", None) or getattr(tokenizer, "eos_token_id", None) or 0
+
+    def forward(tokens):
+        out = model(input_ids=tokens.to(device), use_cache=False).logits
+        if bar is not None:
+            bar.tick()
+        return out
+
+    def generate(prompts, n_new):
+        rows = max(1, batch_tokens // max(1, prompts.shape[1]))
+        outs = []
+        for chunk in prompts.split(rows):
+            if byte_level:
+                got = model.generate(chunk.to(device), max_new_tokens=n_new, min_new_tokens=n_new,
+                                     do_sample=False, pad_token_id=pad)[:, chunk.shape[1]:]
+                outs.append(got.cpu())
+                continue
+            for row in chunk.tolist():
+                ids = tokenizer(bytes(row).decode("ascii", errors="replace"), return_tensors="pt")["input_ids"]
+                got = model.generate(ids.to(device), max_new_tokens=n_new + 3, do_sample=False, pad_token_id=pad)
+                text = tokenizer.decode(got[0, ids.shape[1]:], skip_special_tokens=True).lstrip()[:n_new]
+                text = text.ljust(n_new, "?")
+                outs.append(torch.tensor([[ord(c) if ord(c) < 128 else ord("?") for c in text]]))
+                if bar is not None:
+                    bar.tick()
+        return torch.cat(outs)
+
+    return LogitsModel(forward, generate, max_len=max_len)
+
+
+def passkey_chars(tokenizer, n_tokens: int, byte_level: bool) -> int | None:
+    """Characters of a passkey episode that fill ``n_tokens`` of the model's tokens (None if none fits)."""
+    from posenc.hf.lab_bridge import passkey_key_digits, passkey_prompt
+
+    if byte_level:
+        try:
+            passkey_prompt(n_tokens, 0.5, "0" * passkey_key_digits())
+        except ValueError:
+            return None
+        return n_tokens
+
+    def count(chars):
+        prompt, answer = passkey_prompt(chars, 0.5, "0" * passkey_key_digits())
+        return len(tokenizer(prompt + answer)["input_ids"])
+
+    try:
+        chars = n_tokens
+        for _ in range(4):  # proportional steps, then walk down to the largest that fits
+            chars = max(1, int(chars * n_tokens / count(chars)))
+        while count(chars) > n_tokens:
+            chars -= max(1, (count(chars) - n_tokens) * 2)
+        return chars
+    except ValueError:  # passkey_prompt: too short for the key sentence and question
+        return None
+
+
+# ---- the evaluation ------------------------------------------------------------------------------------------------
+
+def _row(task, scheme, scaling, train_len, eval_len, metric, value, seed, **extra) -> dict:
+    row = {"task": task, "scheme": scheme, "scaling": scaling, "finetuned": False, "train_len": train_len,
+           "eval_len": eval_len, "metric": metric, "value": value, "std": None, "seed": seed, "protocol": None,
+           "depth": None}
+    row.update(extra)
+    if value is not None and not math.isfinite(value):
+        row["value"], row["note"] = None, "diverged (non-finite)"
+    return row
+
+
+@torch.no_grad()
+def _reset_length_state(model) -> None:
+    """One token at position 0: transformers' dynamic-NTK rule drops back to the original frequencies."""
+    model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)), use_cache=False)
+
+
+def _windows(n_tokens: int, length: int, stride: int | None) -> int:
+    """About how many windows lm_eval scores (for the progress bar only)."""
+    return max(1, n_tokens // length) if stride is None else 1 + max(0, n_tokens - length) // stride
+
+
+@torch.no_grad()
+def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, progress: bool = True,
+                   log=print) -> dict:
+    """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results", "curves"} (the lab's row schema).
+
+    Rows of method "none" carry scaling "none", except with ``settings.config``: then the method that config applies
+    (``config_method``: "longrope" for a searched config), so the lab's tables label them "rope + LongRoPE"."""
+    from posenc.hf.lab_bridge import passkey_rate, perplexity, validation_bytes
+    from posenc.tools.inspect import detect_scheme
+
+    s = (settings or EvalSettings()).validate()
+    if not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
+    t_start = time.perf_counter()
+    tokenizer = load_tokenizer(model_dir)
+    longest = max(s.eval_lens + s.sliding_lens)
+    stream = None
+    if "lm" in s.tasks:
+        data, data_meta = validation_bytes(s.data)
+        stream, byte_level = token_stream(tokenizer, data, s.eval_tokens + longest + 1)
+    else:
+        from posenc.hf.tokenizer import is_byte_tokenizer
+
+        data_meta, byte_level = None, is_byte_tokenizer(tokenizer)
+    name = Path(model_dir).name
+    rows: list[dict] = []
+    meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s),
+                  "methods": {},
+                  "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
+                  "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
+                  "loadavg_start": _loadavg()}
+    curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
+    for method in s.methods:
+        t0 = time.perf_counter()
+        model, config, extended = load_causal_lm(model_dir, method=method, factor=s.factor,
+                                                 replace_scaling=s.replace_scaling, device=s.device, dtype=s.dtype,
+                                                 device_map=s.device_map, attn_implementation=s.attn_implementation,
+                                                 config_file=s.config, log=log)
+        scheme = detect_scheme(config.to_dict())[0]
+        scaling = method if method != "none" or s.config is None else config_method(config)
+        train_len = extended.original_context if extended else original_context(config)
+        limit = position_limit(config)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        budget = s.batch_tokens or max(longest, _LOGIT_BUDGET // vocab)
+        meta["methods"][method] = {"scheme": scheme, "original_context": train_len, "position_limit": limit,
+                                   "rope_parameters": getattr(config, "rope_parameters", None),
+                                   "changes": extended.changes if extended else [],
+                                   "attn_implementation": getattr(model.config, "_attn_implementation", None),
+                                   "device_map": getattr(model, "hf_device_map", None)}
+        common = dict(model=name)
+        if "lm" in s.tasks:
+            jobs = [(L, None, "non-overlapping") for L in s.eval_lens]
+            if s.sliding_stride:
+                for L in s.sliding_lens or [max(s.eval_lens)]:
+                    stride = s.sliding_stride if s.sliding_stride > 0 else max(1, L // 2)
+                    jobs.append((L, stride, f"sliding (stride {stride})"))
+            for L, stride, protocol in jobs:
+                if limit is not None and L > limit:
+                    rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", None, s.seed, protocol=protocol,
+                                     note=f"n/a (positions limited to {limit})", **common))
+                    continue
+                per_batch = max(1, budget // L)
+                bar = _Bar(f"{method} ppl L={L}{'' if stride is None else ' sliding'}",
+                           math.ceil(_windows(s.eval_tokens, L, stride) / per_batch), progress)
+                _reset_length_state(model)
+                r = perplexity(logits_model(model, max_len=limit, bar=bar), stream, L, n_tokens=s.eval_tokens,
+                               stride=stride, device=input_device(model), batch_tokens=budget)
+                bar.close()
+                rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", r and r["ppl"], s.seed,
+                                 protocol=protocol, n_scored=r and r["n_scored"], **common))
+                if r is not None and stride is None and L == max(s.eval_lens):
+                    curves[f"{scheme}|{scaling}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
+        if "passkey" in s.tasks:
+            for L in s.eval_lens:
+                chars = passkey_chars(tokenizer, L, byte_level)
+                bar = _Bar(f"{method} passkey L={L}", len(s.passkey_depths) * (1 if byte_level else s.passkey_trials),
+                           progress)
+                for depth in s.passkey_depths:
+                    if chars is None or (limit is not None and L > limit):
+                        why = "too short for the passkey episode" if chars is None else f"positions limited to {limit}"
+                        rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", None, s.seed,
+                                         depth=depth, note=f"n/a ({why})", **common))
+                        continue
+                    _reset_length_state(model)
+                    adapter = logits_model(model, max_len=None, bar=bar, tokenizer=tokenizer, byte_level=byte_level,
+                                           batch_tokens=budget)
+                    v = passkey_rate(adapter, chars, depth, n_trials=s.passkey_trials, seed=s.seed,
+                                     device=input_device(model))
+                    if byte_level:
+                        bar.tick()
+                    rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", v, s.seed, depth=depth,
+                                     chars=chars, **common))
+                bar.close()
+        meta["timings_s"][method] = round(time.perf_counter() - t0, 1)
+        del model
+    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    meta["loadavg_end"] = _loadavg()
+    return {"meta": meta, "results": rows, "curves": curves}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _lab_readable(doc: dict) -> bool:
+    """The lab's tables and plots place lengths against the training length: they need it on every row."""
+    return bool(doc["results"]) and all(r.get("train_len") for r in doc["results"])
+
+
+def report_tables(doc: dict) -> str:
+    """The lab's tables for these rows (posenc.lab.report.main_table: one per task and protocol, rows = model and
+    method side by side); ``side_by_side`` when the model's original context is unknown."""
+    from posenc.hf.lab_bridge import lab_tables
+
+    return lab_tables(doc) if _lab_readable(doc) else side_by_side(doc)
+
+
+def side_by_side(doc: dict) -> str:
+    """Markdown tables: perplexity per protocol (rows = method, columns = eval length), then passkey."""
+    rows = doc["results"]
+    out = []
+    for task, metric, key in (("lm", "ppl", "protocol"), ("passkey", "exact_match", "depth")):
+        sel = [r for r in rows if r["task"] == task and r["metric"] == metric]
+        if not sel:
+            continue
+        lens = sorted({r["eval_len"] for r in sel})
+        groups: dict = {}
+        for r in sel:
+            groups.setdefault((r["scaling"], r[key] if task == "lm" else "mean over depths"), {}).setdefault(
+                r["eval_len"], []).append(r["value"])
+        title = "perplexity" if task == "lm" else "passkey exact match"
+        out.append(f"{title}\n\n| method | {'protocol' if task == 'lm' else ''} | "
+                   + " | ".join(str(L) for L in lens) + " |\n|---|---|" + "---|" * len(lens))
+        for (method, sub), by_len in groups.items():
+            cells = []
+            for L in lens:
+                vals = by_len.get(L)
+                if not vals:
+                    cells.append("-")
+                elif any(v is None for v in vals):
+                    cells.append("n/a")
+                else:
+                    v = sum(vals) / len(vals)
+                    cells.append(f"{v:.3f}" if task == "lm" else f"{v:.2f}")
+            out.append(f"| {method} | {sub} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def write_results(doc: dict, out_dir: str) -> Path:
+    from posenc._atomic import atomic_write_json
+
+    path = Path(out_dir) / "results.json"
+    atomic_write_json(path, doc)
+    return path
+
+
+def write_outputs(doc: dict, out_dir: str) -> list[Path]:
+    """results.json, the lab's plots and report.md into ``out_dir`` (created) -> the paths written."""
+    from posenc._atomic import atomic_write_text
+    from posenc.hf.lab_bridge import lab_plots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_results(doc, out)]
+    plots = lab_plots(doc, out) if _lab_readable(doc) else []
+    written += [out / name for name in plots]
+    written.append(atomic_write_text(out / "report.md", report_markdown(doc, plots)))
+    return written
+
+
+def report_markdown(doc: dict, plots: list[str] = ()) -> str:
+    """report.md: what was measured, on what, how long; the lab's tables and plots."""
+    meta, s = doc["meta"], doc["meta"]["settings"]
+    tokens = ("the model's byte tokenizer: the corpus bytes, the lab's stream" if meta["byte_tokens"]
+              else "the model's tokenizer (lengths count its tokens)")
+    data = meta.get("data") or {}
+    lines = [f"# posenc eval: `{meta['model']}`", "",
+             f"Measured wall time: **{meta['wall_s']:.0f} s** on {s['device']} ({s['dtype']}, {meta['threads']} "
+             f"threads), started {meta['started']}; Python {meta['python']}, torch {meta['torch']}, "
+             f"{meta['platform']}; load average (1/5/15 min) {meta.get('loadavg_start')} at the start, "
+             f"{meta.get('loadavg_end')} at the end.", "", "## Settings", "",
+             f"- tasks: {', '.join(s['tasks'])}; evaluation lengths: {s['eval_lens']} tokens; tokens: {tokens}",
+             f"- perplexity: about {s['eval_tokens']} tokens scored per length; sliding stride {s['sliding_stride']} "
+             f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}",
+             f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed {s['seed']}"]
+    if data:
+        lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files), validation "
+                     f"{data.get('val_bytes')} bytes")
+    for method, m in meta["methods"].items():
+        what = "the config as it is" if method == "none" else f"{method} at factor {s['factor']:g}"
+        lines.append(f"- method {method}: {what}; scheme {m['scheme']}, original context {m['original_context']}, "
+                     f"attention {m['attn_implementation']}"
+                     + (f"; config: {'; '.join(m['changes'])}" if m["changes"] else ""))
+    lines += ["", "## Results", "", report_tables(doc), ""]
+    lines += [line for name in plots for line in (f"![{name}]({name})", "")]
+    lines += ["## Timings (s)", "", "| method | load + evaluate |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in meta["timings_s"].items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---- command line ------------------------------------------------------------------------------------------------
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer)")
+    parser.add_argument("--eval-lens", type=_ints, default=[128, 256, 512, 1024], help="lengths in tokens")
+    parser.add_argument("--tasks", type=_names, default=["lm"], help="lm and/or passkey (comma-separated)")
+    parser.add_argument("--methods", type=_names, default=["none"],
+                        help="none and/or extension methods written into the config (linear,ntk,dynamic,yarn,...)")
+    parser.add_argument("--factor", type=float, default=None, help="extension factor (target / original context)")
+    parser.add_argument("--replace", action="store_true", help="replace a rope scaling the config already has")
+    parser.add_argument("--config", default=None,
+                        help="load the model with this config file instead of its config.json (posenc search output)")
+    parser.add_argument("--data", default=None, help="text file or folder (default: the CPython stdlib, as the lab)")
+    parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
+    parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
+    parser.add_argument("--sliding-lens", type=_ints, default=[], help="lengths for the sliding protocol")
+    parser.add_argument("--passkey-depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    parser.add_argument("--passkey-trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--device-map", default=None, choices=["auto"], help="auto: accelerate's multi-device load")
+    parser.add_argument("--attn-implementation", default=None, help="eager, sdpa, flash_attention_2 (default: model's)")
+    parser.add_argument("--batch-tokens", type=int, default=None, help="tokens per forward (default: from vocab)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    parser.add_argument("--out", default=None, help="folder for results.json, report.md and the plots")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
+                            replace_scaling=args.replace, config=args.config, data=args.data,
+                            eval_tokens=args.eval_tokens,
+                            sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
+                            passkey_depths=args.passkey_depths, passkey_trials=args.passkey_trials, seed=args.seed,
+                            device=args.device, dtype=args.dtype, device_map=args.device_map,
+                            attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens)
+    doc = evaluate_model(args.model, settings, progress=not args.no_progress)
+    print(report_tables(doc))
+    if args.out:
+        print(f"wrote {', '.join(p.name for p in write_outputs(doc, args.out))} into {args.out}")
+    print(f"wall {doc['meta']['wall_s']:.1f} s")
+    return 0
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    """``posenc eval`` as a function (exit status; errors as one line on stderr)."""
+    from posenc.hf.command import run_command
+
+    return run_command("eval", add_arguments, run, argv)

@@ -1,0 +1,385 @@
+"""``posenc export``: a lab model as a transformers model folder that ``AutoModelForCausalLM`` loads and runs with
+the lab's logits.
+
+    posenc export runs/lm --scheme rope --out exported/rope                       # RUN_DIR + scheme (lowest seed)
+    posenc export runs/lm/checkpoints/lm-rope-seed0.safetensors --out exported/rope --rope-scaling yarn --factor 4
+
+The lab's block (posenc.model.TinyLM): pre-norm, nn.LayerNorm with bias, fused qkv and output projection without
+bias, GELU MLP with biases (LayerNorms and MLP without biases when ModelConfig.bias is False), final LayerNorm,
+output head tied to the token embedding, inputs scaled by sqrt(d_model).
+Each scheme goes to the transformers architecture whose block holds those weights exactly (the choice was made by
+reading the modelling files of transformers 5.24):
+
+    rope        GPTNeoXForCausalLM: sequential residual (use_parallel_residual False), LayerNorms with bias,
+                attention_bias False (fused qkv and dense without bias), MLP with biases, hidden_act "gelu" (erf),
+                rotate_half RoPE with partial_rotary_factor 1 (Black et al. 2022). qkv rows are regrouped per head
+                ([q_h; k_h; v_h]); an "interleaved" lab model has its q/k rows permuted to the half layout
+                (posenc.permute_qk_weight), which leaves every q.k product unchanged.
+    nope        the same GPT-NeoX block with partial_rotary_factor 0: transformers rotates zero dimensions.
+    learned     GPT2LMHeadModel (Radford et al. 2019): wpe = the lab's table, activation "gelu", zero attention biases.
+    sinusoidal  GPT-2 with wpe = the sinusoidal table (Vaswani et al. 2017) read through the lab scheme itself, for
+                positions < max_positions (default 16 x the training length): exact up to there, an index error past.
+    alibi       MptForCausalLM (Press et al. 2022 ALiBi as MPT applies it): the bias is added after the 1/sqrt(Dh)
+                scaling, its slopes equal the lab's for every head count, GELU is exact, no biases anywhere. MPT's
+                LayerNorms and MLP have no biases, so a checkpoint exports when those are all zero: a model trained
+                with the lab's bias-free option (ModelConfig.bias False, ``posenc lab --bias no``: MPT's block), or
+                a freshly initialised one; a model trained with biases is refused with the numbers. BLOOM is not
+                exact (a LayerNorm on the embeddings and tanh-GELU); Falcon's alibi=True adds the bias *before* the
+                1/sqrt(Dh) scaling and rounds it to bfloat16.
+    rope+alibi  refused: no transformers architecture applies both.
+
+Common to all: the tied head is untied (input embedding = W * sqrt(d_model), lm_head = W), so both are exact.
+``rope_scaling`` / ``--rope-scaling METHOD --factor F`` writes an extension method into config.json with
+``posenc.tools.extend.extend_config`` (the lab's meaning of the method at F: posenc.hf.scaling), so transformers'
+own implementation runs it. The folder also gets the byte-level tokenizer (posenc.hf.tokenizer) and
+posenc_export.json (source checkpoint, mapping, the check below).
+
+The check: before the folder is moved into place, the written model is loaded back with
+``AutoModelForCausalLM.from_pretrained`` and its float32 logits are compared with the lab model's (under the same
+extension method) on a byte sequence; a relative difference above 1e-4 aborts the export.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from posenc.errors import ConfigError, PosencError
+
+HELP = "Write a lab model (posenc lab checkpoint) as a transformers model folder with a byte tokenizer."
+
+CHECK_RTOL = 1e-4
+ARCHITECTURES = {"rope": "GPTNeoXForCausalLM", "nope": "GPTNeoXForCausalLM", "learned": "GPT2LMHeadModel",
+                 "sinusoidal": "GPT2LMHeadModel", "alibi": "MptForCausalLM"}
+REFUSED = {
+    "rope+alibi": "no transformers architecture applies RoPE and an ALiBi bias in the same attention",
+}
+_GELU_ACT = {"none": "gelu", "tanh": "gelu_pytorch_tanh"}  # torch GELU(approximate=...) -> transformers ACT2FN name
+
+
+@dataclass
+class ExportResult:
+    """What was written and how it maps."""
+
+    out_dir: str
+    checkpoint: str
+    scheme: str
+    architecture: str
+    max_positions: int | None          # the longest input the exported model accepts (None: no hard limit)
+    rope_scaling: dict | None          # the extension written into config.json, if any
+    check_max_rel_err: float | None    # max |hf - lab| / max |lab| over the check's logits
+    check_length: int | None
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- per-architecture weight mappings ----------------------------------------------------------------------------
+
+def _neox(a, rotary: bool):
+    from transformers import GPTNeoXConfig
+
+    from posenc.rope.apply import permute_qk_weight
+
+    D, H, Dh = a.d_model, a.n_heads, a.head_dim
+    rope = {"rope_type": "default", "rope_theta": a.rope_base, "partial_rotary_factor": 1.0 if rotary else 0.0}
+    if rotary and a.rope_scaling:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        scaling = dict(a.rope_scaling)
+        rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ConfigError(f"the checkpoint's model was trained with rope_type {rope_type!r}, which transformers "
+                              "does not implement")
+        rope.update(scaling, rope_type=rope_type)
+    config = GPTNeoXConfig(
+        vocab_size=a.vocab_size, hidden_size=D, num_hidden_layers=a.n_layers, num_attention_heads=H,
+        intermediate_size=a.mlp_hidden, hidden_act=_GELU_ACT[a.gelu], max_position_embeddings=a.max_len,
+        layer_norm_eps=a.ln_eps, use_parallel_residual=False, attention_bias=False, tie_word_embeddings=False,
+        rope_parameters=rope, hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=None, eos_token_id=None,
+        architectures=["GPTNeoXForCausalLM"])
+    sd = {"gpt_neox.embed_in.weight": a.tok_emb * a.embed_scale, "lm_head.weight": a.tok_emb.clone(),
+          "gpt_neox.final_layer_norm.weight": a.ln_f_weight, "gpt_neox.final_layer_norm.bias": a.ln_f_bias}
+    for i, b in enumerate(a.blocks):
+        q, k, v = b.qkv.split(D, dim=0)
+        if rotary and a.rope_layout == "interleaved":
+            q, k = permute_qk_weight(q, H, Dh, to="half"), permute_qk_weight(k, H, Dh, to="half")
+        # GPT-NeoX reads the fused projection as [.., H, 3 * Dh]: per head its q, k and v rows
+        qkv = torch.stack([t.reshape(H, Dh, D) for t in (q, k, v)], dim=1).reshape(3 * D, D)
+        p = f"gpt_neox.layers.{i}."
+        sd.update({p + "input_layernorm.weight": b.ln1_weight, p + "input_layernorm.bias": b.ln1_bias,
+                   p + "attention.query_key_value.weight": qkv, p + "attention.dense.weight": b.proj,
+                   p + "post_attention_layernorm.weight": b.ln2_weight, p + "post_attention_layernorm.bias": b.ln2_bias,
+                   p + "mlp.dense_h_to_4h.weight": b.up, p + "mlp.dense_h_to_4h.bias": b.up_bias,
+                   p + "mlp.dense_4h_to_h.weight": b.down, p + "mlp.dense_4h_to_h.bias": b.down_bias})
+    return config, sd
+
+
+def _gpt2(a, table: torch.Tensor):
+    from transformers import GPT2Config
+
+    D = a.d_model
+    config = GPT2Config(
+        vocab_size=a.vocab_size, n_positions=table.shape[0], n_embd=D, n_layer=a.n_layers, n_head=a.n_heads,
+        n_inner=a.mlp_hidden, activation_function=_GELU_ACT[a.gelu], layer_norm_epsilon=a.ln_eps,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False, scale_attn_weights=True,
+        bos_token_id=None, eos_token_id=None, architectures=["GPT2LMHeadModel"])
+    sd = {"transformer.wte.weight": a.tok_emb * a.embed_scale, "transformer.wpe.weight": table,
+          "lm_head.weight": a.tok_emb.clone(), "transformer.ln_f.weight": a.ln_f_weight,
+          "transformer.ln_f.bias": a.ln_f_bias}
+    for i, b in enumerate(a.blocks):  # GPT-2's Conv1D stores weights as [in, out]
+        p = f"transformer.h.{i}."
+        sd.update({p + "ln_1.weight": b.ln1_weight, p + "ln_1.bias": b.ln1_bias,
+                   p + "attn.c_attn.weight": b.qkv.T.contiguous(), p + "attn.c_attn.bias": torch.zeros(3 * D),
+                   p + "attn.c_proj.weight": b.proj.T.contiguous(), p + "attn.c_proj.bias": torch.zeros(D),
+                   p + "ln_2.weight": b.ln2_weight, p + "ln_2.bias": b.ln2_bias,
+                   p + "mlp.c_fc.weight": b.up.T.contiguous(), p + "mlp.c_fc.bias": b.up_bias,
+                   p + "mlp.c_proj.weight": b.down.T.contiguous(), p + "mlp.c_proj.bias": b.down_bias})
+    return config, sd
+
+
+def _mpt_refusal(a) -> str | None:
+    """Why this lab ALiBi model does not fit MPT's block, or None when it does."""
+    biases = {"LayerNorm": max(max(b.ln1_bias.abs().max(), b.ln2_bias.abs().max()) for b in a.blocks),
+              "MLP": max(max(b.up_bias.abs().max(), b.down_bias.abs().max()) for b in a.blocks)}
+    biases["LayerNorm"] = max(biases["LayerNorm"], a.ln_f_bias.abs().max())
+    problems = [f"{name} biases are non-zero (max |b| = {float(v):.3g})" for name, v in biases.items() if v != 0]
+    if a.mlp_hidden != 4 * a.d_model:
+        problems.append(f"the MLP width is {a.mlp_hidden} (MPT's is 4 x d_model = {4 * a.d_model})")
+    if a.gelu != "none":
+        problems.append(f"the GELU is approximate={a.gelu!r} (MPT's is exact)")
+    if not problems:
+        return None
+    return ("scheme alibi exports to MPT, the one transformers architecture that adds ALiBi exactly as the lab "
+            "does (after the 1/sqrt(head_dim) scaling, the paper's slopes), but MPT's block has no LayerNorm or MLP "
+            f"biases and here {'; '.join(problems)}. BLOOM adds a LayerNorm on the embeddings and uses tanh-GELU; "
+            "Falcon (alibi=True) adds the bias before the 1/sqrt(head_dim) scaling and rounds it to bfloat16. "
+            "Train the ALiBi model with MPT's bias-free block (posenc lab --bias no; ModelConfig(bias=False)) "
+            "to export it")
+
+
+def _mpt(a, max_positions: int):
+    from transformers import MptConfig
+
+    config = MptConfig(
+        vocab_size=a.vocab_size, d_model=a.d_model, n_layers=a.n_layers, n_heads=a.n_heads, expansion_ratio=4,
+        max_seq_len=max_positions, layer_norm_epsilon=a.ln_eps, no_bias=True, tie_word_embeddings=False,
+        attn_config={"alibi": True, "alibi_bias_max": 8}, learned_pos_emb=False, resid_pdrop=0.0, emb_pdrop=0.0,
+        bos_token_id=None, eos_token_id=None, architectures=["MptForCausalLM"])
+    sd = {"transformer.wte.weight": a.tok_emb * a.embed_scale, "lm_head.weight": a.tok_emb.clone(),
+          "transformer.norm_f.weight": a.ln_f_weight}
+    for i, b in enumerate(a.blocks):
+        p = f"transformer.blocks.{i}."
+        sd.update({p + "norm_1.weight": b.ln1_weight, p + "attn.Wqkv.weight": b.qkv,
+                   p + "attn.out_proj.weight": b.proj, p + "norm_2.weight": b.ln2_weight,
+                   p + "ffn.up_proj.weight": b.up, p + "ffn.down_proj.weight": b.down})
+    return config, sd
+
+
+# ---- the export ----------------------------------------------------------------------------------------------------
+
+def _resolve_source(source, scheme, task, seed) -> Path:
+    from posenc.hf.lab_bridge import find_run_checkpoint
+
+    path = Path(source)
+    if path.is_dir():
+        if not scheme:
+            raise ConfigError(f"source {source} is a run folder: pass scheme (--scheme NAME) to pick its checkpoint")
+        return find_run_checkpoint(path, scheme, task=task, seed=seed)
+    if not path.is_file():
+        raise FileNotFoundError(f"source {source}: no such checkpoint file or run folder")
+    return path
+
+
+def _prepare_out(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"out {out_dir}: exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise ConfigError(f"out {out_dir}: folder exists and is not empty; pass overwrite=True (--overwrite)")
+    if not out_dir.parent.exists():
+        raise FileNotFoundError(f"out {out_dir}: parent folder {out_dir.parent} does not exist")
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Replace out_dir by tmp (both in the same parent folder): the old folder goes only once the new one is ready."""
+    old = None
+    if out_dir.exists():
+        old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old."))
+        os.replace(out_dir, old / "x")
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@torch.no_grad()
+def _check(folder: Path, lab_model, length: int) -> float:
+    """Max |hf - lab| / max |lab| of float32 logits on ``length`` pseudo-random bytes (two rows)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    tokens = torch.randint(0, lab_model.cfg.vocab_size, (2, length), generator=torch.Generator().manual_seed(0))
+    want = lab_model(tokens).float()
+    got = hf(input_ids=tokens, use_cache=False).logits.float()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, scheme: str | None = None,
+                     task: str = "lm", seed: int | None = None, rope_scaling: str | None = None,
+                     factor: float | None = None, max_positions: int | None = None, overwrite: bool = False,
+                     check: bool = True) -> ExportResult:
+    """Write the lab model in ``source`` as a transformers model folder ``out_dir``; see the module docstring.
+
+    source: a lab checkpoint (.safetensors) or a ``posenc lab`` run folder (then ``scheme`` picks
+    ``checkpoints/TASK-SCHEME-seedN``; seed None = the lowest). rope_scaling: an extension method (linear, ntk,
+    dynamic, yarn, llama3, longrope) written into config.json at ``factor`` x the training length (RoPE only).
+    max_positions: the longest input of the sinusoidal (GPT-2 table) and ALiBi (MPT) exports (default 16 x the
+    training length). overwrite: replace a non-empty ``out_dir``. check: load the written folder with transformers
+    and compare logits with the lab model (relative 1e-4), before moving it into place.
+    Raises ConfigError / CheckpointError (ValueErrors) naming the reason for schemes transformers cannot express.
+    """
+    from posenc._validate import check_float, positive_int
+    from posenc.hf.lab_bridge import (absolute_table, anatomy, lab_methods, load_lab_model, set_lab_extension,
+                                      set_lab_scaling)
+    from posenc.hf.tokenizer import save_byte_tokenizer
+
+    path = _resolve_source(source, scheme, task, seed)
+    out_dir = Path(out_dir)
+    _prepare_out(out_dir, overwrite)
+    model, settings = load_lab_model(path)
+    a = anatomy(model)
+    if scheme is not None and scheme != a.scheme:
+        raise ConfigError(f"scheme {scheme!r} given, but checkpoint {path} holds a {a.scheme!r} model")
+    if a.scheme in REFUSED:
+        raise ConfigError(f"scheme {a.scheme}: cannot export: {REFUSED[a.scheme]}")
+    if a.scheme not in ARCHITECTURES:
+        raise ConfigError(f"scheme {a.scheme}: no transformers architecture expresses it; exportable schemes: "
+                          f"{', '.join(ARCHITECTURES)}")
+    if max_positions is not None:
+        positive_int(max_positions, "max_positions", error=ConfigError)
+    if rope_scaling is not None and a.scheme != "rope":
+        raise ConfigError(f"rope_scaling: only a RoPE model takes an extension method; this one is {a.scheme}")
+    if rope_scaling is not None and factor is None:
+        raise ConfigError("factor: rope_scaling needs the extension factor (target / training length), e.g. 4")
+    if factor is not None:
+        check_float(factor, "factor", min=1.0, error=ConfigError)
+    notes: list[str] = []
+    limit = max_positions or 16 * a.max_len
+    if a.scheme in ("rope", "nope"):
+        config, sd = _neox(a, rotary=a.scheme == "rope")
+        limit = None
+        if max_positions is not None:
+            notes.append("max_positions ignored: a GPT-NeoX export has no position limit")
+    elif a.scheme == "learned":
+        if max_positions is not None and max_positions != a.max_len:
+            raise ConfigError(f"max_positions: a learned table has exactly max_len = {a.max_len} rows; got "
+                              f"{max_positions}")
+        limit = a.max_len
+        config, sd = _gpt2(a, absolute_table(model, limit))
+    elif a.scheme == "sinusoidal":
+        config, sd = _gpt2(a, absolute_table(model, limit))
+        notes.append(f"the sinusoidal table is stored for positions < {limit} (max_positions); longer inputs "
+                     "raise in transformers")
+    else:  # alibi
+        why = _mpt_refusal(a)
+        if why:
+            raise ConfigError(why)
+        config, sd = _mpt(a, limit)
+        notes.append(f"MPT builds its ALiBi bias for max_seq_len = {limit} positions; longer inputs raise")
+
+    written_scaling = None
+    if rope_scaling is not None:
+        from posenc.hf.scaling import extend_for_factor
+
+        result = extend_for_factor(config.to_dict(), rope_scaling, factor)
+        config = type(config).from_dict(result.config)
+        written_scaling = dict(result.config.get("rope_parameters") or result.config.get("rope_scaling") or {})
+        notes += [f"config: {c}" for c in result.changes]
+        if rope_scaling in lab_methods():  # the check compares with the lab's own meaning of the method
+            set_lab_extension(model, rope_scaling, factor)
+        else:  # a method the lab does not evaluate (longrope): the lab model runs the scaling that was written
+            set_lab_scaling(model, {k: v for k, v in written_scaling.items()
+                                    if k not in ("rope_theta", "partial_rotary_factor")},
+                            result.config["max_position_embeddings"])
+    if a.vocab_size != 256:
+        notes.append(f"no tokenizer written: the model's vocabulary is {a.vocab_size} tokens, not the 256 bytes")
+
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    if missing or unexpected:  # a transformers release that renamed parameters: refuse rather than guess
+        raise PosencError(f"export: {type(hf).__name__} of this transformers does not take the mapped weights "
+                          f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp."))
+    try:
+        hf.save_pretrained(str(tmp))
+        if a.vocab_size == 256:
+            save_byte_tokenizer(tmp)
+        err, length = None, None
+        if check:
+            length = min(limit or 10**9, (int(math.ceil(factor * a.max_len)) if factor else a.max_len), 256)
+            err = _check(tmp, model, length)
+            if not err <= CHECK_RTOL:
+                raise PosencError(f"export check failed: transformers' logits differ from the lab model's by "
+                                  f"{err:.3g} (relative; limit {CHECK_RTOL:g}) at length {length}")
+        res = ExportResult(out_dir=str(out_dir), checkpoint=str(path), scheme=a.scheme,
+                           architecture=type(hf).__name__, max_positions=limit, rope_scaling=written_scaling,
+                           check_max_rel_err=err, check_length=length, notes=notes)
+        (tmp / "posenc_export.json").write_text(json.dumps({**asdict(res), "lab_model": settings}, indent=2) + "\n")
+        _move_into_place(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def format_result(res: ExportResult) -> str:
+    lines = [f"export: {res.scheme} -> {res.architecture}  ({res.checkpoint} -> {res.out_dir})"]
+    if res.rope_scaling:
+        lines.append(f"rope scaling: {json.dumps(res.rope_scaling)}")
+    lines.append(f"max positions: {res.max_positions if res.max_positions else 'no limit'}")
+    if res.check_max_rel_err is not None:
+        lines.append(f"check: transformers vs lab logits at length {res.check_length}: max relative difference "
+                     f"{res.check_max_rel_err:.2e} (limit {CHECK_RTOL:g})")
+    lines += [f"  - {n}" for n in res.notes]
+    return "\n".join(lines)
+
+
+# ---- command line ------------------------------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    from posenc.extensions import method_names
+
+    parser.add_argument("source", help="a lab checkpoint (.safetensors) or a `posenc lab` run folder")
+    parser.add_argument("--scheme", help="the scheme whose checkpoint to export (needed for a run folder)")
+    parser.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
+    parser.add_argument("--task", default="lm", help="the run's task whose checkpoint to take (default lm)")
+    parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: the lowest present)")
+    parser.add_argument("--rope-scaling", choices=method_names(), default=None,
+                        help="write this extension method into config.json (RoPE models)")
+    parser.add_argument("--factor", type=float, default=None,
+                        help="extension factor for --rope-scaling (target / training length)")
+    parser.add_argument("--max-positions", type=int, default=None,
+                        help="longest input of sinusoidal (GPT-2) and ALiBi (MPT) exports (default 16 x train length)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    parser.add_argument("--no-check", action="store_true", help="skip loading the result back to compare logits")
+
+
+def run(args) -> int:
+    res = export_lab_model(args.source, args.out, scheme=args.scheme, task=args.task, seed=args.seed,
+                           rope_scaling=args.rope_scaling, factor=args.factor, max_positions=args.max_positions,
+                           overwrite=args.overwrite, check=not args.no_check)
+    print(format_result(res))
+    return 0
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """``posenc export`` as a function (exit status; errors as one line on stderr)."""
+    from posenc.hf.command import run_command
+
+    return run_command("export", add_arguments, run, argv)

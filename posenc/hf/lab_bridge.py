@@ -1,0 +1,273 @@
+"""Everything posenc.hf needs from the lab, in one module, so the lab's layout can change behind it.
+
+Readers: export.py (checkpoints, the TinyLM's anatomy, its position scheme), evaluate.py (the lab's perplexity
+protocols, passkey episodes, corpus, extension-method conventions, report tables and plots) and search.py (the
+corpus's training split). Nothing else in posenc.hf imports posenc.lab,
+posenc.model or posenc.schemes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import torch
+
+from posenc.errors import CheckpointError, ConfigError
+
+
+# ---- checkpoints and the lab model ----------------------------------------------------------------------------
+
+def find_run_checkpoint(run_dir: str | os.PathLike, scheme: str, *, task: str = "lm", seed: int | None = None) -> Path:
+    """The checkpoint of ``scheme`` for ``task`` in a lab run folder (``RUN_DIR/checkpoints/TASK-SCHEME-seedN``).
+
+    seed None: the lowest seed present. Fine-tuned checkpoints (``-ft-METHOD``) are never picked. Raises
+    CheckpointError listing what the folder holds when nothing matches.
+    """
+    folder = Path(run_dir) / "checkpoints"
+    if not folder.is_dir():
+        raise CheckpointError(f"run folder {run_dir}: no checkpoints/ folder (expected a `posenc lab` output folder)")
+    pattern = re.compile(rf"^{re.escape(task)}-{re.escape(scheme)}-seed(\d+)\.safetensors$")
+    found = {int(m.group(1)): p for p in folder.iterdir() if (m := pattern.match(p.name))}
+    if seed is not None:
+        found = {s: p for s, p in found.items() if s == seed}
+    if not found:
+        have = sorted(p.name for p in folder.glob("*.safetensors"))
+        raise CheckpointError(f"run folder {run_dir}: no checkpoint for task {task!r}, scheme {scheme!r}"
+                              f"{'' if seed is None else f', seed {seed}'}; it holds {have or 'none'}")
+    return found[min(found)]
+
+
+def load_lab_model(path: str | os.PathLike) -> tuple[torch.nn.Module, dict]:
+    """Rebuild the TinyLM stored in a lab checkpoint (eval mode, float32) -> (model, model settings dict)."""
+    from posenc.lab.checkpoint import read_checkpoint
+    from posenc.nn.model import ModelConfig, TinyLM
+
+    tensors, meta = read_checkpoint(path)
+    settings = meta["settings"].get("model")
+    if not isinstance(settings, dict):
+        raise CheckpointError(f"checkpoint {path}: its settings hold no model description (written by posenc lab?)")
+    try:
+        cfg = ModelConfig(**settings)
+    except TypeError as exc:
+        raise CheckpointError(f"checkpoint {path}: model settings this posenc cannot read ({exc})") from None
+    model = TinyLM(cfg)
+    weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint {path}: weights do not match its model settings ({exc})") from None
+    return model.float().eval(), cfg.to_dict()
+
+
+def build_lab_model(**settings) -> torch.nn.Module:
+    """A freshly initialised TinyLM (eval mode) from ModelConfig fields: for tests and examples."""
+    from posenc.nn.model import ModelConfig, TinyLM
+
+    return TinyLM(ModelConfig(**settings)).eval()
+
+
+def save_lab_model(path: str | os.PathLike, model: torch.nn.Module) -> Path:
+    """Write ``model`` as a lab checkpoint (no optimizer state) that ``load_lab_model`` reads back."""
+    from posenc.lab.checkpoint import save_checkpoint
+
+    return save_checkpoint(path, model, None, 0, {"model": model.cfg.to_dict()})
+
+
+@dataclass
+class Block:
+    """One pre-norm block's weights: x + proj(attn(ln1(x))); x + down(gelu(up(ln2(x)))).
+
+    qkv [3D, D] (q rows, then k, then v; head h = rows h*Dh..(h+1)*Dh of each), proj [D, D] (no biases);
+    up [M, D] + up_bias [M], down [D, M] + down_bias [D]; LayerNorm weights and biases [D].
+    """
+
+    ln1_weight: torch.Tensor
+    ln1_bias: torch.Tensor
+    qkv: torch.Tensor
+    proj: torch.Tensor
+    ln2_weight: torch.Tensor
+    ln2_bias: torch.Tensor
+    up: torch.Tensor
+    up_bias: torch.Tensor
+    down: torch.Tensor
+    down_bias: torch.Tensor
+
+
+@dataclass
+class Anatomy:
+    """A TinyLM described in plain tensors and numbers: what an exporter maps onto another architecture."""
+
+    scheme: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    mlp_hidden: int
+    vocab_size: int
+    max_len: int
+    ln_eps: float
+    gelu: str                 # torch's GELU ``approximate``: "none" (erf) or "tanh"
+    embed_scale: float        # token embeddings are multiplied by this (sqrt(d_model), or 1)
+    tok_emb: torch.Tensor     # [V, D]; the output head is this same matrix (tied)
+    ln_f_weight: torch.Tensor
+    ln_f_bias: torch.Tensor
+    blocks: list[Block]
+    rope_base: float
+    rope_layout: str
+    rope_scaling: dict | None
+
+
+def anatomy(model: torch.nn.Module) -> Anatomy:
+    """Read a TinyLM's weights and settings into an ``Anatomy`` (tensors detached, float32)."""
+    cfg = model.cfg
+    sd = {k: v.detach().float() for k, v in model.state_dict().items()}
+    for name in [k for k in sd if k.endswith(".weight")]:  # a bias-free model (ModelConfig.bias False): zeros
+        sd.setdefault(name[:-len("weight")] + "bias", torch.zeros(sd[name].shape[0]))
+    gelu = model.blocks[0].mlp[1]
+    if not isinstance(gelu, torch.nn.GELU):
+        raise ConfigError(f"the lab model's MLP activation is {type(gelu).__name__}, expected GELU")
+    blocks = [Block(ln1_weight=sd[f"blocks.{i}.ln1.weight"], ln1_bias=sd[f"blocks.{i}.ln1.bias"],
+                    qkv=sd[f"blocks.{i}.attn.qkv.weight"], proj=sd[f"blocks.{i}.attn.proj.weight"],
+                    ln2_weight=sd[f"blocks.{i}.ln2.weight"], ln2_bias=sd[f"blocks.{i}.ln2.bias"],
+                    up=sd[f"blocks.{i}.mlp.0.weight"], up_bias=sd[f"blocks.{i}.mlp.0.bias"],
+                    down=sd[f"blocks.{i}.mlp.2.weight"], down_bias=sd[f"blocks.{i}.mlp.2.bias"])
+              for i in range(cfg.n_layers)]
+    return Anatomy(scheme=cfg.scheme, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                   head_dim=cfg.d_model // cfg.n_heads, mlp_hidden=cfg.mlp_ratio * cfg.d_model,
+                   vocab_size=cfg.vocab_size, max_len=cfg.max_len, ln_eps=float(model.ln_f.eps),
+                   gelu=gelu.approximate, embed_scale=float(cfg.d_model) ** 0.5 if cfg.scale_embeddings else 1.0,
+                   tok_emb=sd["tok_emb.weight"], ln_f_weight=sd["ln_f.weight"], ln_f_bias=sd["ln_f.bias"],
+                   blocks=blocks, rope_base=float(cfg.rope_base), rope_layout=cfg.rope_layout,
+                   rope_scaling=dict(cfg.rope_scaling) if cfg.rope_scaling else None)
+
+
+@torch.no_grad()
+def absolute_table(model: torch.nn.Module, n_positions: int) -> torch.Tensor:
+    """The vector the model's scheme adds to the token embeddings at positions 0..n-1: float32 [n, D]
+    (zeros for schemes that add nothing). Read through the scheme's own ``embed``, so it is the lab's signal."""
+    zeros = torch.zeros(1, n_positions, model.cfg.d_model)
+    return model.scheme.embed(zeros, torch.arange(n_positions))[0].float()
+
+
+def set_lab_scaling(model: torch.nn.Module, scaling: dict | None, max_position_embeddings: int | None = None) -> None:
+    """Set the lab model's RoPE scaling (a rope_scaling mapping; None: plain RoPE) as the lab's extension stage does."""
+    model.scheme.set_rope_scaling(scaling, max_position_embeddings=max_position_embeddings)
+
+
+def set_lab_extension(model: torch.nn.Module, method: str | None, factor: float = 1.0) -> None:
+    """Evaluate the lab model under extension ``method`` at ``factor`` as the lab does (None: plain RoPE)."""
+    from posenc.lab.evaluate import apply_extension, extension_config
+
+    config = None if method is None else extension_config(method, model, factor, model.cfg.max_len)
+    apply_extension(model, config)
+
+
+# ---- extension methods: the lab's conventions ------------------------------------------------------------------
+
+def lab_methods() -> tuple[str, ...]:
+    """The extension methods the lab evaluates zero-shot without a search (the registry's, less LongRoPE's fixed
+    factors, the searched ``fit`` methods and the PoSE fine-tuning modes, which are their base method untrained)."""
+    from posenc.extensions import METHODS
+
+    return tuple(name for name, m in METHODS.items()
+                 if m.fit is None and m.train_positions is None and name != "longrope")
+
+
+def lab_config_factor(method: str, factor: float, original: int) -> float:
+    """The ``factor`` the lab writes into the scaling for ``method`` at extension ``factor`` (dynamic NTK: 1.0,
+    the NTK base for exactly L / original at every length L); ``factor`` itself for methods the lab lacks."""
+    from posenc.extensions import METHODS
+
+    if method not in lab_methods():
+        return float(factor)
+    return float(METHODS[method].lab_factor or factor)
+
+
+# ---- evaluation protocols ---------------------------------------------------------------------------------------
+
+class LogitsModel:
+    """What the lab's evaluators call: ``model(tokens [B, T]) -> logits [B, T, V]``, ``model.generate(prompts, n)``
+    and ``model.scheme.max_len`` (positions the model cannot encode: None = no hard limit).
+
+    ``forward``/``generate`` are plain callables, so any model (a transformers one, through evaluate.py) fits.
+    """
+
+    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor],
+                 generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None, max_len: int | None = None):
+        self._forward, self._generate = forward, generate
+        self.scheme = SimpleNamespace(max_len=max_len)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._forward(tokens)
+
+    def generate(self, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
+        if self._generate is None:
+            raise ConfigError("this model adapter has no generate()")
+        return self._generate(prompts, n_new)
+
+
+def perplexity(model: LogitsModel, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride: int | None = None,
+               device="cpu", batch_tokens: int = 16384) -> dict | None:
+    """The lab's ``lm_eval`` (non-overlapping windows, or sliding with ``stride``) on any ``LogitsModel``."""
+    from posenc.lab.tasks.lm import lm_eval
+
+    return lm_eval(model, tokens, eval_len, n_tokens=n_tokens, stride=stride, device=device,
+                   batch_tokens=batch_tokens)
+
+
+def passkey_rate(model: LogitsModel, length: int, depth: float, *, n_trials: int, seed: int, device="cpu"):
+    """The lab's ``passkey_eval`` (greedy decoding of the key in byte episodes of ``length`` characters)."""
+    from posenc.lab.tasks.passkey import passkey_eval
+
+    return passkey_eval(model, length, depth, n_trials=n_trials, seed=seed, device=device)
+
+
+def passkey_prompt(length: int, depth: float, key: str) -> tuple[str, str]:
+    """The lab's passkey episode of ``length`` characters -> (prompt, answer)."""
+    from posenc.lab.tasks.passkey import passkey_example
+
+    return passkey_example(length, depth, key)
+
+
+def passkey_key_digits() -> int:
+    from posenc.lab.tasks.passkey import KEY_DIGITS
+
+    return KEY_DIGITS
+
+
+def training_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
+    """The lab corpus's training split (uint8 bytes) and its provenance: text a search may fit to, kept apart from
+    the validation split that ``posenc eval`` scores."""
+    from posenc.lab.data import load_corpus
+
+    corpus = load_corpus(data)
+    return corpus.train, dict(corpus.meta)
+
+
+def validation_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
+    """The lab corpus's validation split (uint8 bytes) and its provenance: the stdlib by default, or ``data``."""
+    from posenc.lab.data import load_corpus
+
+    corpus = load_corpus(data)
+    return corpus.val, dict(corpus.meta)
+
+
+# ---- the lab's report tables and plots -----------------------------------------------------------------------
+
+def lab_tables(doc: dict) -> str:
+    """The lab's result tables (each task's ``report`` section, posenc.lab.report.main_table) for {"results": rows}."""
+    from posenc.lab.report import main_table
+
+    return main_table(doc)
+
+
+def lab_plots(doc: dict, out: str | os.PathLike) -> list[str]:
+    """The lab's plots (each task's ``plot``, posenc.lab.report.make_plots) written into ``out``; -> file names."""
+    from posenc.lab.report import make_plots
+
+    return make_plots(doc, Path(out))

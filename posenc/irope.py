@@ -1,0 +1,78 @@
+"""iRoPE pieces (Llama 4): interleaved RoPE and NoPE layers, and the attention temperature of the NoPE layers.
+
+Llama 4 (Meta 2025; transformers ``models/llama4``) rotates q and k in most layers and leaves every k-th layer
+without any position encoding (NoPE, which relies on the causal mask alone; Kazemnejad et al. 2023). On those
+NoPE layers, queries are scaled by a temperature that grows with the log of the position ("attention
+temperature tuning"; transformers' code cites arXiv 2501.19399, Nakanishi 2025, "Scalable-Softmax Is Superior
+for Attention"), which keeps attention from flattening over very long contexts:
+
+    rope layers:  layer l rotates iff (l + 1) % k != 0            (k = 4: layers 3, 7, 11, ... are NoPE)
+    temperature:  tau(n) = 1 + attn_scale * log(1 + floor((n + 1) / floor_scale))     n = the query's position
+                  q_n <- tau(n) * q_n     on NoPE layers only (defaults: floor_scale 8192, attn_scale 0.1)
+
+tau is 1 for every position below floor_scale - 1, so short contexts are unaffected. It depends on the query's
+own position only, so a KV-cache step (queries at past..past+T-1) equals the same rows of a full forward.
+These are the math functions a model uses; ``posenc inspect`` reads the same settings from Hugging Face configs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from posenc._validate import check_float, positive_int
+from posenc.errors import PosencError
+from posenc.rope.apply import check_position_dtype
+
+
+def irope_rope_layers(n_layers: int, nope_interval: int = 4) -> list[int]:
+    """Per layer 1 (rotates: a RoPE layer) or 0 (NoPE layer): transformers' ``no_rope_layers`` convention.
+
+    Layer l is NoPE iff (l + 1) % nope_interval == 0 (Llama4TextConfig's default schedule); nope_interval 1
+    makes every layer NoPE, and nope_interval > n_layers none.
+    """
+    n_layers = positive_int(n_layers, "n_layers")
+    nope_interval = positive_int(nope_interval, "nope_interval")
+    return [int((layer + 1) % nope_interval != 0) for layer in range(n_layers)]
+
+
+def attention_temperature(positions, *, floor_scale: float = 8192, attn_scale: float = 0.1) -> torch.Tensor:
+    """tau(n) = 1 + attn_scale * log1p(floor((n + 1) / floor_scale)), float32 with positions' shape.
+
+    Float32 arithmetic in transformers' order (positions are exact in float32 up to 2^24 = 16.7M), so the
+    values equal Llama 4's bit for bit.
+    """
+    floor_scale = check_float(floor_scale, "floor_scale", positive=True)
+    attn_scale = check_float(attn_scale, "attn_scale")
+    positions = check_position_dtype(torch.as_tensor(positions))
+    return torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+
+
+def apply_attention_temperature(q: torch.Tensor, positions, *, floor_scale: float = 8192,
+                                attn_scale: float = 0.1) -> torch.Tensor:
+    """q [..., T, head_dim] scaled per query by tau(position); positions [T] or broadcastable to q.shape[:-1]
+    (e.g. [B, 1, T] for q [B, H, T, D]). Returns q's dtype (the product is formed in float32)."""
+    if not isinstance(q, torch.Tensor) or q.dim() < 2 or not q.is_floating_point():
+        raise PosencError(f"q must be a floating-point tensor [..., seq, head_dim], got "
+                          f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
+    positions = torch.as_tensor(positions, device=q.device)
+    if positions.dim() == 0 or positions.shape[-1] not in (1, q.shape[-2]):
+        raise PosencError(f"positions must have shape [seq] = [{q.shape[-2]}] or be broadcastable to "
+                          f"{list(q.shape[:-1])}, got {list(positions.shape)}")
+    tau = attention_temperature(positions, floor_scale=floor_scale, attn_scale=attn_scale)
+    return (q * tau.unsqueeze(-1)).to(q.dtype)
+
+
+class AttentionTemperature(nn.Module):
+    """Llama 4's query temperature for NoPE layers: forward(q, positions) -> q * tau(positions)."""
+
+    def __init__(self, *, floor_scale: float = 8192, attn_scale: float = 0.1):
+        super().__init__()
+        self.floor_scale = check_float(floor_scale, "floor_scale", positive=True)
+        self.attn_scale = check_float(attn_scale, "attn_scale")
+
+    def forward(self, q: torch.Tensor, positions) -> torch.Tensor:
+        return apply_attention_temperature(q, positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale)
+
+    def extra_repr(self) -> str:
+        return f"floor_scale={self.floor_scale:g}, attn_scale={self.attn_scale:g}"

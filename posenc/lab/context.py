@@ -1,0 +1,104 @@
+"""The lab's two small contexts, instead of long positional argument lists.
+
+    Run         one ``posenc lab`` run: settings, corpus, device, out folder, resume/progress, log
+    Evaluation  one trained model being scored: the run, the model, its labels (task, scheme, scaling method,
+                fine-tuned, seed) and where results go (rows, per-position curves)
+
+Tasks (posenc/lab/tasks/) receive a Run when building samplers and an Evaluation when scoring.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from posenc.lab.distributed import map_across_ranks
+
+
+DIVERGED = "diverged (non-finite)"  # the note of a row whose value is NaN/inf: training blew up
+
+
+@dataclass
+class Run:
+    """cfg: the LabConfig; corpus: the text corpus (None when no task needs it); device: resolved once."""
+
+    cfg: Any
+    corpus: Any
+    device: torch.device
+    out: Path
+    resume: bool = False
+    progress: bool = True
+    log: Callable = print
+
+
+def supports_length(model, length: int) -> bool:
+    """False when the model has no encoding for some position < length (a learned table too short)."""
+    max_len = model.scheme.max_len
+    return max_len is None or length <= max_len
+
+
+@dataclass
+class Evaluation:
+    """One trained model under evaluation. ``row`` builds a result row; ``map`` splits work across ranks."""
+
+    run: Run
+    model: Any
+    task: str
+    scheme: str
+    scaling: str = "none"
+    finetuned: bool = False
+    seed: int = 0
+    bands: dict | None = None
+    curves: dict = field(default_factory=dict)
+
+    @property
+    def cfg(self):
+        return self.run.cfg
+
+    @property
+    def device(self):
+        return self.run.device
+
+    def __post_init__(self):
+        # weights with NaN/inf (a blown-up training run, or a checkpoint holding them): every metric of this model
+        # is "diverged", not a number (an accuracy from argmax over NaN logits would read as a real 0%)
+        self.diverged = not all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+
+    def supports(self, length: int) -> bool:
+        return supports_length(self.model, length)
+
+    @property
+    def unsupported_note(self) -> str:
+        """The note of a length the model cannot encode (nothing is clamped)."""
+        return f"n/a (table = {self.model.scheme.max_len})"
+
+    def curve_key(self) -> str:
+        return f"{self.scheme}|{self.scaling}|{'ft' if self.finetuned else 'zs'}|{self.seed}"
+
+    def row(self, eval_len: int, metric: str, value, **extra) -> dict:
+        """A result row; a None value gets the unsupported-length note; a non-finite value, or any value of a model
+        whose weights are not finite, is None with the note DIVERGED."""
+        row = {"task": self.task, "scheme": self.scheme, "scaling": self.scaling, "finetuned": self.finetuned,
+               "train_len": self.cfg.train_len, "eval_len": eval_len, "metric": metric, "value": value,
+               "seed": self.seed, "protocol": None, "depth": None}
+        row.update(extra)
+        if self.bands is not None:
+            row["bands"] = self.bands
+        if value is None:
+            row["note"] = self.unsupported_note
+        elif self.diverged or not math.isfinite(value):
+            row["value"], row["note"] = None, DIVERGED
+        return row
+
+    def add_curve(self, values) -> None:
+        """Record this model's per-position curve (rounded); a non-finite point is stored as None (diverged)."""
+        self.curves[self.curve_key()] = [round(float(x), 4) if math.isfinite(x) and not self.diverged else None
+                                         for x in values]
+
+    def map(self, fn: Callable, items, *, cost: Callable | None = None) -> list:
+        """[fn(item) for item in items]; under torchrun each rank computes a share (balanced by ``cost``)."""
+        return map_across_ranks(fn, items, cost=cost)

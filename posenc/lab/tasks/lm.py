@@ -1,0 +1,186 @@
+"""The ``lm`` task: next-byte prediction on the corpus; perplexity vs length (non-overlapping windows, the ALiBi
+paper's protocol, and a sliding window), and the mean loss at each position of the longest window."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from posenc._validate import check_int
+from posenc.errors import ConfigError
+from posenc.lab.context import supports_length
+from posenc.lab.data import LMSampler
+from posenc.lab.plots import legend, log_axes, mark_unsupported, note_coinciding, pyplot, save, series, style
+from posenc.lab.tables import bands_cell, fmt, markdown, model_label, pivot
+from posenc.lab.tasks.registry import Task, register_task
+from posenc.perplexity import window_losses
+
+
+@torch.no_grad()
+def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride: int | None = None,
+            device="cpu", batch_tokens: int = 16384) -> dict | None:
+    """Perplexity of ``model`` on ``tokens`` (uint8 stream) with windows of ``eval_len``.
+
+    stride None: non-overlapping windows (every token scored once, context restarts at each window start);
+    also returns the mean loss at each position of the window, ``per_position`` [eval_len].
+    stride S: sliding window; after the first window each pass scores only its S newest tokens, with
+    eval_len - S tokens of context. About ``n_tokens`` tokens are scored either way.
+    -> {"ppl", "loss", "n_scored", "per_position"?} or None if the model cannot encode eval_len positions.
+    Scoring: ``posenc.perplexity.window_losses`` (shared with LongRoPE's search fitness).
+    """
+    if not supports_length(model, eval_len):
+        return None
+    if stride is None:
+        n_win = max(1, min(n_tokens, len(tokens) - 1) // eval_len)
+        spans = [(w * eval_len, 0) for w in range(n_win)]  # (window start, first scored position)
+    else:
+        check_int(stride, "stride", min=1, max=eval_len, error=ConfigError)
+        last = min(n_tokens, len(tokens) - 1) - eval_len
+        spans = [(0, 0)] + [(s, eval_len - stride) for s in range(stride, max(0, last) + 1, stride)]
+    if spans[-1][0] + eval_len + 1 > len(tokens):
+        raise ConfigError(f"eval_len {eval_len}: the validation text ({len(tokens)} bytes) is too short")
+    total, count = 0.0, 0
+    pos_sum = torch.zeros(eval_len, dtype=torch.float64)
+    batches = window_losses(model, tokens, [start for start, _ in spans], eval_len,
+                            batch_size=max(1, batch_tokens // eval_len), device=device)
+    for rows, loss in batches:
+        for b, r in enumerate(rows):
+            first = spans[r][1]
+            total += loss[b, first:].sum().item()
+            count += eval_len - first
+        if stride is None:
+            pos_sum += loss.sum(0)
+    out = {"loss": total / count, "ppl": math.exp(total / count), "n_scored": count}
+    if stride is None:
+        out["per_position"] = (pos_sum / len(spans)).tolist()
+    return out
+
+
+def sliding_stride(setting: int, length: int) -> int:
+    """The lab's --sliding-stride: S as given, or half the window for -1."""
+    return setting if setting > 0 else max(1, length // 2)
+
+
+@register_task("lm")
+class LanguageModelling(Task):
+    """Byte-level language modelling on the corpus (CPython stdlib by default)."""
+
+    needs_corpus = True
+    metrics = ("ppl",)
+    title = "Perplexity"
+
+    def check(self, cfg) -> None:
+        shortest = min(cfg.sliding_lens or [max(cfg.eval_lens)])
+        if cfg.sliding_stride > shortest:
+            raise ConfigError(f"sliding_stride: expected -1 (auto), 0 (off) or 1..{shortest} (the sliding-window "
+                              f"length), got {cfg.sliding_stride}")
+
+    def sampler(self, run, seq_len, batch_size, seed):
+        return LMSampler(run.corpus.train, seq_len, batch_size, seed)
+
+    def evaluate(self, ev) -> list[dict]:
+        cfg, model, val = ev.cfg, ev.model, ev.run.corpus.val
+        rows = []
+        results = ev.map(lambda L: lm_eval(model, val, L, n_tokens=cfg.eval_tokens, device=ev.device),
+                         cfg.eval_lens, cost=lambda L: L)
+        for L, r in zip(cfg.eval_lens, results):
+            rows.append(ev.row(L, "ppl", r and r["ppl"], protocol="non-overlapping"))
+            if r is not None and L == max(cfg.eval_lens):
+                ev.add_curve(r["per_position"])
+        if cfg.sliding_stride:
+            lens = cfg.sliding_lens or [max(cfg.eval_lens)]
+
+            def sliding(L):
+                stride = sliding_stride(cfg.sliding_stride, L)
+                return stride, lm_eval(model, val, L, n_tokens=cfg.sliding_tokens, stride=stride, device=ev.device)
+
+            for L, (stride, r) in zip(lens, ev.map(sliding, lens, cost=lambda L: L)):
+                rows.append(ev.row(L, "ppl", r and r["ppl"], protocol=f"sliding (stride {stride})"))
+        return rows
+
+    def report(self, results: list[dict]) -> str:
+        rows = [r for r in results if r["task"] == self.name]
+        if not rows:
+            return ""
+        parts = ["Perplexity (byte-level, non-overlapping windows), train length "
+                 f"{rows[0]['train_len']}:\n" + lm_table(results)]
+        for p in sorted({r["protocol"] for r in rows if r["protocol"].startswith("sliding")}):
+            parts.append(f"Perplexity, {p}:\n" + lm_table(results, p))
+        return "\n\n".join(parts)
+
+    def plot(self, doc: dict, out: Path) -> list[str]:
+        return ppl_plot(doc["results"], out) + position_plot(doc, out)
+
+
+def lm_table(results: list[dict], protocol: str = "non-overlapping") -> str:
+    """Perplexity by evaluation length (x the training length), with the extension methods' band counts."""
+    lens, table = pivot(results, "lm", "ppl", protocol)
+    if not table:
+        return ""
+    train_len = next(iter(table.values()))[0]["train_len"]
+    has_bands = any(bands_cell(first) for first, _ in table.values())
+    header = ["model"] + (["bands k/b/i"] if has_bands else []) + [f"{L} ({L / train_len:g}x)" for L in lens]
+    body = [[label] + ([bands_cell(first)] if has_bands else []) + [fmt(cells.get(L)) for L in lens]
+            for label, (first, cells) in table.items()]
+    return markdown(header, body)
+
+
+def ppl_plot(results: list[dict], out: Path) -> list[str]:
+    lm = series(results, "lm", "ppl", protocol="non-overlapping")
+    if not lm:
+        return []
+    plt = pyplot()
+    train_len = results[0]["train_len"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    drawn: dict[str, list[tuple]] = {}
+    for label, rows in lm.items():
+        pts = sorted((r["eval_len"], r["value"]) for r in rows if r["value"] is not None)
+        if pts:
+            line, = ax.plot(*zip(*pts), label=label, **style(rows[0]))
+            mark_unsupported(ax, rows, pts, line)
+            drawn[label] = pts
+    note_coinciding(ax, drawn)
+    ax.axvline(train_len, color="0.6", linewidth=1)
+    ax.text(train_len, ax.get_ylim()[1], " train length", va="top", fontsize=8, color="0.4")
+    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity (log)",
+           title="Perplexity vs evaluation length (non-overlapping windows)")
+    log_axes(ax, {r["eval_len"] for rows in lm.values() for r in rows}, logy=True)
+    legend(ax)
+    ax.grid(True, which="both", alpha=0.3)
+    save(fig, out / "ppl_vs_length.png")
+    plt.close(fig)
+    return ["ppl_vs_length.png"]
+
+
+def position_plot(doc: dict, out: Path) -> list[str]:
+    """Mean loss at each position of the longest window (first seed of each model)."""
+    curves = doc.get("curves") or {}
+    if not curves:
+        return []
+    plt = pyplot()
+    train_len = doc["results"][0]["train_len"] if doc["results"] else None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    seen = set()
+    for key, losses in curves.items():
+        scheme, scaling, ft, seed = key.split("|")
+        row = {"scheme": scheme, "scaling": scaling, "finetuned": ft == "ft"}
+        label = model_label(row)
+        if label in seen:  # first seed only
+            continue
+        seen.add(label)
+        k = max(1, len(losses) // 64)  # average over buckets of k positions; None (diverged) points are skipped
+        buckets = [[v for v in losses[i * k:(i + 1) * k] if v is not None] for i in range(len(losses) // k)]
+        pts = [(i * k + k / 2, sum(b) / len(b)) for i, b in enumerate(buckets) if b]
+        if pts:
+            ax.plot(*zip(*pts), label=label, **{**style(row), "marker": None})
+    ax.axvline(train_len, color="0.6", linewidth=1)
+    ax.set(xlabel="position in window", ylabel="mean loss (nats/byte)",
+           title="Loss at each position (non-overlapping windows, longest eval length)")
+    ax.set_ylim(top=min(ax.get_ylim()[1], 6.0))
+    legend(ax)
+    ax.grid(True, alpha=0.3)
+    save(fig, out / "per_position_loss.png")
+    plt.close(fig)
+    return ["per_position_loss.png"]

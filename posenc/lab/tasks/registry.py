@@ -1,0 +1,93 @@
+"""The task registry: name -> Task (training data, evaluation, metrics, report section, plots); the one owner of
+the lab's list of tasks. The run loop, presets, report and plots look tasks up here and never branch on a name.
+
+    >>> @register_task("reverse")
+    ... class Reverse(Task):
+    ...     metrics = ("exact_match",)
+    ...     def sampler(self, run, seq_len, batch_size, seed): ...
+    ...     def evaluate(self, ev): ...
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from posenc._registry import check_new_name, origin_of
+from posenc._validate import check_choice
+from posenc.errors import ConfigError
+from posenc.lab.tables import markdown, pivot, fmt
+
+
+class Task:
+    """Base class of a lab task. Subclasses override ``sampler`` and ``evaluate``; the rest has defaults.
+
+    needs_corpus: the run loads the text corpus for it (``run.corpus``). metrics: the metric names of its rows.
+    title: heading of its report section.
+    """
+
+    name = ""
+    needs_corpus = False
+    metrics: tuple[str, ...] = ()
+    title = ""
+    origin = ""
+
+    def check(self, cfg) -> None:
+        """Raise ConfigError for lab settings this task cannot run with (called by LabConfig.validate)."""
+
+    def sampler(self, run, seq_len: int, batch_size: int, seed: int):
+        """Training batches: an object with ``batch_size`` and ``batch(step, rank=0, world_size=1) -> (inputs
+        [B, T] long, targets [B, T] long)``, targets -100 where not scored; a pure function of (seed, step)."""
+        raise NotImplementedError
+
+    def evaluate(self, ev) -> list[dict]:
+        """Score ``ev.model`` (a ``posenc.lab.context.Evaluation``) -> result rows built with ``ev.row``."""
+        raise NotImplementedError
+
+    def report(self, results: list[dict]) -> str:
+        """Its section of the terminal / report.md tables (default: one table per metric, by length)."""
+        parts = []
+        for metric in self.metrics:
+            lens, table = pivot(results, self.name, metric)
+            if table:
+                body = [[label] + [fmt(cells.get(L)) for L in lens] for label, (_, cells) in table.items()]
+                parts.append(f"{self.title or self.name} ({metric}):\n"
+                             + markdown(["model"] + [str(L) for L in lens], body))
+        return "\n\n".join(parts)
+
+    def plot(self, doc: dict, out: Path) -> list[str]:
+        """PNG files written into ``out`` for this task's rows (default: none)."""
+        return []
+
+
+# name -> task instance, in registration order (built-ins first: lm, copy, passkey)
+TASKS: dict[str, Task] = {}
+
+
+def register_task(name: str, *, replace: bool = False):
+    """Decorator registering a Task subclass (instantiated once, without arguments) as task ``name``."""
+    check_new_name("task", name, TASKS, replace)
+
+    def decorator(cls):
+        if not (inspect.isclass(cls) and issubclass(cls, Task)):
+            raise ConfigError(f"task {name!r}: {getattr(cls, '__name__', cls)!r} (in {origin_of(cls)}) must "
+                              "subclass posenc.lab.tasks.Task")
+        missing = [hook for hook in ("sampler", "evaluate") if getattr(cls, hook) is getattr(Task, hook)]
+        if missing:
+            raise ConfigError(f"task {name!r} ({cls.__name__} in {origin_of(cls)}) lacks the task interface: "
+                              f"define {' and '.join(missing)}")
+        task = cls()
+        task.name, task.origin = name, origin_of(cls)
+        TASKS[name] = task
+        return cls
+
+    return decorator
+
+
+def task_names() -> tuple[str, ...]:
+    return tuple(TASKS)
+
+
+def get_task(name, argument: str = "tasks") -> Task:
+    """The registered task ``name``, or ConfigError naming ``argument`` and listing the tasks."""
+    return TASKS[check_choice(name, argument, TASKS, error=ConfigError)]

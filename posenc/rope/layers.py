@@ -1,0 +1,254 @@
+"""Per-layer positional schedules and the logit-scale effects that live outside cos/sin.
+
+Some models change positions per layer or scale attention logits in ways cos/sin do not show:
+
+- NoPE layers (Llama 4, SmolLM3): ``no_rope_layers[i]`` is 1 when layer i rotates q/k and 0 when it does not
+  (the name reads backwards; transformers' convention); absent or empty, every ``no_rope_layer_interval``-th
+  layer (default 4) is NoPE. Per-layer-type RoPE parameters with a null entry mark NoPE layer types too.
+- Attention temperature tuning (Llama 4; Nakanishi 2025, arXiv:2501.19399): NoPE layers multiply q at absolute
+  position p by log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1.
+- Chunked attention (Llama 4): RoPE layers attend within blocks of ``attention_chunk_size`` tokens.
+- DeepSeek's softmax scale (DeepSeek-V2/V3, MiniCPM3, Kimi K2, ...): with a scaled rope type and
+  ``mscale_all_dim``, the softmax scale is qk_head_dim^-0.5 * g(factor, mscale_all_dim)^2, g = YaRN's mscale
+  (``posenc.rope.scaling.yarn_mscale``): 1.3689^2 = 1.874 for DeepSeek-V3 (factor 40, mscale_all_dim 1).
+- Rotation layout: most models pair dims (j, j + d/2) ("half"); Llama 4, GPT-J, Cohere, GLM and DeepSeek pair
+  (2j, 2j + 1) ("interleaved"; DeepSeek-V3 de-interleaves after rotating, which leaves q.k unchanged).
+
+Every rule here is read as transformers' config class and attention module of that family read it (the tests
+compare with tiny transformers models).
+
+    >>> schedule = layer_schedule("Llama-4-Scout/config.json")
+    >>> schedule.nope_layers                      # [3, 7, 11, ...]
+    >>> q = q * schedule.temperature_tuning.query_scale(positions)[:, None]   # on NoPE layers
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from posenc._validate import check_float, check_int
+from posenc.errors import ConfigError
+from posenc.rope.config import (RopeConfig, as_mapping, layer_type_parameters, load_rope_config, model_type_of,
+                                rope_section)
+from posenc.rope.scaling import yarn_mscale
+
+# model types whose attention rotates interleaved pairs (2j, 2j+1): complex-number RoPE (Llama 4, DeepSeek-V2),
+# rotate_every_two (GPT-J, CodeGen), repeat_interleave'd cos/sin (Cohere, GLM); DeepSeek-V3 when rope_interleave
+INTERLEAVED_LAYOUT_TYPES = frozenset({"llama4", "llama4_text", "deepseek_v2", "gptj", "codegen", "cohere", "cohere2",
+                                      "glm", "glm4", "glm4v", "glm4v_text", "deepseek_v3", "kimi_k2"})
+# model types whose configs carry mscale_all_dim but whose attention does not rescale the softmax (Hunyuan)
+NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe"})
+# model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning
+NOPE_LAYER_TYPES = frozenset({"llama4", "llama4_text", "smollm3", "mistral_large4"})
+TEMPERATURE_TUNING_TYPES = frozenset({"llama4", "llama4_text"})
+# model types whose layer_types default to a repeating local/global pattern, as their transformers config classes
+# build it: (key giving the period or None, default period). Layer i is global when (i + 1) % period == 0
+# (ModernBERT: when i % period == 0), sliding otherwise.
+LAYER_PATTERNS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6), "gemma3n_text": (None, 5),
+                  "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4),
+                  "modernbert": ("global_attn_every_n_layers", 3),
+                  "modernbert-decoder": ("global_attn_every_n_layers", 3)}
+
+
+def config_mapping(config) -> Mapping:
+    """The part of a config (mapping, path, transformers config) holding its text model's attention keys."""
+    return rope_section(as_mapping(config))
+
+
+@dataclass(frozen=True)
+class TemperatureTuning:
+    """Llama 4's attention temperature for NoPE layers: q is multiplied by
+    log1p(floor((p + 1) / floor_scale)) * attn_scale + 1 at absolute position p (1 below floor_scale - 1)."""
+
+    floor_scale: float
+    attn_scale: float
+
+    def query_scale(self, positions) -> torch.Tensor:
+        """float32 multipliers for q at ``positions`` (any shape of absolute positions, integers)."""
+        positions = torch.as_tensor(positions)
+        if positions.is_floating_point() or positions.dtype == torch.bool or positions.is_complex():
+            raise ConfigError(f"positions must be integers, got {positions.dtype}")
+        return torch.log1p(torch.floor((positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+
+
+@dataclass(frozen=True)
+class LayerSchedule:
+    """What each layer does with positions, plus the logit-scale effects outside cos/sin.
+
+    Attributes:
+        num_layers: num_hidden_layers (None when the config does not say).
+        layer_types: attention kind per layer ("full_attention", "sliding_attention", "chunked_attention", ...),
+            None when the config defines none.
+        rope: per layer, whether it rotates q and k (None: every layer does, count unknown).
+        rope_layer_types: per layer, the ``layer_type=`` to read its RoPE parameters with (``Rotary.from_config``,
+            ``rope_parameters``), None for configs with one set; None entries are NoPE layers.
+        attention_chunk_size: block size of chunked-attention layers (Llama 4), else None.
+        sliding_window: window of sliding-attention layers, else None.
+        temperature_tuning: Llama 4's NoPE-layer query temperature, else None.
+        softmax_scale_multiplier: multiplies qk_head_dim^-0.5 (DeepSeek's mscale^2; 1 elsewhere).
+        layout: "half" or "interleaved", the pairing the model's attention rotates.
+    """
+
+    num_layers: int | None
+    layer_types: tuple[str, ...] | None
+    rope: tuple[bool, ...] | None
+    rope_layer_types: tuple[str | None, ...] | None
+    attention_chunk_size: int | None
+    sliding_window: int | None
+    temperature_tuning: TemperatureTuning | None
+    softmax_scale_multiplier: float
+    layout: str
+
+    @property
+    def nope_layers(self) -> list[int]:
+        """Indices of layers that do not rotate q and k."""
+        return [] if self.rope is None else [i for i, r in enumerate(self.rope) if not r]
+
+    def softmax_scale(self, qk_head_dim: int) -> float:
+        """The scale attention logits q.k get: qk_head_dim^-0.5 x ``softmax_scale_multiplier``.
+
+        qk_head_dim: the full q/k head width (DeepSeek MLA: qk_nope_head_dim + qk_rope_head_dim = 192, not the
+        64-dim RoPE part). RoPE's attention_scaling multiplies cos and sin on top of this (logits x its square).
+        """
+        return check_int(qk_head_dim, "qk_head_dim", min=1, error=ConfigError) ** -0.5 * self.softmax_scale_multiplier
+
+
+def rope_layout(config) -> str:
+    """"interleaved" when the model family rotates pairs (2j, 2j+1) (``INTERLEAVED_LAYOUT_TYPES``), else "half"
+    (transformers' rotate_half). ``config``: a mapping / path / transformers config (a RopeConfig: "half")."""
+    if isinstance(config, RopeConfig):
+        return "half"
+    cfg = config_mapping(config)
+    model_type = model_type_of(cfg)
+    if model_type == "deepseek_v3" and cfg.get("rope_interleave") is False:
+        return "half"
+    return "interleaved" if model_type in INTERLEAVED_LAYOUT_TYPES else "half"
+
+
+def softmax_scale_multiplier(config, *, rope: RopeConfig | None = None) -> float:
+    """DeepSeek's softmax-scale factor g(factor, mscale_all_dim)^2 (1.0 when the rule does not apply).
+
+    transformers' DeepSeek-style attention (yarn_apply_mscale): when the rope type is not "default" and
+    mscale_all_dim is set (non-zero), qk_head_dim^-0.5 is multiplied by g(factor, mscale_all_dim)^2, with
+    g(s, m) = 0.1 m ln s + 1 for s > 1. Families listed in ``NO_SOFTMAX_MSCALE_TYPES`` ignore the key.
+    config: a mapping / path / transformers config, or a RopeConfig (no family known: DeepSeek's rule);
+    rope: the config's RopeConfig when already loaded (saves reading it twice).
+    """
+    if not isinstance(config, RopeConfig):
+        cfg = config_mapping(config)
+        if model_type_of(cfg) in NO_SOFTMAX_MSCALE_TYPES or layer_type_parameters(cfg) is not None:
+            return 1.0
+        config = rope if rope is not None else load_rope_config(cfg)
+    mscale_all_dim, factor = config.params.get("mscale_all_dim"), config.params.get("factor")
+    if config.rope_type == "default" or not mscale_all_dim or factor is None:
+        return 1.0
+    mscale_all_dim = check_float(mscale_all_dim, "mscale_all_dim", min=0, error=ConfigError)
+    factor = check_float(factor, "factor", positive=True, error=ConfigError)
+    g = yarn_mscale(factor, mscale_all_dim)
+    if not math.isfinite(g * g):
+        raise ConfigError(f"mscale_all_dim {mscale_all_dim!r} with factor {factor!r} gives a softmax-scale multiplier "
+                          "g(factor, mscale_all_dim)^2 that is not finite")
+    return g * g
+
+
+def _num_layers(cfg: Mapping) -> int | None:
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if cfg.get(key) is not None:
+            return check_int(cfg[key], key, min=1, error=ConfigError)
+    return None
+
+
+def _rope_flags(cfg: Mapping, n: int | None) -> tuple[bool, ...] | None:
+    """Per-layer "rotates q/k" from no_rope_layers (1 = RoPE) or its interval, for families that read them."""
+    model_type = model_type_of(cfg)
+    if model_type not in NOPE_LAYER_TYPES or n is None:
+        return None
+    flags = cfg.get("no_rope_layers")
+    # Llama 4 falls back to the interval when the list is empty; the others only when it is absent
+    if flags is None or (flags == [] and model_type in TEMPERATURE_TUNING_TYPES):
+        interval = check_int(cfg.get("no_rope_layer_interval", 4), "no_rope_layer_interval", min=1,
+                             error=ConfigError)
+        return tuple((i + 1) % interval != 0 for i in range(n))
+    if not isinstance(flags, list) or len(flags) != n or any(f not in (0, 1) for f in flags):
+        raise ConfigError(f"no_rope_layers must list 0 / 1 (1 = the layer uses RoPE) for each of the "
+                          f"num_hidden_layers = {n} layers, got {str(flags)[:80]}")
+    return tuple(bool(f) for f in flags)
+
+
+def _layer_types(cfg: Mapping, n: int | None, rope: tuple[bool, ...] | None, chunk: int | None):
+    given = cfg.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or not all(isinstance(t, str) for t in given) \
+                or (n is not None and len(given) != n):
+            raise ConfigError(f"layer_types must list one attention kind (a string) per layer "
+                              f"({n} layers), got {str(given)[:80]}")
+        return tuple(given)
+    if n is None:
+        return None
+    model_type = model_type_of(cfg)
+    if model_type in TEMPERATURE_TUNING_TYPES and rope is not None:       # Llama4TextConfig
+        return tuple("chunked_attention" if r and chunk is not None else "full_attention" for r in rope)
+    if model_type == "smollm3" and rope is not None:
+        sliding = cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None
+        return tuple("sliding_attention" if sliding and not r else "full_attention" for r in rope)
+    if model_type in LAYER_PATTERNS:
+        key, default = LAYER_PATTERNS[model_type]
+        period = default if key is None or cfg.get(key) is None else \
+            check_int(cfg[key], key, min=1, error=ConfigError)
+        if model_type.startswith("modernbert"):      # ModernBertConfig: layer 0, n, 2n, ... are global
+            return tuple("sliding_attention" if i % period else "full_attention" for i in range(n))
+        return tuple("sliding_attention" if (i + 1) % period else "full_attention" for i in range(n))
+    return None
+
+
+def layer_schedule(config) -> LayerSchedule:
+    """The per-layer positional schedule of a config (mapping, path to config.json, transformers config).
+
+    Raises ConfigError for malformed schedule keys (no_rope_layers of the wrong length or values, non-positive
+    attention_chunk_size / floor_scale, layer_types that are not one string per layer).
+    """
+    cfg = config_mapping(config)
+    n = _num_layers(cfg)
+    rope = _rope_flags(cfg, n)
+    chunk = cfg.get("attention_chunk_size")
+    if chunk is not None:
+        chunk = check_int(chunk, "attention_chunk_size", min=1, error=ConfigError)
+    layer_types = _layer_types(cfg, n, rope, chunk)
+    entries = layer_type_parameters(cfg)
+    rope_keys = None
+    if entries is not None and layer_types is not None:
+        missing = sorted({t for t in layer_types if t not in entries})
+        if missing:
+            raise ConfigError(f"layer_types {missing} have no entry in the per-layer-type RoPE parameters "
+                              f"{sorted(entries)}")
+        rope_keys = tuple(t if entries[t] is not None else None for t in layer_types)
+        rope = tuple(k is not None for k in rope_keys) if rope is None else \
+            tuple(r and k is not None for r, k in zip(rope, rope_keys))
+    tuning = None
+    if model_type_of(cfg) in TEMPERATURE_TUNING_TYPES and cfg.get("attn_temperature_tuning", True):
+        tuning = TemperatureTuning(
+            floor_scale=check_float(cfg.get("floor_scale", 8192), "floor_scale", positive=True, error=ConfigError),
+            attn_scale=check_float(cfg.get("attn_scale", 0.1), "attn_scale", min=0, error=ConfigError))
+        if rope is not None and all(rope):
+            tuning = None                         # it only acts on NoPE layers
+    window = cfg.get("sliding_window")
+    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
+        window = None                             # some configs write 0 / false for "no window"
+    if cfg.get("use_sliding_window") is False:    # Qwen2 / Qwen3 / SmolLM3: the window is off
+        window = None
+    if model_type_of(cfg) in ("modernbert", "modernbert-decoder"):   # local_attention is the whole window
+        window = check_int(cfg.get("local_attention", 128), "local_attention", min=2, error=ConfigError) // 2
+    multiplier = softmax_scale_multiplier(cfg)
+    if not math.isfinite(multiplier) or multiplier <= 0:
+        raise ConfigError(f"the softmax-scale multiplier g(factor, mscale_all_dim)^2 = {multiplier!r} is not a "
+                          "positive finite number")
+    return LayerSchedule(num_layers=n, layer_types=layer_types, rope=rope, rope_layer_types=rope_keys,
+                         attention_chunk_size=chunk if layer_types is None or "chunked_attention" in layer_types
+                         else None,
+                         sliding_window=window if layer_types is None or "sliding_attention" in layer_types
+                         else None,
+                         temperature_tuning=tuning, softmax_scale_multiplier=multiplier, layout=rope_layout(cfg))

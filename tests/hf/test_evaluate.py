@@ -1,0 +1,224 @@
+"""posenc eval on transformers models: an exported lab model reproduces the lab's own perplexity (lm_eval on the
+TinyLM, with and without extension methods) and passkey decoding; tiny random Llama / Qwen2 folders built here are
+scored like a brute-force window loop, with byte and non-byte tokenizers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip(
+    "transformers", minversion="5.0", reason="transformers >= 5 (transformers runs the models)")
+
+from posenc.errors import ConfigError  # noqa: E402
+from posenc.hf.evaluate import (EvalSettings, eval_main, evaluate_model, load_causal_lm, logits_model,  # noqa: E402
+                                passkey_chars, token_stream)
+from posenc.hf.export import export_lab_model  # noqa: E402
+from posenc.hf.lab_bridge import (build_lab_model, load_lab_model, passkey_rate, perplexity,  # noqa: E402
+                                  save_lab_model, set_lab_extension, validation_bytes)
+from posenc.hf.tokenizer import save_byte_tokenizer  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+TRAIN_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """Real text (posenc's own sources) as the corpus: the lab splits a file 90/10 by bytes."""
+    from pathlib import Path
+
+    import posenc
+
+    root = Path(posenc.__file__).parent
+    text = "".join(p.read_text() for p in sorted(root.rglob("*.py")))[:120_000]
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A lab RoPE model (weights scaled up so its predictions are peaked) and its transformers export."""
+    folder = tmp_path_factory.mktemp("exp")
+    torch.manual_seed(0)
+    model = build_lab_model(scheme="rope", d_model=32, n_layers=2, n_heads=4, max_len=TRAIN_LEN)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    ckpt = save_lab_model(folder / "rope.safetensors", model)
+    export_lab_model(ckpt, folder / "hf")
+    return ckpt, folder / "hf"
+
+
+def lab_ppl(ckpt, text_file, method, L, stride=None, n_tokens=1500):
+    model, _ = load_lab_model(ckpt)
+    set_lab_extension(model, method, 2.0)
+    val, _ = validation_bytes(text_file)
+    return perplexity(model, val, L, n_tokens=n_tokens, stride=stride)["ppl"]
+
+
+def test_exported_lab_model_reproduces_the_lab_perplexity(exported, text_file):
+    ckpt, folder = exported
+    s = EvalSettings(eval_lens=[TRAIN_LEN, 2 * TRAIN_LEN], methods=["none", "yarn", "dynamic", "linear", "ntk"],
+                     factor=2.0, data=text_file, eval_tokens=1500, sliding_lens=[2 * TRAIN_LEN])
+    doc = evaluate_model(str(folder), s, progress=False)
+    assert doc["meta"]["byte_tokens"] is True
+    rows = [r for r in doc["results"] if r["metric"] == "ppl"]
+    assert len(rows) == 5 * 3
+    for r in rows:
+        stride = None if r["protocol"] == "non-overlapping" else int(r["protocol"].split()[-1][:-1])
+        method = None if r["scaling"] == "none" else r["scaling"]
+        want = lab_ppl(ckpt, text_file, method, r["eval_len"], stride)
+        assert r["value"] == pytest.approx(want, rel=1e-4), r
+        assert r["train_len"] == TRAIN_LEN and r["task"] == "lm" and r["scheme"] == "rope"
+    at_2x = {r["scaling"]: r["value"] for r in rows
+             if r["eval_len"] == 2 * TRAIN_LEN and r["protocol"] == "non-overlapping"}
+    # each method really changed the model; at exactly 2x, dynamic NTK (factor 1) is static NTK at factor 2
+    assert at_2x["dynamic"] == pytest.approx(at_2x["ntk"], rel=1e-5)
+    assert len({round(v, 6) for m, v in at_2x.items() if m != "dynamic"}) == 4
+
+
+def test_exported_lab_model_decodes_the_lab_passkey_episodes(exported):
+    """Same byte prompts -> the transformers model's greedy continuation equals the TinyLM's (KV cache on both)."""
+    ckpt, folder = exported
+    lab, _ = load_lab_model(ckpt)
+    hf, _, _ = load_causal_lm(str(folder))
+    adapter = logits_model(hf, max_len=None, byte_level=True)
+    from posenc.hf.lab_bridge import passkey_prompt
+
+    prompts = torch.tensor([list(passkey_prompt(90, d, k)[0].encode()) for d, k in ((0.0, "12345"), (1.0, "90210"))])
+    assert torch.equal(adapter.generate(prompts, 5), lab.generate(prompts, 5))
+    assert passkey_rate(adapter, 90, 0.5, n_trials=3, seed=0) == passkey_rate(lab, 90, 0.5, n_trials=3, seed=0)
+
+
+def tiny_hf(family, folder, tokenizer=None, vocab=256, **rope):
+    import transformers as tf
+
+    cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[family]
+    config = cls[0](hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=TRAIN_LEN,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **rope}, initializer_range=0.2,
+                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = cls[1](config).eval()
+    model.save_pretrained(str(folder))
+    if tokenizer is None:
+        save_byte_tokenizer(folder)
+    else:
+        tokenizer.save_pretrained(str(folder))
+    return model
+
+
+def brute_force_ppl(model, stream, L, n_tokens):
+    """exp(mean CE) over non-overlapping windows of L, each window run on its own."""
+    n_win = max(1, min(n_tokens, len(stream) - 1) // L)
+    total = 0.0
+    with torch.no_grad():
+        for w in range(n_win):
+            win = stream[w * L: w * L + L + 1].long()[None]
+            logits = model(input_ids=win[:, :-1], use_cache=False).logits
+            total += F.cross_entropy(logits[0].float(), win[0, 1:], reduction="sum").item()
+    return math.exp(total / (n_win * L))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_tiny_random_models_are_scored_like_a_window_loop(family, tmp_path, text_file):
+    model = tiny_hf(family, tmp_path)
+    s = EvalSettings(eval_lens=[16, 96], methods=["none", "yarn"], factor=2.0, data=text_file, eval_tokens=600,
+                     sliding_stride=0, tasks=["lm", "passkey"], passkey_depths=[0.5], passkey_trials=2)
+    doc = evaluate_model(str(tmp_path), s, progress=False)
+    val, _ = validation_bytes(text_file)
+    ppl = {(r["scaling"], r["eval_len"]): r["value"] for r in doc["results"] if r["metric"] == "ppl"}
+    for L in (16, 96):
+        assert ppl[("none", L)] == pytest.approx(brute_force_ppl(model, val, L, 600), rel=1e-5)
+    assert ppl[("yarn", 96)] != pytest.approx(ppl[("none", 96)], rel=1e-6)  # yarn reached transformers' rotary
+    assert doc["meta"]["methods"]["yarn"]["rope_parameters"]["rope_type"] == "yarn"
+    passkey = [r for r in doc["results"] if r["task"] == "passkey"]
+    assert [r["value"] for r in passkey if r["eval_len"] == 16] == [None, None]  # too short for an episode
+    assert all(0.0 <= r["value"] <= 1.0 for r in passkey if r["eval_len"] == 96)
+
+
+def char_tokenizer():
+    """A non-byte tokenizer: printable ASCII + newline, ids shifted by 3 from their byte values."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {"<unk>": 0, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def test_non_byte_tokenizer_counts_its_own_tokens(tmp_path, text_file):
+    tok = char_tokenizer()
+    data, _ = validation_bytes(text_file)
+    stream, byte_level = token_stream(tok, data, 500)
+    assert not byte_level and len(stream) >= 500
+    text = bytes(data.numpy().tobytes()).decode("utf-8", errors="replace")
+    assert stream[:200].tolist() == tok(text[:200], add_special_tokens=False)["input_ids"]
+    assert passkey_chars(tok, 120, byte_level=False) == 120  # one token per ASCII character: chars = tokens
+    tiny_hf("llama", tmp_path, tokenizer=tok, vocab=128)
+    s = EvalSettings(eval_lens=[100], tasks=["lm", "passkey"], data=text_file, eval_tokens=300, sliding_stride=0,
+                     passkey_depths=[0.0], passkey_trials=2)
+    doc = evaluate_model(str(tmp_path), s, progress=False)
+    assert doc["meta"]["byte_tokens"] is False
+    lm = [r for r in doc["results"] if r["task"] == "lm"][0]
+    assert lm["n_scored"] == 300 and math.isfinite(lm["value"])
+    pk = [r for r in doc["results"] if r["task"] == "passkey"][0]
+    assert 0.0 <= pk["value"] <= 1.0 and pk["chars"] == passkey_chars(tok, 100, byte_level=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")
+def test_device_map_auto_without_accelerate_falls_back_with_a_note(tmp_path):
+    tiny_hf("llama", tmp_path)
+    notes = []
+    model, _, _ = load_causal_lm(str(tmp_path), device_map="auto", log=notes.append)
+    assert "needs accelerate" in notes[0] and next(model.parameters()).device.type == "cpu"
+
+
+def test_settings_are_checked():
+    with pytest.raises(ConfigError, match="factor: extension methods need --factor"):
+        EvalSettings(methods=["yarn"]).validate()
+    with pytest.raises(ConfigError, match="methods: expected one of none, linear"):
+        EvalSettings(methods=["pi"]).validate()
+    with pytest.raises(ConfigError, match="tasks: expected one of lm, passkey"):
+        EvalSettings(tasks=["copy"]).validate()
+    with pytest.raises(ConfigError, match="eval_lens must be an integer"):
+        EvalSettings(eval_lens=[1.5]).validate()
+
+
+def test_eval_command_writes_the_labs_outputs(exported, text_file, tmp_path, capsys):
+    """Several methods in one run: the lab's side-by-side tables (rows = methods, one cell per length, the values
+    of results.json), results.json in the lab's schema, report.md and the lab's plots."""
+    from posenc.lab.tables import fmt
+
+    _, folder = exported
+    assert eval_main([str(folder), "--eval-lens", "32,64", "--data", text_file, "--eval-tokens", "300",
+                      "--methods", "none,yarn,linear", "--factor", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "results.json").read_text())
+    keys = {"task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "value", "std", "seed",
+            "protocol", "depth"}
+    assert all(keys <= set(r) for r in doc["results"]) and len(doc["results"]) == 3 * 3
+    table = out.split("Perplexity, sliding")[0]
+    for label, method in (("rope", "none"), ("rope + YaRN, zero-shot", "yarn"), ("rope + PI, zero-shot", "linear")):
+        cells = [fmt(r) for L in (32, 64) for r in doc["results"]
+                 if r["scaling"] == method and r["eval_len"] == L and r["protocol"] == "non-overlapping"]
+        assert f"| {label} | {cells[0]} | {cells[1]} |" in table
+    assert "| model | 32 (1x) | 64 (2x) |" in table and "sliding (stride 32)" in out
+    assert set(doc["curves"]) == {"rope|none|zs|0", "rope|yarn|zs|0", "rope|linear|zs|0"}
+    assert all(len(c) == 64 for c in doc["curves"].values())
+    report = (tmp_path / "report.md").read_text()
+    assert "| rope + YaRN, zero-shot |" in report and "load average" in report
+    for png in ("ppl_vs_length.png", "per_position_loss.png"):
+        assert f"![{png}]({png})" in report
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert eval_main([str(tmp_path / "missing")]) == 2
+    assert "posenc eval: error: model " in capsys.readouterr().err

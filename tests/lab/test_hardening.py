@@ -1,0 +1,230 @@
+"""A lab run never loses finished work and never ends in a traceback: diverged models are recorded as such (rows and
+curves, strict JSON), a failure keeps the rows finished before it, internal errors are called bugs, the --out folder
+is locked, non-text data and malformed flags are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc.cli import main
+from posenc.errors import CheckpointError, DataError
+from posenc.lab import lock as L
+from posenc.lab.checkpoint import load_checkpoint, save_checkpoint
+from posenc.lab.data import check_text, load_corpus
+from posenc.lab.presets import get_preset
+from posenc.lab.run import checkpoint_path, finite_json, run_lab, training
+from posenc.lab.train import make_optimizer
+from posenc.nn.model import TinyLM
+
+# a model small enough to train in well under a second
+TINY = ["--tasks", "lm", "--schemes", "rope,learned", "--d-model", "16", "--layers", "1", "--heads", "2",
+        "--train-len", "16", "--batch-size", "4", "--steps", "3", "--warmup", "1", "--eval-lens", "16,32",
+        "--eval-tokens", "128", "--sliding-stride", "0", "--extensions", "linear", "--threads", "1", "--quiet"]
+
+
+def strict_json(path: Path) -> dict:
+    """JSON as the standard defines it: NaN / Infinity are not JSON."""
+    def refuse(token):
+        raise AssertionError(f"{path} holds {token}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def one_line_error(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"posenc {command}: error:") and "\n" not in err, err
+    return err
+
+
+def test_diverged_run_is_written_and_marked(tmp_path, capsys):
+    assert main(["lab", *TINY, "--lr", "1e30", "--out", str(tmp_path)]) == 0
+    doc = strict_json(tmp_path / "results.json")
+    assert doc["results"] and all(r["value"] is None for r in doc["results"])
+    for r in doc["results"]:
+        assert r["note"] == ("n/a (table = 16)" if r["scheme"] == "learned" and r["eval_len"] > 16
+                             else "diverged (non-finite)")
+    assert doc["curves"] and all(v is None for curve in doc["curves"].values() for v in curve)
+    assert "rope" in doc["meta"]["diverged"] and "learned" in doc["meta"]["diverged"]
+    report = (tmp_path / "report.md").read_text()
+    assert "diverged (non-finite)" in report and "(1 thread)" in report
+    assert (tmp_path / "ppl_vs_length.png").exists()
+    assert not (tmp_path / L.LOCK_NAME).exists()  # released
+
+
+def test_resuming_a_checkpoint_holding_nan_reports_diverged(tmp_path):
+    cfg = get_preset("default", tasks=["lm"], schemes=["rope"], d_model=16, n_layers=1, n_heads=2, train_len=16,
+                     batch_size=4, steps=3, warmup=1, eval_lens=[16, 32], eval_tokens=128, sliding_stride=0,
+                     extensions=[], threads=1, out=str(tmp_path))
+    good = run_lab(cfg, progress=False, log=lambda *_: None)
+    assert all(r["value"] is not None for r in good["results"])
+    ckpt = checkpoint_path(tmp_path, "lm", "rope", 0)
+    model = TinyLM(cfg.model_config("rope"))
+    opt = make_optimizer(model, training(cfg))
+    meta = load_checkpoint(ckpt, model, opt)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    save_checkpoint(ckpt, model, opt, meta["step"], meta["settings"])  # a valid checkpoint of a blown-up model
+    doc = run_lab(cfg, resume=True, progress=False, log=lambda *_: None)
+    assert all(r["value"] is None and r["note"] == "diverged (non-finite)" for r in doc["results"])
+    strict_json(tmp_path / "results.json")
+
+
+def test_finite_json_replaces_every_non_finite_number():
+    doc, n = finite_json({"a": [1.0, float("nan"), {"b": float("inf")}], "c": (float("-inf"), 2)})
+    assert doc == {"a": [1.0, None, {"b": None}], "c": [None, 2]} and n == 3
+
+
+def test_a_failure_keeps_the_finished_rows_and_is_reported_as_a_bug(tmp_path, capsys, monkeypatch):
+    from posenc.lab import run as R
+
+    real = R.evaluate_extensions
+
+    def broken(*args, **kwargs):  # the rope model is trained and evaluated, then an internal error
+        raise KeyError("internal slip")
+
+    monkeypatch.setattr(R, "evaluate_extensions", broken)
+    assert main(["lab", *TINY, "--schemes", "learned,rope", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc lab: internal error (a bug in posenc, not in your input): KeyError")
+    assert "report" in err and "traceback saved to " in err and "\n" not in err
+    saved = Path(err.split("traceback saved to ")[1].split(";")[0])
+    assert "KeyError" in saved.read_text()
+    saved.unlink()
+    doc = strict_json(tmp_path / "results.json")
+    assert "KeyError" in doc["meta"]["incomplete"]
+    assert {r["scheme"] for r in doc["results"]} == {"learned", "rope"}  # learned finished; rope evaluated
+    assert (tmp_path / "report.md").exists() and not (tmp_path / L.LOCK_NAME).exists()
+    monkeypatch.setattr(R, "evaluate_extensions", real)
+
+
+def test_a_corrupt_checkpoint_says_how_to_restart_that_model(tmp_path, capsys):
+    assert main(["lab", *TINY, "--schemes", "rope", "--out", str(tmp_path)]) == 0
+    ckpt = checkpoint_path(tmp_path, "lm", "rope", 0)
+    data = bytearray(ckpt.read_bytes())
+    data[-100] ^= 0xFF
+    ckpt.write_bytes(bytes(data))
+    assert main(["lab", *TINY, "--schemes", "rope", "--out", str(tmp_path), "--resume"]) == 2
+    err = one_line_error(capsys, "lab")
+    assert str(ckpt) in err and "delete" in err and "--resume" in err
+
+
+# ---- the --out lock
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_second_run_into_a_locked_out_is_refused_naming_the_holder(tmp_path, capsys):
+    holder = _sleeper()
+    try:
+        (tmp_path / L.LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                        "command": "posenc lab --preset ntk", "started": "t0"}))
+        assert main(["lab", *TINY, "--out", str(tmp_path)]) == 2
+        err = one_line_error(capsys, "lab")
+        assert f"pid {holder.pid}" in err and "posenc lab --preset ntk" in err and "in use" in err
+        assert not (tmp_path / "results.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    dead = _sleeper()
+    dead.kill()
+    dead.wait()
+    (tmp_path / L.LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(),
+                                                    "command": "old", "started": "t0"}))
+    with L.out_lock(tmp_path, "new run") as path:
+        info = json.loads(path.read_text())
+        assert info["pid"] == os.getpid() and info["command"] == "new run"
+        with pytest.raises(L.LockError, match="in use by another posenc run"):  # held: a second taker is refused
+            L.acquire(tmp_path, "other")  # (same pid would be ours; the holder's entry decides)
+    assert not path.exists() and not list(tmp_path.glob(".posenc-lock*"))
+
+
+def test_a_lock_from_another_host_is_never_guessed_stale(tmp_path):
+    (tmp_path / L.LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "elsewhere", "command": "c", "started": "t"}))
+    with pytest.raises(L.LockError, match="elsewhere"):
+        L.acquire(tmp_path, "mine")
+
+
+# ---- data
+
+def test_binary_data_is_refused_naming_the_file(tmp_path, capsys):
+    junk = tmp_path / "random.bin"
+    junk.write_bytes(random.Random(0).randbytes(4096))
+    with pytest.raises(DataError, match="random.bin is not text: not valid UTF-8 at byte"):
+        load_corpus(str(junk))
+    controls = tmp_path / "controls.txt"
+    controls.write_bytes(b"text\x00\x01\x02" * 100)
+    with pytest.raises(DataError, match="control characters"):
+        check_text(controls.read_bytes(), controls)
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello world\n" * 200)
+    (folder / "logo.png").write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(DataError, match="logo.png is not text"):
+        load_corpus(str(folder))
+    assert check_text("naïve café — ok\n".encode(), "x")  # UTF-8 text passes
+    assert main(["lab", *TINY, "--data", str(junk), "--out", str(tmp_path / "o")]) == 2
+    assert "--data" in one_line_error(capsys, "lab")
+
+
+# ---- flags refused before anything runs
+
+@pytest.mark.parametrize("argv,word", [
+    (["--eval-lens", "96,,192"], "--eval-lens"),
+    (["--eval-lens", "16,"], "--eval-lens"),
+    (["--train-len", "1"], "--train-len"),
+    (["--ckpt-every", "-1"], "--ckpt-every"),
+    (["--threads", "-3"], "--threads"),
+    (["--device", "junk"], "--device"),
+    (["--lr", "nan"], "--lr"),
+    (["--dist-timeout", "0"], "--dist-timeout"),
+    (["--dist-timeout", "inf"], "--dist-timeout"),
+    (["--steps", "1e3"], "--steps"),
+])
+def test_bad_flags_fail_in_one_line(tmp_path, capsys, argv, word):
+    assert main(["lab", *TINY, "--out", str(tmp_path / "o"), *argv]) == 2
+    assert word in one_line_error(capsys, "lab")
+    assert not (tmp_path / "o").exists()  # nothing created
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_impossible_out_is_one_line(tmp_path, capsys, where):
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "sub"
+    assert main(["lab", *TINY, "--out", str(out)]) == 2
+    err = one_line_error(capsys, "lab")
+    assert "cannot create the output folder" in err and str(out) in err
+
+
+def test_validation_happens_before_relaunch(tmp_path, capsys, monkeypatch):
+    from posenc.lab import launch
+
+    def no_relaunch(*a, **k):
+        raise AssertionError("relaunched before validating")
+
+    monkeypatch.setattr(launch, "launch", no_relaunch)
+    for bad in (["--steps", "-1"], ["--data", str(tmp_path / "missing")], ["--dist-timeout", "-5"]):
+        assert main(["lab", *TINY, "--nproc", "2", "--out", str(tmp_path / "o"), *bad]) == 2
+        one_line_error(capsys, "lab")
+
+
+
+@pytest.mark.parametrize("argv,word", [(["--d-model", str(2**20)], "--d-model must be at most"),
+                                       (["--eval-lens", f"16,{2**30}"], "--eval-lens must be at most"),
+                                       (["--threads", "2147483648"], "--threads must be at most"),
+                                       (["--steps", str(2**40)], "--steps must be at most")])
+def test_sizes_that_would_exhaust_memory_are_refused(tmp_path, capsys, argv, word):
+    assert main(["lab", *TINY, "--out", str(tmp_path / "o"), *argv]) == 2
+    assert word in one_line_error(capsys, "lab")

@@ -1,0 +1,91 @@
+"""`posenc search` on a saved lab model writes a longrope config that transformers loads with the frequencies
+posenc gives the searched factors, resumes from its state, and feeds `posenc extend --longrope`."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from posenc import rope_parameters
+from posenc.cli import main
+from posenc.hf.lab_bridge import build_lab_model, save_lab_model
+from posenc.rope.apply import default_inv_freq
+
+L0, TARGET, HEAD = 32, 96, 16
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("search")
+    torch.manual_seed(0)
+    ckpt = save_lab_model(folder / "lm-rope-seed0.safetensors",
+                          build_lab_model(scheme="rope", d_model=32, n_layers=1, n_heads=2, max_len=L0))
+    rng = random.Random(0)
+    text = folder / "text.txt"
+    text.write_text(" ".join(rng.choice(["def", "x", "=", "1", "(", ")"]) for _ in range(8000)), encoding="utf-8")
+    config = folder / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 2 * HEAD, "num_attention_heads": 2,
+                                  "max_position_embeddings": L0, "rope_theta": 10000.0}))
+    out = folder / "out"
+    argv = ["search", str(ckpt), "--target-length", str(TARGET), "--out", str(out), "--population", "4",
+            "--generations", "1", "--windows", "1", "--data", str(text), "--reserved", "10", "--quiet",
+            "--config", str(config)]
+    assert main(argv) == 0
+    return argv, out, config
+
+
+def test_written_config_loads_in_transformers_with_the_searched_frequencies(searched):
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    _, out, _ = searched
+    scaling = json.loads((out / "rope_scaling.json").read_text())
+    state = json.loads((out / "search.json").read_text())
+    assert scaling["rope_type"] == "longrope" and scaling["factor"] == TARGET / L0
+    assert scaling["long_factor"] == state["result"]["factors"] == json.loads((out / "long_factor.json").read_text())
+    assert scaling["short_factor"] == [1.0] * (HEAD // 2) and scaling["original_max_position_embeddings"] == L0
+    config = json.loads((out / "config.json").read_text())  # --config: the Llama config extended with them
+    assert config["rope_parameters"]["long_factor"] == scaling["long_factor"]
+    assert config["max_position_embeddings"] == TARGET
+    ours, attention = rope_parameters(config, seq_len=TARGET)
+    theirs, hf_attention = ROPE_INIT_FUNCTIONS["longrope"](LlamaConfig(**config), None, seq_len=TARGET)
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours, default_inv_freq(HEAD, 1e4) / torch.tensor(scaling["long_factor"]),
+                               rtol=1e-6, atol=0)
+    assert attention == pytest.approx(hf_attention)
+
+
+def test_rerun_resumes_and_extend_takes_the_searched_factors(searched, tmp_path, capsys):
+    argv, out, config = searched
+    before = (out / "rope_scaling.json").read_text()
+    capsys.readouterr()
+    assert main(argv) == 0  # the finished state: same result, nothing searched again
+    assert (out / "rope_scaling.json").read_text() == before
+    new = tmp_path / "new.json"
+    assert main(["extend", str(config), "--method", "longrope", "--longrope", str(out / "rope_scaling.json"),
+                 "--target-length", str(TARGET), "--out", str(new)]) == 0
+    assert json.loads(new.read_text())["rope_parameters"] == json.loads((out / "config.json").read_text())[
+        "rope_parameters"]
+
+
+def test_bad_input_is_one_line(searched, tmp_path, capsys):
+    argv, out, config = searched
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rope_type": "yarn", "factor": 2.0}))
+    assert main(["extend", str(config), "--method", "longrope", "--longrope", str(bad), "--target-length", "96",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "--longrope" in capsys.readouterr().err
+    assert main(["search", argv[1], "--target-length", str(L0), "--out", str(tmp_path / "o")]) == 2
+    assert f"--target-length must be an integer >= {L0 + 1}" in capsys.readouterr().err
+
+
+def test_a_transformers_model_folder_goes_to_the_hf_search(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert main(["search", str(tmp_path), "--help"]) == 0
+    assert "--heldout-windows" in capsys.readouterr().out           # posenc.hf.search's options
+    assert main(["search", str(tmp_path.parent), "--help"]) == 0    # not a model folder: the lab model's options
+    assert "--search-seed" in capsys.readouterr().out

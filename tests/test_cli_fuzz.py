@@ -1,0 +1,96 @@
+"""Fuzz the command line: malformed values for every flag of lab, extend, pick and plot end in success or in one
+named error line (exit 2) -- never a traceback, never an internal error (exit 1), never a hang.
+
+`posenc lab` is stopped right after its validation (run_lab is replaced by a recorder), so no example trains; the
+other commands run for real, bounded by their size limits.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from posenc.cli import main
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+
+# malformed (and a few valid) values, as a user or a script would type them
+VALUES = ["", "-1", "0", "1", "2", "3", "16", "1e30", "1e-30", "nan", "inf", "-inf", "abc", "1,,2", ",", "96,,192",
+          "1.7", "-0", "9" * 40, "0x10", "1_000", " 7 ", "rope", "all", "none", "yes", "10000", "0.5", "-3",
+          "rope,mine", "a=b", "=1", "cuda:99", "junk", "/no/such/file", str(CONFIGS / "gpt2.json"),
+          str(CONFIGS / "qwen2.5-7b-instruct.json"), "😀", "1e308", "-1e308", "2147483648"]
+value = st.sampled_from(VALUES)
+
+LAB_FLAGS = ["--tasks", "--schemes", "--d-model", "--layers", "--heads", "--rope-base", "--rope-layout",
+             "--scale-embeddings", "--scheme-options", "--train-len", "--batch-size", "--steps", "--lr", "--warmup",
+             "--weight-decay", "--grad-clip", "--seeds", "--eval-lens", "--eval-tokens", "--sliding-stride",
+             "--sliding-lens", "--sliding-tokens", "--extensions", "--extended-schemes", "--ext-factor",
+             "--finetune-steps", "--finetune-len", "--copy-examples", "--passkey-depths", "--passkey-trials",
+             "--device", "--threads", "--data", "--ckpt-every", "--nproc", "--dist-timeout", "--preset"]
+EXTEND_FLAGS = ["--target-length", "--method", "--transformers-version", "--factor", "--short-factor",
+                "--long-factor"]
+PICK_FLAGS = ["--target-context", "--train-context", "--budget", "--task", "--rope-theta", "--config"]
+PLOT_FLAGS = {"sinusoidal": ["--max-len", "--dim", "--base"],
+              "rope": ["--config", "--head-dim", "--theta", "--rope-type", "--factor", "--original",
+                       "--max-position-embeddings", "--seq-len"],
+              "scaling": ["--config", "--head-dim", "--theta", "--original", "--factor"],
+              "alibi": ["--heads", "--seq-len"],
+              "decay": ["--base", "--config", "--head-dim", "--max-distance"]}
+
+# CI: 25 examples per command; POSENC_FUZZ_EXAMPLES=500 for a deeper local run
+FUZZ = settings(max_examples=int(os.environ.get("POSENC_FUZZ_EXAMPLES", 25)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def flags(names):
+    return st.lists(st.tuples(st.sampled_from(names), value), min_size=1, max_size=3).map(
+        lambda pairs: [x for pair in pairs for x in pair])
+
+
+def check(capsys, command, status):
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert status in (0, 2), f"exit {status}: {err}"
+    if status == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"posenc {command}") and ": error: " in lines[0], err
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    import posenc.lab.launch as launch
+    import posenc.lab.run as run
+
+    reached = []
+    monkeypatch.setattr(run, "run_lab", lambda cfg, **kw: reached.append(cfg))
+    monkeypatch.setattr(launch, "launch", lambda nproc, target: 0)  # --nproc N that validated: no torchrun
+    return reached
+
+
+@FUZZ
+@given(argv=flags(LAB_FLAGS))
+def test_lab_flags(argv, tmp_path, capsys, no_training):
+    check(capsys, "lab", main(["lab", "--quiet", "--out", str(tmp_path / "out"), *argv]))
+
+
+@FUZZ
+@given(argv=flags(EXTEND_FLAGS))
+def test_extend_flags(argv, tmp_path, capsys):
+    base = ["extend", str(CONFIGS / "qwen2.5-7b-instruct.json"), "--target-length", "65536", "--method", "yarn",
+            "--out", str(tmp_path / "new.json")]
+    check(capsys, "extend", main([*base, *argv]))
+
+
+@FUZZ
+@given(argv=flags(PICK_FLAGS))
+def test_pick_flags(argv, capsys):
+    check(capsys, "pick", main(["pick", "--target-context", "32768", "--train-context", "8192", *argv]))
+
+
+@FUZZ
+@given(kind=st.sampled_from(sorted(PLOT_FLAGS)), data=st.data())
+def test_plot_flags(kind, data, tmp_path, capsys):
+    argv = data.draw(flags(PLOT_FLAGS[kind]))
+    check(capsys, "plot", main(["plot", kind, *argv, "--out", str(tmp_path / "x.png")]))
