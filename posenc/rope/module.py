@@ -224,12 +224,13 @@ class Rotary(nn.Module):
         if batch != ks[0] or seq != ks[2]:
             raise PosencError(f"q and k must share batch and seq; got q {list(qs)}, k {list(ks)}")
         positions = as_positions(positions, q.device)
-        if self.axes is not None:
+        multi = self.n_axes != 1             # (= self.axes is not None, without nn.Module's buffer lookup: hot path)
+        if multi:
             positions = as_axis_positions(positions, self.n_axes)
         ps = positions.shape
-        per_axis = tuple(ps[1:]) if self.axes is not None else tuple(ps)
+        per_axis = ps[1:] if multi else ps
         if not (per_axis == (seq,) or per_axis == (batch, seq) or per_axis == (1, seq)):
-            lead = f"[{self.n_axes}, ...] with ... " if self.axes is not None else ""
+            lead = f"[{self.n_axes}, ...] with ... " if multi else ""
             raise PosencError(f"positions must have shape {lead}[seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                               f"got {list(ps)}")
         # fast path (CPU, cached table, integer positions, no length rule): everything above is all the checking
@@ -238,7 +239,7 @@ class Rotary(nn.Module):
         # (The buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards.)
         buffers = self._buffers
         cos_cached = buffers["cos_cached"]
-        if (self.axes is None and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
+        if (not multi and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
                 and cos_cached.shape[0] and not positions.is_floating_point() and q.dtype == k.dtype
                 and q.dtype != torch.float64 and k.is_cpu and q.is_cpu):
             index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
