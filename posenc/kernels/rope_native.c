@@ -20,6 +20,11 @@
 #include <string.h>
 
 #define MAX_DIMS 8
+/* input rows are prefetched this far ahead: the bf16 rows are compute-bound enough that the hardware prefetcher
+ * alone leaves memory stalls; 2 KiB beat 0, 1, 4 and 8 KiB on the prefill shape here (docs/performance.md) */
+#ifndef PF_BYTES
+#define PF_BYTES 2048
+#endif
 
 enum { DT_F32 = 0, DT_F64 = 1, DT_BF16 = 2, DT_F16 = 3 };
 enum { LAYOUT_INTERLEAVED = 0, LAYOUT_HALF = 1 };
@@ -355,6 +360,7 @@ static void *run_rows(void *arg) {
     for (int d = 0; d <= last; d++) { xo += idx[d] * jb->xs[d]; oo += idx[d] * jb->os[d]; co += idx[d] * jb->cs[d]; }
     const int64_t n_in = jb->sizes[last], xs_in = jb->xs[last], os_in = jb->os[last], cs_in = jb->cs[last];
     const size_t tail_bytes = (size_t)(dim - rdim) * esize, out_bytes = (size_t)(jb->copy_tail ? dim : rdim) * esize;
+    const int64_t pf_rows = (PF_BYTES + dim * esize - 1) / (dim * esize);
 
     for (int64_t r = jb->row_begin; r < jb->row_end;) {
         int64_t run = n_in - idx[last];
@@ -364,6 +370,9 @@ static void *run_rows(void *arg) {
         int64_t c = co;
         for (int64_t i = 0; i < run; i++, xr += xs_in * esize, dest += os_in * esize, c += cs_in) {
             char *orow = buf ? buf : dest;
+            if (i + pf_rows < run)              /* the input row pf_rows ahead, line by line */
+                for (int64_t off = 0; off < dim * esize; off += 64)
+                    __builtin_prefetch(xr + pf_rows * xs_in * esize + off, 0, 3);
             const int64_t tr = jb->pos ? jb->pos[c] * h : c;      /* element offset of the row's cos/sin */
             fn(xr, orow, jb->cos + tr * csize, jb->sin + tr * csize, h, layout, inverse);
             if (tail)

@@ -63,6 +63,7 @@ class Evaluation:
     seed: int = 0
     bands: dict | None = None
     curves: dict = field(default_factory=dict)
+    positions: str | None = None  # None: plain training positions; "randomized N=1024" (Ruoss et al. 2023)
 
     @property
     def cfg(self):
@@ -86,7 +87,8 @@ class Evaluation:
         return f"n/a (table = {self.model.scheme.max_len})"
 
     def curve_key(self) -> str:
-        return f"{self.scheme}|{self.scaling}|{'ft' if self.finetuned else 'zs'}|{self.seed}"
+        key = f"{self.scheme}|{self.scaling}|{'ft' if self.finetuned else 'zs'}|{self.seed}"
+        return key + (f"|{self.positions}" if self.positions else "")
 
     def row(self, eval_len: int, metric: str, value, **extra) -> dict:
         """A result row; a None value gets the unsupported-length note; a non-finite value, or any value of a model
@@ -97,6 +99,8 @@ class Evaluation:
         row.update(extra)
         if self.bands is not None:
             row["bands"] = self.bands
+        if self.positions:
+            row["positions"] = self.positions
         if value is None:
             row["note"] = self.unsupported_note
         elif self.diverged or not math.isfinite(value):
@@ -115,7 +119,8 @@ class Evaluation:
         distributed)."""
         items = list(items)
         costs = [float(cost(item)) if cost else 1.0 for item in items]
-        label = self.scheme if self.scaling == "none" else f"{self.scheme} + {self.scaling}"
+        label = self.scheme + (f" ({self.positions})" if self.positions else "")
+        label += "" if self.scaling == "none" else f" + {self.scaling}"
         with self.run.bar(sum(costs), f"eval {self.task} {label}{' ft' if self.finetuned else ''} s{self.seed}") as bar:
             def one(i: int):
                 out = fn(items[i])

@@ -13,8 +13,9 @@ from posenc.extensions import method_names
 from posenc.lab.tables import model_label, sort_key
 from posenc.schemes import scheme_names
 
+# one colour per registered scheme (built-ins first); the last ones are for the schemes of issue 11 and plug-ins
 SCHEME_PALETTE = ("tab:gray", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple", "tab:olive",
-                  "tab:cyan", "tab:pink", "tab:red")
+                  "tab:cyan", "tab:pink", "tab:red", "black", "gold", "navy", "lime", "teal", "maroon")
 METHOD_PALETTE = ("tab:red", "tab:cyan", "tab:olive", "tab:pink", "black", "tab:brown", "tab:purple", "tab:green")
 
 
@@ -26,7 +27,8 @@ def style(row: dict) -> dict:
     """Line style of a row's model: solid per scheme, dashed per extension method, dotted when fine-tuned."""
     if row["scaling"] == "none":
         return dict(color=_colour(row["scheme"], scheme_names(), SCHEME_PALETTE),
-                    linestyle=":" if row["finetuned"] else "-", linewidth=2.2, marker="o")
+                    linestyle=":" if row["finetuned"] else "-." if row.get("positions") else "-", linewidth=2.2,
+                    marker="o")
     return dict(color=_colour(row["scaling"], method_names(), METHOD_PALETTE),
                 linestyle=":" if row["finetuned"] else "--", linewidth=1.4, marker="s", markersize=4)
 

@@ -9,6 +9,8 @@
     extend   context extension that trains, on the default model (train 128, target 1024), seeds 0,1,2: every
              method zero-shot, LongRoPE searched on the model, each method fine-tuned 100 steps at 1024, PoSE
     extend-passkey  passkey retrieval past the training length: PI and YaRN zero-shot vs fine-tuned at 512
+    schemes  every registered scheme (+ rope with randomized positions) on the LM task to 8x, three seeds
+    copy-cpu exercise 3 at CPU size: 4 layers, copy trained at 128, tested to 512, eleven schemes, three seeds
 
 ``LabConfig`` holds the model (a ``ModelConfig`` template: the scheme and max_len are set per run), the training
 settings (a ``TrainSettings``) and the lab's own settings. Presets and ``get_preset`` take flat setting names
@@ -28,7 +30,7 @@ from posenc.lab.precision import PRECISIONS
 from posenc.lab.tasks import get_task, task_names
 from posenc.lab.train import TrainSettings
 from posenc.nn.model import ModelConfig
-from posenc.schemes import check_scheme, scheme_names
+from posenc.schemes import check_scheme, make_scheme, scheme_names
 
 ALL = "all"
 
@@ -61,6 +63,9 @@ class LabConfig:
     sliding_tokens: int = 49152  # = eval_tokens: both protocols score the same text
     extensions: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "llama3"])
     extended_schemes: list = field(default_factory=lambda: ["rope"])  # models evaluated under the extensions
+    # randomized positions (Ruoss et al. 2023): train on a sorted random subset of 0..N-1 (0: off)
+    randomized_positions: int = 0
+    randomized_schemes: list = field(default_factory=list)  # empty: every scheme; else these, besides plain ones
     ext_factor: float = 0.0  # 0: max(eval_lens) / train_len
     finetune_steps: int = 0  # > 0: also fine-tune each method at finetune_len, then evaluate
     finetune_len: int = 0  # 0: max(eval_lens); PoSE methods (pose-*) fine-tune at train_len instead
@@ -99,7 +104,7 @@ class LabConfig:
         check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
         for name in ("batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
             check_int(getattr(self, name), name, min=1, error=ConfigError)
-        for name in ("finetune_steps", "finetune_len", "threads", "search_generations"):
+        for name in ("finetune_steps", "finetune_len", "threads", "search_generations", "randomized_positions"):
             check_int(getattr(self, name), name, min=0, error=ConfigError)
         check_int(self.search_population, "search_population", min=4, error=ConfigError)
         check_int(self.search_windows, "search_windows", min=1, error=ConfigError)
@@ -125,9 +130,37 @@ class LabConfig:
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
         check_choice(self.precision, "precision", PRECISIONS, error=ConfigError)
         resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
+        self._check_randomized()
         for t in self.tasks:
             get_task(t).check(self)
         return self
+
+    def _check_randomized(self) -> None:
+        n = self.randomized_positions
+        if not n:  # off: randomized_schemes is ignored
+            return
+        if n < self.train_len:
+            raise ConfigError(f"randomized_positions must be 0 (off) or >= train_len ({self.train_len}), got {n}")
+        for s in self.randomized_schemes:
+            check_scheme(s, "randomized_schemes")
+        for s in self.randomized_scheme_names():
+            table = make_scheme(s, **self.model_config(s).scheme_arguments()).capabilities.max_len
+            if table is not None and table < n:
+                raise ConfigError(f"randomized_positions: the {s} scheme has no encoding past its table of {table} "
+                                  f"positions, so it cannot train on positions up to {n}")
+
+    def randomized_scheme_names(self) -> list[str]:
+        """Schemes trained with randomized positions (none when randomized_positions is 0)."""
+        if not self.randomized_positions:
+            return []
+        return [s for s in self.schemes if not self.randomized_schemes or s in self.randomized_schemes]
+
+    def position_variants(self, scheme: str) -> list[int]:
+        """The randomized-positions N of each model to train for ``scheme``: 0 = plain positions."""
+        n = self.randomized_positions
+        if not n or scheme not in self.randomized_scheme_names():
+            return [0]
+        return [0, n] if self.randomized_schemes else [n]
 
     @property
     def factor(self) -> float:
@@ -176,7 +209,8 @@ PRESETS: dict[str, dict] = {
                   sliding_stride=48, sliding_lens=[192], sliding_tokens=256, copy_examples=4,
                   passkey_depths=[0.0, 1.0], passkey_trials=2, ckpt_every=5,
                   extensions=["linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search", "pose-yarn"],
-                  finetune_steps=2, search_population=4, search_generations=1, search_windows=1),
+                  finetune_steps=2, search_population=4, search_generations=1, search_windows=1,
+                  randomized_positions=384, randomized_schemes=["rope"]),
     "default": dict(),
     "extend": dict(schemes=["rope"], seeds=[0, 1, 2], finetune_steps=100,
                    extensions=["linear", "ntk", "yarn", "llama3", "longrope-search", "pose-linear", "pose-yarn"]),
@@ -188,6 +222,18 @@ PRESETS: dict[str, dict] = {
     "copy": dict(tasks=["copy"], schemes=ALL, d_model=128, n_layers=4, n_heads=4, train_len=512,
                  batch_size=16, steps=3000, lr=1e-3, warmup=200, eval_lens=[256, 512, 1024, 2048], extensions=[],
                  sliding_stride=0, copy_examples=64),
+    # every registered scheme on the LM task to 8x, 3 seeds, sized for ~15 min on a quiet 2-core CPU at 1 thread
+    # (docs/lab.md): irope with a NoPE layer every 2nd of the 2 layers; rope also with randomized positions
+    "schemes": dict(tasks=["lm"], schemes=ALL, d_model=64, n_layers=2, n_heads=4, train_len=128, batch_size=16,
+                    steps=300, lr=3e-3, warmup=30, seeds=[0, 1, 2], eval_lens=[128, 256, 512, 1024],
+                    eval_tokens=16384, sliding_stride=0, extensions=[], scheme_options={"nope_every": 2},
+                    randomized_positions=2048, randomized_schemes=["rope"]),
+    # the lesson's exercise 3 at CPU size: copy task, 4 layers, trained at 128, tested to 4x (docs/lab.md)
+    "copy-cpu": dict(tasks=["copy"], schemes=["nope", "rope", "alibi", "rope+alibi", "t5", "kerple", "fire", "xpos",
+                                              "cope", "p-rope", "irope"],
+                     d_model=64, n_layers=4, n_heads=4, train_len=128, batch_size=16, steps=320, lr=3e-3, warmup=30,
+                     seeds=[0, 1, 2], eval_lens=[128, 256, 384, 512], extensions=[], sliding_stride=0,
+                     copy_examples=64),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
                     n_heads=4, train_len=128, batch_size=16, steps=3000, eval_lens=[128, 256, 512],
                     sliding_stride=0, extensions=["ntk", "yarn"]),

@@ -66,6 +66,11 @@ def write_report(doc: dict, out: Path) -> Path:
         + ("; PoSE methods fine-tune at the train length" if any(e.startswith("pose-") for e in s["extensions"])
            else ""),
     ]
+    if s.get("randomized_positions"):
+        which = (", ".join(s["randomized_schemes"]) + ", besides the plain models" if s.get("randomized_schemes")
+                 else "every scheme, instead of plain positions")
+        lines.append(f"- randomized positions (Ruoss et al. 2023): trained on sorted random positions < "
+                     f"{s['randomized_positions']} ({which}); evaluated on plain positions")
     if data:
         lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files, list hash "
                      f"{data.get('files_sha256')}, Python {data.get('python_version')}), train "

@@ -33,10 +33,12 @@ from posenc.lab.presets import LabConfig
 from posenc.lab.report import main_table, write_report
 from posenc.lab.tables import model_label
 from posenc.lab.tasks import get_task
-from posenc.lab.train import TrainSettings, train
+from posenc.lab.train import TrainSettings, checkpoint_step, train
 from posenc.nn.model import TinyLM
+from posenc.randomized import randomized_positions
 
-RESULT_KEY = ("task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "protocol", "depth")
+RESULT_KEY = ("task", "scheme", "positions", "scaling", "finetuned", "train_len", "eval_len", "metric", "protocol",
+              "depth")
 
 
 def cpu_cores() -> int:
@@ -102,21 +104,25 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         try:
             for task in cfg.tasks:
                 for scheme in cfg.schemes:
-                    for seed in cfg.seeds:
-                        t0 = time.perf_counter()
-                        model, trained = train_model(run, task, scheme, seed)
-                        t_train = time.perf_counter() - t0
-                        raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves))
-                        if scheme in cfg.extended_schemes:
-                            ext: dict = {}
-                            raw += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
-                            meta.setdefault("extensions", {})[f"{task}/{scheme}/seed{seed}"] = ext
-                        meta["timings_s"][f"{task}/{scheme}/seed{seed}"] = {
-                            "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1),
-                            **throughput(model.cfg, cfg, trained)}
-                        if progress and is_main_process():
-                            log(f"  {task:7s} {scheme:11s} seed {seed}: train {t_train:5.1f} s, "
-                                f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
+                    for randomized in cfg.position_variants(scheme):
+                        positions = positions_label(randomized)
+                        name = scheme + (f" ({positions})" if positions else "")
+                        for seed in cfg.seeds:
+                            t0 = time.perf_counter()
+                            model, trained = train_model(run, task, scheme, seed, randomized)
+                            t_train = time.perf_counter() - t0
+                            raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves,
+                                                            positions=positions))
+                            if scheme in cfg.extended_schemes and not randomized:
+                                ext: dict = {}
+                                raw += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
+                                meta.setdefault("extensions", {})[f"{task}/{scheme}/seed{seed}"] = ext
+                            meta["timings_s"][f"{task}/{name}/seed{seed}"] = {
+                                "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1),
+                                **throughput(model.cfg, cfg, trained)}
+                            if progress and is_main_process():
+                                log(f"  {task:7s} {name:11s} seed {seed}: train {t_train:5.1f} s, "
+                                    f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
         except BaseException as exc:  # keep what is finished: the rows so far, marked incomplete
             if raw and is_main_process():
                 _write_partial(run, meta, raw, curves, t_start, c_start, exc)
@@ -201,19 +207,49 @@ def throughput(model_cfg, cfg: LabConfig, trained: dict) -> dict:
     return {"tokens_per_s": round(tokens / trained["wall_s"]), "gflops": round(flops / trained["wall_s"] / 1e9, 1)}
 
 
-def train_model(run: Run, task: str, scheme: str, seed: int) -> tuple[TinyLM, dict]:
+def positions_label(randomized: int) -> str | None:
+    """The result rows' ``positions`` field: None for plain positions, "randomized N=1024" otherwise."""
+    return f"randomized N={randomized}" if randomized else None
+
+
+class RandomizedTrainPositions:
+    """``TinyLM.train_positions`` for randomized positions (Ruoss et al. 2023): each training forward gets a sorted
+    random subset of 0..N-1 per row, drawn from a generator seeded by (seed, step, rank), so a resumed run draws
+    the same positions as an uninterrupted one. Call k of this object is step start + k."""
+
+    def __init__(self, max_position: int, seed: int, start_step: int = 0):
+        self.max_position, self.seed, self.step = max_position, seed, start_step
+
+    def __call__(self, batch: int, seq_len: int, device) -> torch.Tensor:
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.step) * 1009 + current().rank)
+        self.step += 1
+        return randomized_positions(seq_len, self.max_position, generator=g, batch_size=batch, device=device)
+
+
+def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0) -> tuple[TinyLM, dict]:
     """Train (or resume) the model of (task, scheme, seed); same initial shared weights and data for every scheme.
-    -> (the model, ``train``'s result)."""
+    -> (the model, ``train``'s result).
+
+    ``randomized`` > 0: train on randomized positions below it (evaluation uses plain positions).
+    """
     cfg = run.cfg
     torch.manual_seed(seed)
     model = TinyLM(cfg.model_config(scheme))
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, seed)
     run_settings = {"task": task, "seed": seed, "model": model.cfg.to_dict(), "batch_size": cfg.batch_size,
                     "data": run.corpus.meta.get("files_sha256") if run.corpus else None}
-    result = train(model, sampler, training(cfg), device=run.device,
-                   ckpt_path=checkpoint_path(run.out, task, scheme, seed), resume=run.resume,
-                   run_settings=run_settings, desc=f"{task} {scheme} s{seed}", progress=run.progress,
+    tag = ""
+    if randomized:
+        run_settings["randomized_positions"] = randomized
+        tag = f"-rand{randomized}"
+    ckpt = checkpoint_path(run.out, task, scheme, seed, tag)
+    if randomized:
+        start = (checkpoint_step(ckpt) or 0) if run.resume else 0
+        model.train_positions = RandomizedTrainPositions(randomized, seed, start)
+    result = train(model, sampler, training(cfg), device=run.device, ckpt_path=ckpt, resume=run.resume,
+                   run_settings=run_settings, desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress,
                    precision=run.precision)
+    model.train_positions = None
     return model, result
 
 
@@ -313,7 +349,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     (or the list of seeds), values = per-seed values."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault(tuple(r[k] for k in RESULT_KEY), []).append(r)
+        groups.setdefault(tuple(r.get(k) for k in RESULT_KEY), []).append(r)
     out = []
     for group in groups.values():
         first = dict(group[0])

@@ -11,8 +11,10 @@ from posenc.schemes import scheme_names
 
 
 def model_label(row: dict) -> str:
-    """"rope + YaRN, zero-shot", "alibi", "rope, fine-tuned", ..."""
+    """"rope + YaRN, zero-shot", "alibi", "rope, fine-tuned", "rope, positions randomized N=1024", ..."""
     label = row["scheme"]
+    if row.get("positions"):  # trained on other than plain positions: "rope, positions randomized N=1024"
+        label += f", positions {row['positions']}"
     if row["scaling"] != "none":
         label += f" + {method_label(row['scaling'])}"
     if row["finetuned"]:
@@ -27,7 +29,7 @@ def sort_key(row: dict):
     schemes, methods = scheme_names(), ("none",) + method_names()
     s = schemes.index(row["scheme"]) if row["scheme"] in schemes else len(schemes)
     c = methods.index(row["scaling"]) if row["scaling"] in methods else len(methods)
-    return (row["finetuned"], s, c)
+    return (row["finetuned"], s, bool(row.get("positions")), c)
 
 
 def fmt(row: dict | None, digits: int = 2, percent: bool = False) -> str:

@@ -552,61 +552,6 @@ def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotar
                                    f"got values outside it") from exc
 
 
-class RopeTable:
-    """A cos/sin table [rows, rotary_dim // 2] checked once, then indexed by position on every call.
-
-    For callers that keep their own table (``posenc.Rotary``): ``rotate_qk(q, k, index)`` costs what
-    ``apply_rope_qk`` costs, without re-checking the table. cos, sin: one shape [rows, R/2], float32 (float64 for
-    float64 activations), on one device; stored contiguous. ``index``: integer positions broadcastable to
-    x.shape[:-1] ([seq] or [batch, 1, seq]); a position outside [0, rows) raises TableIndexError before anything is
-    written (on CPU the kernel reads the rows itself; elsewhere they are gathered first).
-    """
-
-    __slots__ = ("cos", "sin", "source", "rotary_dim", "dtype", "device")
-
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
-        if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor) or cos.shape != sin.shape \
-                or cos.dim() != 2 or cos.shape[1] == 0:
-            raise PosencError("cos and sin must be tensors of one shape [rows, rotary_dim // 2]")
-        if cos.dtype not in _FLOAT_POSITIONS or sin.dtype != cos.dtype or sin.device != cos.device:
-            raise PosencError(f"cos/sin must be float32 (float64 for float64 activations) on one device, got "
-                              f"{cos.dtype} {cos.device} and {sin.dtype} {sin.device}")
-        self.source = cos                                   # what the table was made from (callers compare it)
-        self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        self.rotary_dim, self.dtype, self.device = 2 * cos.shape[1], cos.dtype, cos.device
-
-    def rotate_qk(self, q: torch.Tensor, k: torch.Tensor, index, *, layout: str = "interleaved",
-                  inplace: bool = False, out=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q, k) rotated by rows index[...] of the table; q [..., Hq, seq, dim], k [..., Hk, seq, dim]."""
-        _check_x(q, "q")
-        _check_x(k, "k")
-        qs, ks = q.shape, k.shape
-        if qs[-1] != ks[-1] or qs[-2] != ks[-2] or q.dtype != k.dtype or q.device != k.device:
-            raise PosencError(f"q and k must share seq, dim, dtype and device; got q {list(qs)} {q.dtype}, "
-                              f"k {list(ks)} {k.dtype}")
-        if self.dtype != (torch.float64 if q.dtype == torch.float64 else torch.float32) or q.device != self.device:
-            raise PosencError(f"this table is {self.dtype} on {self.device}; q is {q.dtype} on {q.device} "
-                              "(the table must be float64 for float64 q, else float32, on q's device)")
-        if self.rotary_dim > qs[-1]:
-            raise PosencError(f"the table rotates {self.rotary_dim} dims, more than the head dim {qs[-1]}")
-        if layout not in LAYOUTS:
-            _check_layout(layout)
-        idx = as_positions(index, q.device)
-        if idx.dtype not in _INT_DTYPES:
-            raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
-        if idx.dim() == 0:
-            idx = idx.reshape(1)
-        ishape = idx.shape
-        _check_broadcast(ishape, q, "index")
-        _check_broadcast(ishape, k, "index")
-        if idx.dtype != torch.int64 or not idx.is_contiguous():
-            idx = idx.to(torch.int64).contiguous()
-        outs = None if out is None else _check_out(out, (q, k), inplace, "out")
-        q_rot, k_rot = _kernel_rope()((q, k), self.cos, self.sin, layout=layout, rotary_dim=self.rotary_dim,
-                                      inplace=inplace, out=outs, index=idx, names=("q", "k"))
-        return q_rot, k_rot
-
-
 def apply_rope_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, index: torch.Tensor | None = None,
                      layout: str = "interleaved", rotary_dim: int | None = None, inplace: bool = False,
                      out: torch.Tensor | None = None) -> torch.Tensor:

@@ -29,7 +29,8 @@ from torch import nn
 from posenc._validate import check_int
 from posenc.errors import PosencError
 from posenc.kernels.rope_checks import TableIndexError
-from posenc.rope.apply import LAYOUTS, RopeTable, apply_rope_table_qk, as_positions, rope_cos_sin
+from posenc.kernels.rope_dispatch import rope as rotate_kernel
+from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
 from posenc.rope.multiaxis import MROPE_AXES, as_axis_positions, position_axes, select_axes
@@ -223,29 +224,30 @@ class Rotary(nn.Module):
         if batch != ks[0] or seq != ks[2]:
             raise PosencError(f"q and k must share batch and seq; got q {list(qs)}, k {list(ks)}")
         positions = as_positions(positions, q.device)
-        if self.axes is not None:
+        multi = self.n_axes != 1             # (= self.axes is not None, without nn.Module's buffer lookup: hot path)
+        if multi:
             positions = as_axis_positions(positions, self.n_axes)
         ps = positions.shape
-        per_axis = tuple(ps[1:]) if self.axes is not None else tuple(ps)
+        per_axis = ps[1:] if multi else ps
         if not (per_axis == (seq,) or per_axis == (batch, seq) or per_axis == (1, seq)):
-            lead = f"[{self.n_axes}, ...] with ... " if self.axes is not None else ""
+            lead = f"[{self.n_axes}, ...] with ... " if multi else ""
             raise PosencError(f"positions must have shape {lead}[seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                               f"got {list(ps)}")
-        # fast path (CPU, cached table, integer positions, no length rule): the kernel reads row `position` of the
-        # table and range-checks it itself; a position past the table falls through to cos_sin, which grows it
-        # (the buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards)
+        # fast path (CPU, cached table, integer positions, no length rule): everything above is all the checking
+        # the kernel needs (its table is this module's own), so it is called directly: it reads row `position` of
+        # the table and range-checks it itself; a position past the table falls through to cos_sin, which grows it.
+        # (The buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards.)
         buffers = self._buffers
         cos_cached = buffers["cos_cached"]
-        if (self.axes is None and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
-                and cos_cached.shape[0]
-                and not positions.is_floating_point() and q.dtype != torch.float64):
+        if (not multi and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
+                and cos_cached.shape[0] and not positions.is_floating_point() and q.dtype == k.dtype
+                and q.dtype != torch.float64 and k.is_cpu and q.is_cpu):
             index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
-            table = self.__dict__.get("_table")
-            if table is None or table.source is not cos_cached:             # the buffers were regrown or moved
-                table = RopeTable(cos_cached, buffers["sin_cached"])
-                self.__dict__["_table"] = table
+            if index.dtype != torch.int64 or not index.is_contiguous():
+                index = index.to(torch.int64).contiguous()
             try:
-                return table.rotate_qk(q, k, index, layout=self.layout)
+                return rotate_kernel((q, k), cos_cached, buffers["sin_cached"], layout=self.layout,
+                                     rotary_dim=self.rotary_dim, index=index, names=("q", "k"))
             except TableIndexError:
                 pass
         cos, sin = self._cos_sin(positions)

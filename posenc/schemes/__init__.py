@@ -3,6 +3,7 @@
     base.py      Scheme (hooks embed / rotate_qk / bias / for_layer), Capabilities, AttentionContext
     registry.py  SCHEMES, register_scheme, make_scheme, scheme_names
     builtin.py   nope, sinusoidal, learned, rope (over posenc.Rotary), alibi, rope+alibi
+    t5.py, kerple.py, fire.py, xpos.py, cope.py, p_rope.py, irope.py   one module per scheme of issue 11
 
 A new scheme is one module here (registered with ``@register_scheme``) plus one import line below.
 docs/architecture.md describes the interface.
@@ -13,6 +14,13 @@ from __future__ import annotations
 from posenc.schemes.base import AttentionContext, Capabilities, NoPEScheme, Scheme
 from posenc.schemes.registry import SCHEMES, SchemeEntry, check_scheme, make_scheme, register_scheme, scheme_names
 from posenc.schemes import builtin  # noqa: F401  (registers the built-ins)
+from posenc.schemes import t5  # noqa: F401
+from posenc.schemes import kerple  # noqa: F401
+from posenc.schemes import fire  # noqa: F401
+from posenc.schemes import xpos  # noqa: F401
+from posenc.schemes import cope  # noqa: F401
+from posenc.schemes import p_rope  # noqa: F401
+from posenc.schemes import irope  # noqa: F401
 from posenc.schemes.builtin import ALiBiScheme, LearnedScheme, RoPEALiBiScheme, RoPEScheme, SinusoidalScheme
 
 

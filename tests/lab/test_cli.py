@@ -10,6 +10,7 @@ import pytest
 from posenc.cli import main
 from posenc.lab.presets import PRESETS, get_preset
 from posenc.errors import ConfigError
+from posenc.schemes import scheme_names
 
 FIELDS = {"task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "value", "seed"}
 
@@ -27,7 +28,10 @@ def test_smoke_writes_results_report_and_plots(smoke_run, capsys):
     assert meta["data"]["python_version"] and meta["data"]["files_sha256"] and meta["wall_s"] > 0
     assert all(FIELDS <= set(r) for r in results)
     assert {r["task"] for r in results} == {"lm", "copy", "passkey"}
-    assert {r["scheme"] for r in results} == {"nope", "sinusoidal", "learned", "rope", "alibi", "rope+alibi"}
+    assert {r["scheme"] for r in results} == set(scheme_names())  # every registered scheme runs in smoke
+    randomized = [r for r in results if r.get("positions")]
+    assert randomized and {(r["scheme"], r["positions"], r["scaling"]) for r in randomized} == {
+        ("rope", "randomized N=384", "none")}
     assert {r["metric"] for r in results} == {"ppl", "exact_match", "token_accuracy"}
     assert {r["scaling"] for r in results} == {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope-search",
                                                "pose-yarn"}
@@ -48,6 +52,7 @@ def test_smoke_writes_results_report_and_plots(smoke_run, capsys):
     assert all(sum(r["bands"][k] for k in ("kept", "blended", "interpolated")) == 8 for r in yarn)
     report = (smoke_run / "report.md").read_text()
     assert "Measured wall time" in report and "n/a (table = 96)" in report and "rope + YaRN, zero-shot" in report
+    assert "rope, positions randomized N=384" in report
     for png in ("ppl_vs_length.png", "per_position_loss.png", "copy_accuracy.png", "passkey_accuracy.png"):
         assert (smoke_run / png).read_bytes()[:4] == b"\x89PNG"
     assert not list(smoke_run.glob(".*tmp*"))  # atomic writes leave no temporaries
@@ -59,14 +64,17 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
                  "--tasks", "lm"]) == 0
     after = json.loads((smoke_run / "results.json").read_text())
     assert all(v["train"] < 1.0 for v in after["meta"]["timings_s"].values())  # nothing retrained
-    want = {(r["scheme"], r["scaling"], r["eval_len"], r["protocol"]): r["value"] for r in before if r["task"] == "lm"}
-    got = {(r["scheme"], r["scaling"], r["eval_len"], r["protocol"]): r["value"] for r in after["results"]}
+    key = ("scheme", "positions", "scaling", "eval_len", "protocol")
+    want = {tuple(r.get(k) for k in key): r["value"] for r in before if r["task"] == "lm"}
+    got = {tuple(r.get(k) for k in key): r["value"] for r in after["results"]}
     assert got == want
 
 
 @pytest.mark.parametrize("argv,match", [
     (["--data", "/no/such/corpus"], "--data: /no/such/corpus does not exist"),
-    (["--schemes", "rope,t5"], "--schemes: expected one of nope, sinusoidal"),
+    (["--schemes", "rope,t6"], "--schemes: expected one of nope, sinusoidal"),
+    (["--randomized-positions", "50"], "--randomized-positions must be 0 (off) or >= --train-len (96)"),
+    (["--randomized-schemes", "learned"], "the learned scheme has no encoding past its table of 96 positions"),
     (["--extensions", "yarn,rerope"], "--extensions: expected one of linear, ntk"),
     (["--heads", "3"], "--d-model must be divisible by --heads (3), got 32"),
     (["--plugin", "/no/such/plugin.py"], "plugin /no/such/plugin.py: no such file"),

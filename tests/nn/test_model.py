@@ -21,7 +21,7 @@ def test_forward_shape_and_tied_head():
     torch.testing.assert_close(torch.nn.functional.linear(h, model.tok_emb.weight), h @ model.tok_emb.weight.T)
 
 
-@pytest.mark.parametrize("bad,match", [(dict(scheme="t5"), "scheme"), (dict(d_model=30, n_heads=4), "d_model"),
+@pytest.mark.parametrize("bad,match", [(dict(scheme="t6"), "scheme"), (dict(d_model=30, n_heads=4), "d_model"),
                                        (dict(n_layers=0), "n_layers"), (dict(max_len=0), "max_len"),
                                        (dict(n_heads=True), "n_heads"), (dict(rope_layout="x"), "rope_layout"),
                                        (dict(scheme_options=[1]), "scheme_options"), (dict(bias="no"), "bias")])

@@ -45,8 +45,8 @@ def test_every_builtin_builds_and_declares_its_capabilities():
 
 
 def test_unknown_scheme_names_the_choices():
-    with pytest.raises(ConfigError, match="scheme: expected one of .*rope\\+alibi.*'t5'"):
-        _scheme("t5")
+    with pytest.raises(ConfigError, match="scheme: expected one of .*rope\\+alibi.*'t6'"):
+        _scheme("t6")
 
 
 def test_bad_rope_layout_and_indivisible_width():

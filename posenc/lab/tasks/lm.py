@@ -166,8 +166,9 @@ def position_plot(doc: dict, out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 5))
     seen = set()
     for key, losses in curves.items():
-        scheme, scaling, ft, seed = key.split("|")
-        row = {"scheme": scheme, "scaling": scaling, "finetuned": ft == "ft"}
+        scheme, scaling, ft, seed, *positions = key.split("|")
+        row = {"scheme": scheme, "scaling": scaling, "finetuned": ft == "ft",
+               "positions": positions[0] if positions else None}
         label = model_label(row)
         if label in seen:  # first seed only
             continue

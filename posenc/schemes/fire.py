@@ -1,0 +1,40 @@
+"""``fire``: FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context
+Transformers", arXiv 2310.04418), a thin adapter over ``posenc.bias.fire.FIREBias``.
+
+    logits[h, i, j] += MLP( psi(i - j) / psi(max(L, i)) )[h]        psi(x) = log(c x + 1), c and L learned
+
+One MLP (width ``fire_width``, 32 as in the paper) and one (c, L) per layer, picked by ``ctx.layer``. The
+threshold L starts at the training length (``fire_threshold``, default max_len): below L the normaliser is fixed,
+so with the library's default of 512 a model trained at 128 would never see the interpolating regime it relies on
+past the training length. Memory: the MLP's hidden layer holds Tq * Tk * width floats per layer and call.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from posenc._validate import positive_float, positive_int
+from posenc.bias.fire import FIREBias
+from posenc.errors import ConfigError
+from posenc.schemes.base import AttentionContext, Scheme
+from posenc.schemes.registry import register_scheme
+
+
+@register_scheme("fire")
+class FIREScheme(Scheme):
+    """FIRE's learned MLP of the progressively normalised log distance, per layer, added to the logits."""
+
+    biases = True
+
+    def __init__(self, n_heads: int, n_layers: int, max_len: int, *, fire_width: int = 32, fire_c: float = 0.1,
+                 fire_threshold: float | None = None):
+        super().__init__()
+        width = positive_int(fire_width, "fire_width", error=ConfigError)
+        c = positive_float(fire_c, "fire_c", error=ConfigError)
+        threshold = positive_float(max_len if fire_threshold is None else fire_threshold, "fire_threshold",
+                                   error=ConfigError)
+        self.layers = nn.ModuleList(FIREBias(n_heads, width=width, init_c=c, init_threshold=threshold)
+                                    for _ in range(n_layers))
+
+    def bias(self, q, k, ctx: AttentionContext):
+        return self.layers[ctx.layer](ctx.q_positions, ctx.k_positions)

@@ -1,0 +1,43 @@
+"""``p-rope``: p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional Encodings
+useful?", arXiv 2410.06205): only the fraction p of pairs with the highest frequencies rotate, the rest carry no
+position (NoPE channels).
+
+    inv_freq[j] = theta^(-2j/d) for j < int(p * d / 2), else 0       (rope_type "proportional", ``posenc.rope.partial``)
+
+The RoPE scheme with the registry's "proportional" rope type (``posenc.rope.partial.p_rope_config``): the kept
+pairs keep the full head's frequencies. Not extendable: an extension method writes a mapping of its own rope
+type, which would drop the partial rotation. Scheme option: ``p`` (default 0.25).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from posenc._validate import check_float
+from posenc.errors import ConfigError
+from posenc.schemes.builtin import RoPEScheme
+from posenc.schemes.registry import register_scheme
+
+
+@register_scheme("p-rope")
+class PRoPEScheme(RoPEScheme):
+    """RoPE on the fraction p of highest-frequency pairs only; the other pairs are NoPE (Barbero et al. 2024)."""
+
+    extendable = False
+
+    def __init__(self, head_dim: int, n_heads: int, *, rope_base: float = 10000.0, max_len: int = 2048,
+                 rope_layout: str = "half", p: float = 0.25):
+        self.fraction = check_float(p, "p", min=0.0, max=1.0, error=ConfigError)
+        if self.fraction == 0.0:
+            raise ConfigError("p must be in (0, 1] (p = 0 rotates nothing: use the nope scheme)")
+        super().__init__(head_dim, n_heads, rope_base=rope_base, max_len=max_len, rope_layout=rope_layout)
+
+    def set_rope_scaling(self, scaling: Mapping | None, max_position_embeddings: int | None = None) -> None:
+        if scaling:
+            raise ConfigError("the p-rope scheme cannot take an extension method's rope scaling (it would drop the "
+                              "partial rotation)")
+        super().set_rope_scaling({"rope_type": "proportional", "partial_rotary_factor": self.fraction},
+                                 max_position_embeddings)
+
+    def describe(self) -> str:
+        return f"{self.name} (p={self.fraction:g})"

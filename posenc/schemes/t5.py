@@ -1,0 +1,32 @@
+"""``t5``: T5's learned relative bias over log-spaced buckets (Raffel et al. 2020), a thin adapter over
+``posenc.bias.t5.T5RelativeBias``.
+
+    logits[h, i, j] += table[bucket(j - i), h]        causal (unidirectional) buckets, one table for all layers
+
+As in T5, the table is shared by every layer. ``num_buckets`` (32) and ``max_distance`` (128) are T5's defaults;
+every distance beyond max_distance shares the last bucket, which is why the bias stays finite (and flat) past any
+training length. Scheme options: ``t5_buckets``, ``t5_max_distance``.
+"""
+
+from __future__ import annotations
+
+from posenc._validate import positive_int
+from posenc.bias.t5 import T5RelativeBias
+from posenc.errors import ConfigError
+from posenc.schemes.base import AttentionContext, Scheme
+from posenc.schemes.registry import register_scheme
+
+
+@register_scheme("t5")
+class T5Scheme(Scheme):
+    """T5's learned bias per (bucket of j - i, head), added to the logits (Raffel et al. 2020)."""
+
+    biases = True
+
+    def __init__(self, n_heads: int, *, t5_buckets: int = 32, t5_max_distance: int = 128):
+        super().__init__()
+        self.table = T5RelativeBias(n_heads, num_buckets=positive_int(t5_buckets, "t5_buckets", error=ConfigError),
+                                    max_distance=positive_int(t5_max_distance, "t5_max_distance", error=ConfigError))
+
+    def bias(self, q, k, ctx: AttentionContext):  # [H, Tq, Tk] (or [B, H, Tq, Tk] for per-row positions)
+        return self.table(ctx.q_positions, ctx.k_positions)
