@@ -19,8 +19,9 @@ sampler):
 A step is the lab's own ``posenc.lab.train.train_step``; time = median over the timed steps after warm-up, wall
 clock and this process's CPU time (at one thread on a shared machine CPU time is the steadier figure; the load
 average is recorded). The profile splits a step by op category from torch.profiler's self times; whatever the
-ops do not account for is Python and dispatch. Evaluation: one batch of ``lm_eval`` windows at the preset's longest eval length (forward
-only, FLOPs = 1x forward). Results: benchmarks/results/lab-throughput-<device>.json (atomic write).
+ops do not account for is Python and dispatch. Evaluation: one batch of ``lm_eval`` windows at the preset's
+longest eval length (forward only, FLOPs = 1x forward). Results: benchmarks/results/lab-throughput-<device>.json
+(atomic write).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def write_report(doc: dict, out: Path) -> Path:
     lines = [
         f"# posenc lab: preset `{meta['preset']}`",
         "",
-        f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time of the process {meta.get('cpu_s', '?')} s) on "
+        f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time {meta.get('cpu_s', '?')} s, workers included) on "
         f"{meta['device']} ({_threads(meta['threads'])}{_jobs(meta.get('jobs', 1))}) in "
         f"{meta.get('precision', 'fp32')}, "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
