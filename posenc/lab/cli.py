@@ -119,7 +119,10 @@ FLAGS = [
     ("--passkey-depths", "passkey_depths", _floats, "comma-separated key depths in [0, 1]"),
     ("--passkey-trials", "passkey_trials", int, "passkey episodes per length x depth cell"),
     ("--device", "device", str, "auto (CUDA when present), cpu, cuda, cuda:N"),
-    ("--threads", "threads", int, "torch CPU threads (0: auto, the idle cores up to torch's default)"),
+    ("--threads", "threads", int, "torch CPU threads (0: auto, the idle cores up to torch's default; results "
+     "are identical at any thread count)"),
+    ("--precision", "precision", str, "fp32 (default), bf16 (autocast: faster on CPUs with AVX512-BF16/AMX and on "
+     "GPUs, slightly different numbers) or auto (bf16 where native); docs/lab.md, Throughput"),
     ("--data", "data", str, "a text file or folder to use instead of the CPython stdlib corpus"),
     ("--out", "out", str, "output folder (default: runs/<preset>)"),
     ("--ckpt-every", "ckpt_every", int, "checkpoint every N steps (0: only at the end)"),

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from posenc.lab.distributed import map_across_ranks
+from posenc.lab.distributed import is_main_process, map_across_ranks
 
 
 DIVERGED = "diverged (non-finite)"  # the note of a row whose value is NaN/inf: training blew up
@@ -33,6 +33,15 @@ class Run:
     resume: bool = False
     progress: bool = True
     log: Callable = print
+    precision: str = "fp32"  # resolved: "fp32" or "bf16" (posenc.lab.precision)
+
+    def bar(self, total: float, desc: str):
+        """A tqdm bar (rate and ETA) for ``total`` units of work; silent with progress off or off rank 0."""
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, mininterval=0.5,
+                    disable=not self.progress or not is_main_process(),
+                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
 
 def supports_length(model, length: int) -> bool:
@@ -104,5 +113,18 @@ class Evaluation:
                                          for x in values]
 
     def map(self, fn: Callable, items, *, cost: Callable | None = None) -> list:
-        """[fn(item) for item in items]; under torchrun each rank computes a share (balanced by ``cost``)."""
-        return map_across_ranks(fn, items, cost=cost)
+        """[fn(item) for item in items]; under torchrun each rank computes a share (balanced by ``cost``).
+
+        Shows a progress bar advanced by ``cost(item)`` (default 1) as each item is done (rank 0's share when
+        distributed)."""
+        items = list(items)
+        costs = [float(cost(item)) if cost else 1.0 for item in items]
+        label = self.scheme + (f" ({self.positions})" if self.positions else "")
+        label += "" if self.scaling == "none" else f" + {self.scaling}"
+        with self.run.bar(sum(costs), f"eval {self.task} {label}{' ft' if self.finetuned else ''} s{self.seed}") as bar:
+            def one(i: int):
+                out = fn(items[i])
+                bar.update(costs[i])
+                return out
+
+            return map_across_ranks(one, range(len(items)), cost=lambda i: costs[i])

@@ -26,6 +26,7 @@ from posenc._validate import check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
 from posenc.lab.distributed import resolve_device
+from posenc.lab.precision import PRECISIONS
 from posenc.lab.tasks import get_task, task_names
 from posenc.lab.train import TrainSettings
 from posenc.nn.model import ModelConfig
@@ -77,6 +78,7 @@ class LabConfig:
     # run
     device: str = "auto"
     threads: int = 0  # 0: auto (torch's default, capped at the cores left idle by other work)
+    precision: str = "fp32"  # fp32 | bf16 | auto (bf16 where native): posenc.lab.precision
     data: str | None = None
     out: str | None = None
 
@@ -126,6 +128,7 @@ class LabConfig:
         for d in self.passkey_depths:
             check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
+        check_choice(self.precision, "precision", PRECISIONS, error=ConfigError)
         resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
         self._check_randomized()
         for t in self.tasks:

@@ -44,7 +44,7 @@ def write_report(doc: dict, out: Path) -> Path:
         f"# posenc lab: preset `{meta['preset']}`",
         "",
         f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time of the process {meta.get('cpu_s', '?')} s) on "
-        f"{meta['device']} ({_threads(meta['threads'])}), "
+        f"{meta['device']} ({_threads(meta['threads'])}) in {meta.get('precision', 'fp32')}, "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",
@@ -83,8 +83,9 @@ def write_report(doc: dict, out: Path) -> Path:
               "static NTK base for exactly (length / train length) at each length.", ""]
     for name in plots:
         lines += [f"![{name}]({name})", ""]
-    lines += ["## Timings (s)", "", markdown(["model", "train", "eval"],
-              [[k, str(v["train"]), str(v["eval"])] for k, v in meta["timings_s"].items()]), ""]
+    lines += ["## Timings", "", markdown(["model", "train (s)", "eval (s)", "train tokens/s", "train GFLOP/s"],
+              [[k, str(v["train"]), str(v["eval"]), str(v.get("tokens_per_s", "-")), str(v.get("gflops", "-"))]
+               for k, v in meta["timings_s"].items()]), ""]
     costs = extension_costs(meta)
     if costs:
         lines += ["## Extension costs", "", costs, ""]

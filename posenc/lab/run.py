@@ -28,6 +28,7 @@ from posenc.lab.data import load_corpus
 from posenc.lab.distributed import current, is_main_process, resolve_device
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config, lab_spec
 from posenc.lab.lock import out_lock
+from posenc.lab.precision import autocast, native_bf16, resolve_precision
 from posenc.lab.presets import LabConfig
 from posenc.lab.report import main_table, write_report
 from posenc.lab.tables import model_label
@@ -40,17 +41,27 @@ RESULT_KEY = ("task", "scheme", "positions", "scaling", "finetuned", "train_len"
               "depth")
 
 
+def cpu_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def auto_threads() -> int:
-    """CPU threads to use: torch's default, but no more than the cores other work leaves idle.
+    """CPU threads to use: torch's default, but no more than the cores other work leaves idle (by the 1-minute
+    load average): both cores of an idle 2-core machine, one while another job keeps one busy.
 
     Oversubscribed OpenMP threads wait on each other: on a shared 2-core machine 2 threads ran 2-3x slower than 1.
+    The choice changes speed only: training and evaluation give identical numbers at any thread count
+    (posenc.nn.model.LayerNorm; tests/nn/test_model.py).
     """
     default = torch.get_num_threads()
     try:
         busy = os.getloadavg()[0]
     except (AttributeError, OSError):
         return default
-    return max(1, min(default, (os.cpu_count() or 1) - int(round(busy))))
+    return max(1, min(default, cpu_cores() - int(round(busy))))
 
 
 def out_dir(cfg: LabConfig) -> Path:
@@ -74,10 +85,12 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     device = device if device is not None else resolve_device(cfg.device)
     if cfg.threads or device.type == "cpu":
         torch.set_num_threads(cfg.threads or auto_threads())
+    precision = resolve_precision(cfg.precision, device)
     corpus = load_corpus(cfg.data) if any(get_task(t).needs_corpus for t in cfg.tasks) else None
-    run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log)
+    run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log, precision=precision)
     meta = {
         "preset": cfg.preset, "settings": cfg.to_dict(), "device": str(device), "threads": torch.get_num_threads(),
+        "precision": precision, "native_bf16": native_bf16(device),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},
@@ -96,7 +109,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
                         name = scheme + (f" ({positions})" if positions else "")
                         for seed in cfg.seeds:
                             t0 = time.perf_counter()
-                            model = train_model(run, task, scheme, seed, randomized)
+                            model, trained = train_model(run, task, scheme, seed, randomized)
                             t_train = time.perf_counter() - t0
                             raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves,
                                                             positions=positions))
@@ -105,7 +118,8 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
                                 raw += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
                                 meta.setdefault("extensions", {})[f"{task}/{scheme}/seed{seed}"] = ext
                             meta["timings_s"][f"{task}/{name}/seed{seed}"] = {
-                                "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1)}
+                                "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1),
+                                **throughput(model.cfg, cfg, trained)}
                             if progress and is_main_process():
                                 log(f"  {task:7s} {name:11s} seed {seed}: train {t_train:5.1f} s, "
                                     f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
@@ -183,6 +197,16 @@ def checkpoint_path(out: Path, task: str, scheme: str, seed: int, tag: str = "")
     return out / "checkpoints" / f"{task}-{scheme}{tag}-seed{seed}.safetensors"
 
 
+def throughput(model_cfg, cfg: LabConfig, trained: dict) -> dict:
+    """Training tokens/s and achieved GFLOP/s (``ModelConfig.flops_per_token``) of the steps this process ran."""
+    steps = trained["step"] - trained["resumed_from"]
+    if steps <= 0 or trained["wall_s"] <= 0:
+        return {}
+    tokens = steps * cfg.batch_size * cfg.train_len
+    flops = tokens * model_cfg.flops_per_token(cfg.train_len, training=True)
+    return {"tokens_per_s": round(tokens / trained["wall_s"]), "gflops": round(flops / trained["wall_s"] / 1e9, 1)}
+
+
 def positions_label(randomized: int) -> str | None:
     """The result rows' ``positions`` field: None for plain positions, "randomized N=1024" otherwise."""
     return f"randomized N={randomized}" if randomized else None
@@ -202,8 +226,9 @@ class RandomizedTrainPositions:
         return randomized_positions(seq_len, self.max_position, generator=g, batch_size=batch, device=device)
 
 
-def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0) -> TinyLM:
+def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0) -> tuple[TinyLM, dict]:
     """Train (or resume) the model of (task, scheme, seed); same initial shared weights and data for every scheme.
+    -> (the model, ``train``'s result).
 
     ``randomized`` > 0: train on randomized positions below it (evaluation uses plain positions).
     """
@@ -221,16 +246,19 @@ def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0
     if randomized:
         start = (checkpoint_step(ckpt) or 0) if run.resume else 0
         model.train_positions = RandomizedTrainPositions(randomized, seed, start)
-    train(model, sampler, training(cfg), device=run.device, ckpt_path=ckpt, resume=run.resume,
-          run_settings=run_settings, desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress)
+    result = train(model, sampler, training(cfg), device=run.device, ckpt_path=ckpt, resume=run.resume,
+                   run_settings=run_settings, desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress,
+                   precision=run.precision)
     model.train_positions = None
-    return model
+    return model, result
 
 
 def evaluate(run: Run, ev: Evaluation) -> list[dict]:
-    """Score one trained model with its task. Under torchrun each rank evaluates a share (``ev.map``)."""
+    """Score one trained model with its task (under the run's precision). Under torchrun each rank evaluates a
+    share (``ev.map``)."""
     ev.model.to(run.device).eval()
-    return get_task(ev.task).evaluate(ev)
+    with autocast(run.precision, run.device):
+        return get_task(ev.task).evaluate(ev)
 
 
 def finetune_batch(cfg: LabConfig, length: int) -> int:
@@ -303,7 +331,7 @@ def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method:
     t0, c0 = time.perf_counter(), time.process_time()
     out = train(ft, sampler, settings, device=run.device,
                 ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"), resume=run.resume,
-                run_settings=run_settings, desc=f"finetune {method}", progress=run.progress)
+                run_settings=run_settings, desc=f"finetune {method}", progress=run.progress, precision=run.precision)
     ft.train_positions = None
     ft_info = {"steps": settings.steps, "len": length, "batch": batch, "tokens": settings.steps * batch * length,
                "positions": "pose" if pose else "contiguous", "lr": settings.lr,

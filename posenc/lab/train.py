@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from posenc.errors import CheckpointError
+from posenc._validate import check_choice
+from posenc.errors import CheckpointError, ConfigError
 from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from posenc.lab.data import IGNORE
 from posenc.lab.distributed import check_batch_size, current, ddp_wrap, is_main_process, sharded_lm_loss
+from posenc.lab.precision import autocast
 
 
 @dataclass
@@ -41,12 +43,13 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_optimizer(model: torch.nn.Module, s: TrainSettings) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norms, biases or 1-D tables)."""
+def make_optimizer(model: torch.nn.Module, s: TrainSettings, **options) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms, biases or 1-D tables). ``options`` go to AdamW
+    (``foreach=True``, ``fused=True``: benchmarks/lab_throughput.py compares them)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=tuple(s.betas))
+                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=tuple(s.betas), **options)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -54,15 +57,41 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
 
 
+def train_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer, batch, step: int,
+               settings: TrainSettings, *, device: str | torch.device = "cpu", precision: str = "fp32",
+               world_size: int = 1):
+    """One optimizer step at the learning rate of ``step``: forward and loss of ``batch`` = (inputs [B, T],
+    targets [B, T]) under ``precision`` ("fp32" or "bf16", posenc.lab.precision), backward, gradient clip, AdamW.
+
+    ``net`` runs the batch (``model`` itself, or its DDP wrapper); ``model`` owns the parameters that are clipped.
+    -> the loss: a detached 0-d tensor (read it when needed: no device sync per step), or under DDP
+    (``world_size`` > 1) the global batch's mean as a float.
+    """
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, settings)
+    inputs, targets = batch[0].to(device), batch[1].to(device)
+    with autocast(precision, device):
+        if world_size > 1:  # this rank's share of the global batch's mean loss; `shown` is that global mean
+            loss, shown = sharded_lm_loss(net(inputs), targets, IGNORE)
+        else:
+            loss, shown = lm_loss(net(inputs), targets), None
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+    opt.step()
+    return loss.detach() if shown is None else shown
+
+
 def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: str | torch.device = "cpu",
           ckpt_path: str | Path | None = None, resume: bool = False, run_settings: dict | None = None,
           stop_after: int | None = None, desc: str = "train", progress: bool = True,
-          rank: int | None = None, world_size: int | None = None) -> dict:
+          rank: int | None = None, world_size: int | None = None, precision: str = "fp32") -> dict:
     """Train ``model`` in place for ``settings.steps`` steps; returns {"step", "losses", "wall_s", "resumed_from"}.
 
     ``sampler.batch(step, rank, world_size)`` -> (inputs [B, T], targets [B, T]). With ``resume`` and an existing
     ``ckpt_path``, continues from its step (its ``run_settings`` must match). ``stop_after`` ends the call early
     after that many total steps (used to test interruption); a checkpoint is written then and at the end.
+    ``precision``: "fp32" or "bf16" (autocast of the forward pass and loss; recorded in the run settings).
     """
     from tqdm.auto import tqdm
 
@@ -72,7 +101,10 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     model.to(device).train()
     opt = make_optimizer(model, settings)
     start = 0
+    check_choice(precision, "precision", ("fp32", "bf16"), error=ConfigError)
     run_settings = {"train": asdict(settings), **(run_settings or {})}
+    if precision != "fp32":  # absent for fp32, so checkpoints written before the setting existed still resume
+        run_settings["precision"] = precision
     run_settings = _jsonable(run_settings)
     if resume and ckpt_path is not None and Path(ckpt_path).exists():
         try:
@@ -88,25 +120,16 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         check_batch_size(sampler.batch_size, world_size)
         net = ddp_wrap(model, start, run_settings)
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    losses: list[float] = []
+    losses: list = []  # 0-d tensors (floats under DDP), read every 10 steps for the bar and once at the end
     t0 = time.perf_counter()
     bar = tqdm(range(start, end), desc=desc, initial=start, total=settings.steps, leave=False,
                disable=not progress or not is_main_process(), dynamic_ncols=True, mininterval=0.5)
     for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, settings)
-        inputs, targets = sampler.batch(step, rank, world_size)
-        if world_size > 1:  # this rank's share of the global batch's mean loss; `shown` is that global mean
-            loss, shown = sharded_lm_loss(net(inputs.to(device)), targets.to(device), IGNORE)
-        else:
-            loss, shown = lm_loss(net(inputs.to(device)), targets.to(device)), None
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-        opt.step()
-        losses.append(loss.item() if shown is None else shown)
+        losses.append(train_step(net, model, opt, sampler.batch(step, rank, world_size), step, settings,
+                                 device=device, precision=precision, world_size=world_size))
         if step % 10 == 0 or step == end - 1:
-            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}", refresh=False)
+            recent = [float(x) for x in losses[-10:]]
+            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}", refresh=False)
         done = step + 1
         if ckpt_path is not None and settings.ckpt_every and done % settings.ckpt_every == 0 and done < end:
             _save(ckpt_path, model, opt, done, run_settings)
@@ -114,7 +137,8 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     if ckpt_path is not None and end > start:
         _save(ckpt_path, model, opt, end, run_settings)
     model.eval()
-    return {"step": end, "losses": losses, "wall_s": time.perf_counter() - t0, "resumed_from": start}
+    return {"step": end, "losses": [float(x) for x in losses], "wall_s": time.perf_counter() - t0,
+            "resumed_from": start}
 
 
 def restart_hint(path, lower: bool = False) -> str:

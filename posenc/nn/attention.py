@@ -63,9 +63,11 @@ class KVCache:
 
 
 def attention_mask(bias: torch.Tensor | None, q_len: int, k_len: int, device) -> torch.Tensor | None:
-    """Float mask [.., q_len, k_len] = bias + causal -inf, or None when SDPA's own causal path fits.
+    """Float mask [1 or B, 1 or H, q_len, k_len] = bias + causal -inf, or None when SDPA's own causal path fits.
 
-    Queries are aligned to the end of the keys (query i sits at index k_len - q_len + i).
+    Queries are aligned to the end of the keys (query i sits at index k_len - q_len + i). Always 4-D: torch
+    2.13's CPU SDPA took a slow path for a 3-D [H, q, k] mask (2.1x the time of a 4-D one, forward + backward at
+    T=128 and 512, 5-11x in a forward at T=1024; docs/lab.md "Throughput").
     """
     if bias is None and (q_len == k_len or q_len == 1):
         return None
@@ -73,7 +75,19 @@ def attention_mask(bias: torch.Tensor | None, q_len: int, k_len: int, device) ->
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     mask = torch.zeros(q_len, k_len, device=device).masked_fill(j > i + offset, float("-inf"))
-    return mask[None] if bias is None else bias + mask
+    if bias is not None:
+        mask = bias + mask
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+# Under bf16 autocast on the CPU, run RoPE, the bias and SDPA in float32 (q, k, v upcast; the projections stay
+# bf16): torch 2.13's bf16 CPU attention was 3.6x slower than fp32 at T=128, head dim 16 (fwd + bwd), and no
+# faster at T=512, head dim 32 (docs/lab.md "Throughput"). On a GPU the attention follows autocast.
+CPU_FP32_ATTENTION = True
+
+
+def _fp32_attention(x: torch.Tensor) -> bool:
+    return CPU_FP32_ATTENTION and x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
 
 class CausalSelfAttention(nn.Module):
@@ -93,7 +107,19 @@ class CausalSelfAttention(nn.Module):
         contiguous: positions are past .. past + T - 1 (the default positions).
         """
         B, T, D = x.shape
-        q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).split(D, dim=-1))
+        qkv = self.qkv(x)
+        if _fp32_attention(x):
+            with torch.autocast("cpu", enabled=False):
+                y = self._attend(qkv.float(), scheme, positions, cache, contiguous)
+        else:
+            y = self._attend(qkv, scheme, positions, cache, contiguous)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def _attend(self, qkv: torch.Tensor, scheme: Scheme, positions: torch.Tensor, cache: KVCache | None,
+                contiguous: bool) -> torch.Tensor:
+        """qkv [B, T, 3 D] -> the attention output per head [B, H, T, Dh] (position by ``scheme``)."""
+        B, T, D3 = qkv.shape
+        q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in qkv.split(D3 // 3, dim=-1))
         past = cache.layer_len(self.layer_idx) if cache is not None else 0
         ctx = AttentionContext(positions, positions, layer=self.layer_idx, past=past,
                                scale=1.0 / math.sqrt(self.head_dim), training=self.training, contiguous=contiguous)
@@ -104,14 +130,13 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v, positions)
             k_positions = cache.key_positions(self.layer_idx)
             if k_positions is None or k_positions.shape[-1] != k.shape[-2]:
-                k_positions = torch.arange(k.shape[-2], device=x.device)
+                k_positions = torch.arange(k.shape[-2], device=qkv.device)
             ctx = AttentionContext(positions, k_positions, layer=self.layer_idx, past=past, scale=ctx.scale,
                                    training=self.training, contiguous=contiguous)
         if late:
             q, k = scheme.rotate_qk(q, k, ctx)
         total = k.shape[-2]
-        mask = attention_mask(scheme.bias(q, k, ctx), T, total, x.device)
+        mask = attention_mask(scheme.bias(q, k, ctx), T, total, qkv.device)
         if mask is not None:
             mask = mask.to(q.dtype)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T == total and T > 1)
-        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T == total and T > 1)

@@ -67,6 +67,19 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def flops_per_token(self, seq_len: int, training: bool = True) -> float:
+        """Matmul FLOPs per token of a forward pass over ``seq_len`` tokens (x3 with ``training``: backward).
+
+        Per layer 2 * 12 d^2 for the q/k/v, output and MLP projections (mlp_ratio 4 -> 2 * (4 + 2 * mlp_ratio) d^2
+        in general), plus causal attention 2 * 2 d * (seq_len + 1) / 2 (scores and the weighted sum, each query
+        against the keys up to it); then the tied output head 2 d V. The usual estimate 6 N + 12 L T d (Kaplan
+        et al. 2020) counts every key; elementwise ops (norms, GELU, softmax, RoPE) are not counted.
+        """
+        d, L = self.d_model, self.n_layers
+        per_layer = 2 * (4 + 2 * self.mlp_ratio) * d * d + 2 * d * (seq_len + 1)
+        forward = L * per_layer + 2 * d * self.vocab_size
+        return float(3 * forward if training else forward)
+
     def scheme_arguments(self) -> dict:
         """The model description every scheme factory is offered (registry.make_scheme's keywords)."""
         return dict(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len, n_layers=self.n_layers,
@@ -82,13 +95,30 @@ class ModelConfig:
         return d
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose results do not depend on the number of CPU threads.
+
+    torch's fused CPU layer norm sums the weight and bias gradients over rows in per-thread parts, so 1 and 2
+    threads train bit-different models. Here the fused op only normalizes and the affine step is ordinary
+    elementwise autograd, whose reductions torch splits by output column: identical weights at any thread count
+    (tests/nn/test_model.py), so ``--threads`` auto may pick 1 or 2 without changing a result. Same parameters
+    and state dict as nn.LayerNorm.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        if self.weight is None:
+            return y
+        return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         # with bias=True the modules are built exactly as before the option existed (same random draws)
-        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln1 = LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, layer_idx)
-        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln2 = LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias), nn.GELU(),
                                  nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias))
 
@@ -109,7 +139,7 @@ class TinyLM(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_f = LayerNorm(cfg.d_model, bias=cfg.bias)
         self._init_weights()
         # built last so that the shared weights get identical initial values under every scheme
         self.scheme = make_scheme(cfg.scheme, **cfg.scheme_arguments())

@@ -55,3 +55,22 @@ def test_band_counts_cover_every_pair():
     assert sum(bands[k] for k in ("kept", "blended", "interpolated")) == 16  # head_dim 32 -> 16 pairs
     apply_extension(model, extension_config("linear", model, 8.0, 128))
     assert band_counts(model.scheme)["interpolated"] == 16
+
+
+def test_evaluation_map_keeps_order_and_shows_progress(capsys):
+    """Evaluation.map returns fn(item) in item order and draws a bar named after the model (silent when quiet)."""
+    from pathlib import Path
+
+    from posenc.lab.context import Evaluation, Run
+    from posenc.lab.presets import get_preset
+
+    cfg = get_preset("smoke")
+    for progress in (True, False):
+        run = Run(cfg, None, torch.device("cpu"), Path("."), progress=progress)
+        ev = Evaluation(run, _model(), "lm", "rope", seed=3)
+        assert ev.map(lambda L: L * 10, [96, 192, 384], cost=lambda L: L) == [960, 1920, 3840]
+        err = capsys.readouterr().err
+        if progress:
+            assert "eval lm rope s3" in err
+        else:
+            assert err == ""

@@ -45,8 +45,9 @@ def test_sdpa_path_matches_explicit_softmax(name):
 
 def test_mask_aligns_queries_to_the_end_of_the_keys():
     assert attention_mask(None, 5, 5, "cpu") is None and attention_mask(None, 1, 5, "cpu") is None
-    m = attention_mask(None, 2, 5, "cpu")[0]
-    assert torch.equal(torch.isinf(m), torch.tensor([[False] * 4 + [True], [False] * 5]))
+    m = attention_mask(None, 2, 5, "cpu")
+    assert m.shape == (1, 1, 2, 5)  # always 4-D: SDPA's fast CPU path
+    assert torch.equal(torch.isinf(m[0, 0]), torch.tensor([[False] * 4 + [True], [False] * 5]))
 
 
 def _decode_vs_full(model, tokens, prefill):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from posenc.errors import ConfigError
-from posenc.nn.model import ModelConfig, TinyLM
+from posenc.nn.model import LayerNorm, ModelConfig, TinyLM
 
 
 def test_forward_shape_and_tied_head():
@@ -60,6 +60,70 @@ def test_generate_with_cache_equals_greedy_full_forwards(scheme):
         for _ in range(6):  # oracle: no cache, one full forward per token
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
         assert torch.equal(model.generate(prompt, 6), seq[:, 9:])
+
+
+def test_layer_norm_matches_torch_and_keeps_its_parameters():
+    torch.manual_seed(0)
+    ours, ref = LayerNorm(24), torch.nn.LayerNorm(24)
+    with torch.no_grad():
+        ours.weight.normal_(), ours.bias.normal_()
+    ref.load_state_dict(ours.state_dict())  # same names and shapes
+    x = torch.randn(5, 7, 24, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    g = torch.randn(5, 7, 24)
+    ours(x).backward(g)
+    ref(x2).backward(g)
+    torch.testing.assert_close(ours(x), ref(x2))
+    for a, b in ((x.grad, x2.grad), (ours.weight.grad, ref.weight.grad), (ours.bias.grad, ref.bias.grad)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def _train_hash(scheme: str, threads: int, precision: str = "fp32") -> list[torch.Tensor]:
+    from posenc.lab.precision import autocast
+    from posenc.lab.train import TrainSettings, make_optimizer, train_step
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        model = TinyLM(ModelConfig(scheme=scheme, d_model=32, n_layers=2, n_heads=4, max_len=64)).train()
+        settings = TrainSettings(steps=3, warmup=1)
+        opt = make_optimizer(model, settings)
+        gen = torch.Generator().manual_seed(1)
+        for step in range(3):
+            window = torch.randint(0, 256, (8, 65), generator=gen)
+            train_step(model, model, opt, (window[:, :-1], window[:, 1:]), step, settings, precision=precision)
+        with torch.no_grad(), autocast(precision):  # evaluation too: a forward over 16 windows of 64
+            logits = model.eval()(torch.randint(0, 256, (16, 64), generator=gen)).float()
+        return [p.detach().clone() for p in model.parameters()] + [logits]
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("scheme,precision", [("rope", "fp32"), ("alibi", "fp32"), ("rope", "bf16")])
+def test_training_is_bit_identical_at_one_and_two_threads(scheme, precision):
+    """The lab's auto thread count depends on the machine's load; results must not (torch's fused layer-norm
+    backward alone made 1 and 2 threads differ). Weights after training and the logits of a forward."""
+    for a, b in zip(_train_hash(scheme, 1, precision), _train_hash(scheme, 2, precision)):
+        assert torch.equal(a, b)
+
+
+def test_flops_per_token_counts_the_matmuls():
+    """Linear layers and head against torch's FLOP counter (forward, and forward + backward = 3x); causal
+    attention against a per-query count of the keys each query reads."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = ModelConfig(scheme="rope", d_model=32, n_layers=2, n_heads=4, max_len=16)
+    model, (B, T) = TinyLM(cfg), (3, 16)
+    attention = cfg.n_layers * 2 * 2 * cfg.d_model * sum(i + 1 for i in range(T))  # q.k and p.v, keys <= query
+    tokens = torch.randint(0, 256, (B, T))
+    with FlopCounterMode(display=False) as fwd:  # counts mm/addmm; the fused CPU attention is not counted
+        model(tokens)
+    assert cfg.flops_per_token(T, training=False) * B * T == fwd.get_total_flops() + B * attention
+    with FlopCounterMode(display=False) as both:
+        model(tokens).sum().backward()
+    assert both.get_total_flops() == 3 * fwd.get_total_flops()
+    assert cfg.flops_per_token(T, training=True) == 3 * cfg.flops_per_token(T, training=False)
 
 
 class _BlockBeforeTheBiasOption(nn.Module):

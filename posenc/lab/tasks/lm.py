@@ -17,10 +17,12 @@ from posenc.lab.tables import bands_cell, fmt, markdown, model_label, pivot
 from posenc.lab.tasks.registry import Task, register_task
 from posenc.perplexity import window_losses
 
+EVAL_BATCH_TOKENS = 16384  # tokens per evaluation forward (rows = EVAL_BATCH_TOKENS // eval_len)
+
 
 @torch.no_grad()
 def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride: int | None = None,
-            device="cpu", batch_tokens: int = 16384) -> dict | None:
+            device="cpu", batch_tokens: int = EVAL_BATCH_TOKENS) -> dict | None:
     """Perplexity of ``model`` on ``tokens`` (uint8 stream) with windows of ``eval_len``.
 
     stride None: non-overlapping windows (every token scored once, context restarts at each window start);
