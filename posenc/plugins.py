@@ -24,6 +24,11 @@ class PluginError(PosencError):
     """A plug-in could not be loaded; the message names the file or module and the reason."""
 
 
+# module name -> the spec it was loaded from, in load order: what a fresh process (the lab's --jobs workers)
+# loads to see the same registrations
+LOADED: dict[str, str] = {}
+
+
 def load_plugin(spec: str):
     """Import one plug-in: a path to a .py file, or a dotted module name. Returns the module.
 
@@ -53,8 +58,11 @@ def load_plugin(spec: str):
             except BaseException:
                 del sys.modules[name]
                 raise
+            LOADED[name] = str(resolved)
             return module
-        return importlib.import_module(spec)
+        module = importlib.import_module(spec)
+        LOADED[module.__name__] = spec
+        return module
     except PluginError:
         raise
     except PosencError as exc:  # a taken name, a missing interface: the registries' own message

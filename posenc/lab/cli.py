@@ -121,6 +121,8 @@ FLAGS = [
     ("--device", "device", str, "auto (CUDA when present), cpu, cuda, cuda:N"),
     ("--threads", "threads", int, "torch CPU threads (0: auto, the idle cores up to torch's default; results "
      "are identical at any thread count)"),
+    ("--jobs", "jobs", int, "models trained and evaluated at once, one process each (0: auto, one per idle CPU "
+     "core when several models train on the CPU and --threads is auto; results are identical at any count)"),
     ("--precision", "precision", str, "fp32 (default), bf16 (autocast: faster on CPUs with AVX512-BF16/AMX and on "
      "GPUs, slightly different numbers) or auto (bf16 where native); docs/lab.md, Throughput"),
     ("--data", "data", str, "a text file or folder to use instead of the CPython stdlib corpus"),

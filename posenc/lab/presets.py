@@ -78,6 +78,7 @@ class LabConfig:
     # run
     device: str = "auto"
     threads: int = 0  # 0: auto (torch's default, capped at the cores left idle by other work)
+    jobs: int = 0  # models trained at once, one process each (0: auto, the idle cores): posenc.lab.jobs
     precision: str = "fp32"  # fp32 | bf16 | auto (bf16 where native): posenc.lab.precision
     data: str | None = None
     out: str | None = None
@@ -104,7 +105,8 @@ class LabConfig:
         check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
         for name in ("batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
             check_int(getattr(self, name), name, min=1, error=ConfigError)
-        for name in ("finetune_steps", "finetune_len", "threads", "search_generations", "randomized_positions"):
+        for name in ("finetune_steps", "finetune_len", "threads", "jobs", "search_generations",
+                     "randomized_positions"):
             check_int(getattr(self, name), name, min=0, error=ConfigError)
         check_int(self.search_population, "search_population", min=4, error=ConfigError)
         check_int(self.search_windows, "search_windows", min=1, error=ConfigError)
@@ -176,7 +178,7 @@ class LabConfig:
 
 # upper bounds that keep a run's memory bounded (the CLI names the flag): far above any tiny-model experiment
 SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
-               "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "eval_tokens": 2**30,
+               "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "jobs": 4096, "eval_tokens": 2**30,
                "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31}
 
 

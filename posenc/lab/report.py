@@ -33,6 +33,10 @@ def _threads(n: int) -> str:
     return f"{n} thread" + ("" if n == 1 else "s")
 
 
+def _jobs(n: int) -> str:
+    return f" per model, {n} models at once" if n > 1 else ""
+
+
 def write_report(doc: dict, out: Path) -> Path:
     """Write report.md and the plots into ``out``."""
     meta = doc["meta"]
@@ -44,7 +48,8 @@ def write_report(doc: dict, out: Path) -> Path:
         f"# posenc lab: preset `{meta['preset']}`",
         "",
         f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time of the process {meta.get('cpu_s', '?')} s) on "
-        f"{meta['device']} ({_threads(meta['threads'])}) in {meta.get('precision', 'fp32')}, "
+        f"{meta['device']} ({_threads(meta['threads'])}{_jobs(meta.get('jobs', 1))}) in "
+        f"{meta.get('precision', 'fp32')}, "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",

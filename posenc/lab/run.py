@@ -27,6 +27,7 @@ from posenc.lab.context import DIVERGED, Evaluation, Run
 from posenc.lab.data import load_corpus
 from posenc.lab.distributed import current, is_main_process, resolve_device
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config, lab_spec
+from posenc.lab.jobs import Unit, plan, run_units, units_of
 from posenc.lab.lock import out_lock
 from posenc.lab.precision import autocast, native_bf16, resolve_precision
 from posenc.lab.presets import LabConfig
@@ -83,50 +84,44 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     cfg.validate()
     t_start, c_start = time.perf_counter(), time.process_time()
     device = device if device is not None else resolve_device(cfg.device)
+    units = units_of(cfg)
+    jobs, threads = plan(cfg, device, len(units), auto_threads, distributed=current().world_size > 1)
     if cfg.threads or device.type == "cpu":
-        torch.set_num_threads(cfg.threads or auto_threads())
+        torch.set_num_threads(threads)
     precision = resolve_precision(cfg.precision, device)
     corpus = load_corpus(cfg.data) if any(get_task(t).needs_corpus for t in cfg.tasks) else None
     run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log, precision=precision)
     meta = {
         "preset": cfg.preset, "settings": cfg.to_dict(), "device": str(device), "threads": torch.get_num_threads(),
-        "precision": precision, "native_bf16": native_bf16(device),
+        "jobs": jobs, "precision": precision, "native_bf16": native_bf16(device),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},
         "loadavg_start": _loadavg(),
     }
-    raw: list[dict] = []
-    curves: dict[str, list[float | None]] = {}
     # the out folder is this job's until it ends (rank 0 holds the lock: only it writes)
     lock = out_lock(run.out, "posenc " + " ".join(sys.argv[1:])) if is_main_process() else contextlib.nullcontext()
     with lock:
+        done: dict[int, dict] = {}
+        partial: dict = {}  # the unit in progress (one process): its rows so far
         try:
-            for task in cfg.tasks:
-                for scheme in cfg.schemes:
-                    for randomized in cfg.position_variants(scheme):
-                        positions = positions_label(randomized)
-                        name = scheme + (f" ({positions})" if positions else "")
-                        for seed in cfg.seeds:
-                            t0 = time.perf_counter()
-                            model, trained = train_model(run, task, scheme, seed, randomized)
-                            t_train = time.perf_counter() - t0
-                            raw += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves,
-                                                            positions=positions))
-                            if scheme in cfg.extended_schemes and not randomized:
-                                ext: dict = {}
-                                raw += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
-                                meta.setdefault("extensions", {})[f"{task}/{scheme}/seed{seed}"] = ext
-                            meta["timings_s"][f"{task}/{name}/seed{seed}"] = {
-                                "train": round(t_train, 1), "eval": round(time.perf_counter() - t0 - t_train, 1),
-                                **throughput(model.cfg, cfg, trained)}
-                            if progress and is_main_process():
-                                log(f"  {task:7s} {name:11s} seed {seed}: train {t_train:5.1f} s, "
-                                    f"eval {time.perf_counter() - t0 - t_train:5.1f} s")
+            bar = run.bar(len(units), "models") if jobs > 1 else None  # one process: the training bars show it
+            for i, result in run_units(run, units, jobs, threads, run_unit, partial):
+                done[i] = result
+                if bar is not None:
+                    bar.update(1)
+                if progress and is_main_process():
+                    log(result["log"])
+            if bar is not None:
+                bar.close()
         except BaseException as exc:  # keep what is finished: the rows so far, marked incomplete
+            raw, curves = _collect(done, meta)
+            raw += partial.get("rows", [])
+            curves.update(partial.get("curves", {}))
             if raw and is_main_process():
                 _write_partial(run, meta, raw, curves, t_start, c_start, exc)
             raise
+        raw, curves = _collect(done, meta)
         doc = _finish(meta, raw, curves, t_start, c_start)
         if is_main_process():
             atomic_write_json(run.out / "results.json", doc)
@@ -137,6 +132,46 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
                     + "; ".join(meta["diverged"]))
             log(f"wrote {run.out}/results.json, report.md and plots (wall {meta['wall_s']:.0f} s)")
     return doc
+
+
+def run_unit(run: Run, unit: Unit, rows: list, curves: dict) -> dict:
+    """Train and evaluate one unit (posenc.lab.jobs), appending its result rows to ``rows`` and its per-position
+    curves to ``curves`` as they are made: -> {"rows", "curves", "timing": (key, seconds and throughput),
+    "extensions": (key, info) or None, "log": its line}."""
+    cfg = run.cfg
+    task, scheme, randomized, seed = unit.task, unit.scheme, unit.randomized, unit.seed
+    positions = positions_label(randomized)
+    name = scheme + (f" ({positions})" if positions else "")
+    t0 = time.perf_counter()
+    model, trained = train_model(run, task, scheme, seed, randomized)
+    t_train = time.perf_counter() - t0
+    rows += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves, positions=positions))
+    extensions = None
+    if scheme in cfg.extended_schemes and not randomized:
+        ext: dict = {}
+        rows += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
+        extensions = (f"{task}/{scheme}/seed{seed}", ext)
+    t_eval = time.perf_counter() - t0 - t_train
+    return {"rows": rows, "curves": curves, "extensions": extensions,
+            "timing": (f"{task}/{name}/seed{seed}", {"train": round(t_train, 1), "eval": round(t_eval, 1),
+                                                     **throughput(model.cfg, cfg, trained)}),
+            "log": f"  {task:7s} {name:11s} seed {seed}: train {t_train:5.1f} s, eval {t_eval:5.1f} s"}
+
+
+def _collect(done: dict[int, dict], meta: dict) -> tuple[list[dict], dict]:
+    """The finished units' rows and curves in unit order; their timings and extension info into ``meta``."""
+    raw: list[dict] = []
+    curves: dict[str, list[float | None]] = {}
+    for i in sorted(done):
+        result = done[i]
+        raw += result["rows"]
+        curves.update(result["curves"])
+        key, timing = result["timing"]
+        meta["timings_s"][key] = timing
+        if result["extensions"] is not None:
+            key, ext = result["extensions"]
+            meta.setdefault("extensions", {})[key] = ext
+    return raw, curves
 
 
 def _finish(meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: float) -> dict:
