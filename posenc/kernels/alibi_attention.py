@@ -225,8 +225,8 @@ def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | 
     Hkv, Tk = k.shape[1], k.shape[2]
     # fp64 inputs get an fp64 bias; others fp32, which SDPA on CPU adds in its fp32 accumulator
     template = bias_template(slopes, Tq, Tk, offset, causal, _template_dtype(q))
-    # reverse the side that is cheaper to copy: q and the output (Tq * H rows) or k and v (Tk * Hkv rows); on a tie
-    # q, whose copy is freed before the output is turned around (peak extra memory: one output, not k and v)
+    # reverse the side that is cheaper to copy: q (Tq * H rows; the blocks' outputs are put back in order by the copy
+    # into the output that every block makes anyway) or k and v (Tk * Hkv rows each); on a tie q: one copy, not two
     reverse_q = Tq * H <= Tk * Hkv
     if reverse_q:   # row r is query Tq-1-r: the bias of (row r, key c) is template[L-1-(r+c)]
         template, q, k_rev, v_rev = template.flip(1), q.flip(2), k, v
