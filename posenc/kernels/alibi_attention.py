@@ -225,8 +225,8 @@ def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | 
     Hkv, Tk = k.shape[1], k.shape[2]
     # fp64 inputs get an fp64 bias; others fp32, which SDPA on CPU adds in its fp32 accumulator
     template = bias_template(slopes, Tq, Tk, offset, causal, _template_dtype(q))
-    # reverse the side that is cheaper to copy: q and the output (Tq * H rows) or k and v (Tk * Hkv rows); on a tie
-    # q, whose copy is freed before the output is turned around (peak extra memory: one output, not k and v)
+    # reverse the side that is cheaper to copy: q (Tq * H rows; the blocks' outputs are put back in order by the copy
+    # into the output that every block makes anyway) or k and v (Tk * Hkv rows each); on a tie q: one copy, not two
     reverse_q = Tq * H <= Tk * Hkv
     if reverse_q:   # row r is query Tq-1-r: the bias of (row r, key c) is template[L-1-(r+c)]
         template, q, k_rev, v_rev = template.flip(1), q.flip(2), k, v
@@ -245,15 +245,16 @@ def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | 
         o = F.scaled_dot_product_attention(q[:, :, s:e], ks, vs, attn_mask=hankel_view(template, first, e - s, kv),
                                            scale=scale, enable_gqa=gqa)
         if e - s == Tq:
-            out = o
-            break
+            return o.flip(2) if reverse_q else o
         if out is None:   # one output filled block by block: measured as fast as one concatenation of a list of
             out = o.new_empty(B, H, Tq, o.shape[-1])   # blocks, at a third of its peak memory (9 vs 24 MB, S=2048)
-        out[:, :, s:e] = o
-    if not reverse_q:
-        return out
-    del q, o   # the reversed copy goes before the output is turned around
-    return out.flip(2)
+        if reverse_q and o.requires_grad:   # out= has no autograd: flip, then copy
+            out[:, :, Tq - e:Tq - s] = o.flip(2)
+        elif reverse_q:   # rows of queries Tq-1-s .. Tq-e, written back in order in the same copy
+            torch.index_select(o, 2, torch.arange(e - s - 1, -1, -1, device=o.device), out=out[:, :, Tq - e:Tq - s])
+        else:
+            out[:, :, s:e] = o
+    return out
 
 
 def split_causal_attention(q, k, v, slopes, *, offset: int, scale: float | None, outer: int = SPLIT_OUTER,

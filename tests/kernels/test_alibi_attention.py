@@ -99,8 +99,9 @@ def test_custom_slopes_and_scale():
                                atol=2e-5, rtol=1e-4)
 
 
-def test_gradients_match_oracle():
-    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 24, 24))
+@pytest.mark.parametrize("Hkv", [2, 4])   # GQA reverses k and v; MHA reverses q (and writes the output back)
+def test_gradients_match_oracle(Hkv):
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, Hkv, 24, 24))
     out = alibi_attention(q, k, v, block_size=8, backend="chunked")
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
