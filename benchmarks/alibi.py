@@ -19,7 +19,9 @@ Timing: the machine may be shared, so the variants are interleaved: every round 
 order rotated per round), after one untimed call each. Reported: the median and the minimum over rounds, and
 "vs floor" = the median over rounds of (variant time / floor time in the same round), which cancels load that
 drifts between rounds. Each group records the 1-minute load average before and after, and the CPU time other
-processes used meanwhile ("others", in cores, from /proc/stat minus this process's own CPU time).
+processes used meanwhile ("others", in cores, from /proc/stat minus this process's own CPU time). "cpu_vs_floor" is
+the same ratio in process CPU time: at one thread it counts only the cycles this process ran, so it stays close to
+the quiet-machine ratio when other jobs take turns on the core (with more threads it also counts OpenMP's spinning).
 
 Peak extra memory: each variant runs in a fresh subprocess. After its inputs exist and one warm-up call has run,
 the worker records VmRSS, resets the kernel's high-water mark (write "5" to /proc/self/clear_refs), builds the
@@ -208,21 +210,23 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def interleaved_times(fns: dict, rounds: int, device) -> dict[str, list[float]]:
-    """Seconds per call of each callable, ``rounds`` calls each, interleaved (order rotated every round)."""
+def interleaved_times(fns: dict, rounds: int, device) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and process-CPU seconds per call of each callable, ``rounds`` calls each, interleaved (order rotated
+    every round)."""
     names = list(fns)
     for name in names:   # untimed first call: allocations, lazy initialisation, compilation
         fns[name]()
     _sync(device)
-    times = {name: [] for name in names}
+    wall, cpu = {name: [] for name in names}, {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fns[name]()
             _sync(device)
-            times[name].append(time.perf_counter() - t0)
-    return times
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return wall, cpu
 
 
 def _median(xs):
@@ -249,7 +253,7 @@ def run_group(args, seq: int, mode: str, threads: int, variants: list[str], memo
         fns[name] = make_variant(name, q, k, v, causal)
     print(f"  S={seq} {mode} threads={threads}: {', '.join(fns)} x {args.rounds} rounds ...", flush=True)
     probe = LoadProbe()
-    times = interleaved_times(fns, args.rounds, args.device)
+    times, cpu_times = interleaved_times(fns, args.rounds, args.device)
     load = probe.finish()
     with torch.no_grad():
         outputs = {name: fn() for name, fn in fns.items()}
@@ -264,9 +268,11 @@ def run_group(args, seq: int, mode: str, threads: int, variants: list[str], memo
             continue
         t = times[name]
         row.update(ms=_median(t) * 1e3, min_ms=min(t) * 1e3, rounds=len(t), **load)
+        row["cpu_ms"] = _median(cpu_times[name]) * 1e3
         if FLOOR in times:
             row["vs_floor"] = _median([a / b for a, b in zip(t, times[FLOOR])])
             row["min_vs_floor"] = min(t) / min(times[FLOOR])
+            row["cpu_vs_floor"] = _median([a / b for a, b in zip(cpu_times[name], cpu_times[FLOOR])])
         if ref is not None:
             row["max_abs_err"] = (outputs[name].float() - ref.float()).abs().max().item()
         if not args.no_memory:
@@ -318,7 +324,7 @@ def main(argv=None) -> int:
     title = (f"ALiBi attention, {args.dtype}, B={args.batch} H={args.heads} D={args.dim}, {args.device} "
              f"(ms: median of {args.rounds} interleaved rounds; vs_floor: median per-round ratio to sdpa_no_bias)")
     print_table(rows, ["threads", "S", "mode", "variant", "ms", "min_ms", "vs_floor", "min_vs_floor",
-                       "peak_extra_MB", "mem_vs_bias", "max_abs_err", "load_1m", "others_cores", "note"],
+                       "cpu_vs_floor", "peak_extra_MB", "mem_vs_bias", "max_abs_err", "load_1m", "others_cores", "note"],
                 title=title)
     config = {key: getattr(args, key) for key in ("batch", "heads", "dim", "dtype", "device", "rounds", "seq",
                                                   "mode", "threads")}

@@ -100,3 +100,9 @@ def test_bias_size_is_bounded_and_points_to_alibi_attention():
     with pytest.raises(PosencError, match="max_elements=100"):
         alibi_bias(4, 5, 6, max_elements=100)
     assert alibi_bias(4, 5, 5, max_elements=100).shape == (4, 5, 5)
+
+
+def test_meta_device_slopes_pass_the_check_without_values():
+    # models traced on the meta device (shapes only) build their bias there: nothing to check, nothing to refuse
+    bias = alibi_bias(4, 8, slopes=alibi_slopes(4).to("meta"))
+    assert bias.device.type == "meta" and bias.shape == (4, 8, 8)

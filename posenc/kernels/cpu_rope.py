@@ -181,7 +181,7 @@ def native_info() -> dict:
 # the native call
 # ---------------------------------------------------------------------------------------------------------------
 
-def _collapse(sizes, *strides_lists):
+def collapse_dims(sizes, *strides_lists):
     """Drop size-1 dims and merge adjacent dims that are contiguous with each other in every tensor."""
     dims = [(s, *[st[i] for st in strides_lists]) for i, s in enumerate(sizes) if s != 1]
     if not dims:
@@ -253,7 +253,7 @@ def _plan(xs, outs, cos, sin, index, dtype, layout, rotary_dim, inverse):
             return None
         in_place = x.data_ptr() == o.data_ptr()
         lead = len(shape) - 1
-        sizes, xs_, os_, cs = _collapse(list(shape[:-1]), list(x_strides[:-1]), list(out_strides[:-1]),
+        sizes, xs_, os_, cs = collapse_dims(list(shape[:-1]), list(x_strides[:-1]), list(out_strides[:-1]),
                                         _table_strides(table_geom[0], table_geom[1], lead))
         if len(sizes) > _MAX_DIMS:
             return None

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc.kernels.cpu_rope import _collapse, eager_rope_into
+from posenc.kernels.cpu_rope import collapse_dims, eager_rope_into
 
 try:
     import triton
@@ -130,7 +130,7 @@ def _kernel():
 
 def _describe(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor):
     """(n_rows, [s1, s2, s3], x strides[4], out strides[4], table strides[4]) or None if > 4 leading dims."""
-    sizes, xs, os_, ts = _collapse(list(x.shape[:-1]), list(x.stride()[:-1]), list(out.stride()[:-1]),
+    sizes, xs, os_, ts = collapse_dims(list(x.shape[:-1]), list(x.stride()[:-1]), list(out.stride()[:-1]),
                                    list(cos.stride()[:-1]))
     if len(sizes) > _N_DIMS:
         return None

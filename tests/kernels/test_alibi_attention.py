@@ -99,8 +99,9 @@ def test_custom_slopes_and_scale():
                                atol=2e-5, rtol=1e-4)
 
 
-def test_gradients_match_oracle():
-    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 24, 24))
+@pytest.mark.parametrize("Hkv", [2, 4])   # GQA reverses k and v; MHA reverses q (and writes the output back)
+def test_gradients_match_oracle(Hkv):
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, Hkv, 24, 24))
     out = alibi_attention(q, k, v, block_size=8, backend="chunked")
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -210,6 +211,28 @@ def test_block_schedule_reversing_queries_or_keys_agree(causal):
         slopes = torch.tensor(reference.alibi_slopes(shape[1]))
         out = causal_blocks(q, k, v, slopes, causal=causal, offset=shape[4] - shape[3], scale=None, block=3)
         torch.testing.assert_close(out.double(), oracle(q, k, v, causal=causal), atol=2e-5, rtol=1e-4)
+
+
+def test_learnable_slopes_get_gradients():
+    # slopes that require grad bypass the template cache: the gradient reaches them through the bias view
+    q, k, v = qkv(1, 3, 3, 12, 12, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25, 0.125], dtype=torch.float32, requires_grad=True)
+    (grad,) = torch.autograd.grad(alibi_attention(q, k, v, slopes, block_size=5).square().sum(), (slopes,))
+    s64 = slopes.detach().double().requires_grad_()
+    H, T = 3, 12
+    i, j = torch.arange(T).unsqueeze(1), torch.arange(T).unsqueeze(0)
+    bias = (-s64.view(H, 1, 1) * (i - j).abs()).masked_fill(j > i, float("-inf"))
+    ref = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(16) + bias, dim=-1) @ v
+    (expected,) = torch.autograd.grad(ref.square().sum(), (s64,))
+    torch.testing.assert_close(grad.double(), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_template_cache_is_keyed_by_slope_values():
+    # same shapes, other slopes in between: each call sees its own slopes (the cache must not hand back stale ones)
+    q, k, v = qkv(1, 2, 2, 30, 30)
+    for slopes in ([0.5, 0.25], [1.0, 0.0], [0.5, 0.25]):
+        torch.testing.assert_close(alibi_attention(q, k, v, torch.tensor(slopes)).double(),
+                                   oracle(q, k, v, slopes), atol=2e-5, rtol=1e-4)
 
 
 @settings(max_examples=25, deadline=None)
