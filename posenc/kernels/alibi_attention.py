@@ -245,29 +245,31 @@ def causal_blocks(q, k, v, slopes, *, causal: bool, offset: int, scale: float | 
     """
     B, H, Tq, _ = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
-    # reverse the side that is cheaper to copy: q (Tq * H rows; the blocks' outputs are put back in order by the copy
-    # into the output that every block makes anyway) or k and v (Tk * Hkv rows each); on a tie q: one copy, not two
+    # reverse the side that is cheaper to copy: q (Tq * H rows, block by block; the blocks' outputs are put back in
+    # order by the copy into the output that every block makes anyway) or k and v (Tk * Hkv rows each); on a tie q
     reverse_q = Tq * H <= Tk * Hkv
     # row r reversed is query Tq-1-r: the bias of (row r, key c) is then template[L-1-(r+c)], the template flipped
     template = cached_template(slopes, Tq, Tk, offset, causal, _template_dtype(q), reverse=reverse_q)
-    if reverse_q:
-        q, k_rev, v_rev = q.flip(2), k, v
-    else:
+    if not reverse_q:
         k_rev, v_rev = k.flip(2), v.flip(2)
     gqa = H != Hkv
     out = None
     for s in range(0, Tq, block):
         e = min(s + block, Tq)
-        if reverse_q:   # rows s..e-1 are queries Tq-1-s down to Tq-e: keys 0..Tq-1-s+offset, natural order
+        if reverse_q:   # rows s..e-1 (reversed) are queries Tq-1-s down to Tq-e: keys 0..Tq-1-s+offset, in order;
+            # each block reverses its own queries: no reversed copy of all of q is ever held
             kv = min(Tk, Tq - s + offset) if causal else Tk
-            ks, vs, first = k_rev[:, :, :kv], v_rev[:, :, :kv], s
+            qs, ks, vs, first = q[:, :, Tq - e:Tq - s].flip(2), k[:, :, :kv], v[:, :, :kv], s
         else:           # queries s..e-1 against keys kv-1..0
             kv = min(Tk, e + offset) if causal else Tk
-            ks, vs, first = k_rev[:, :, Tk - kv:], v_rev[:, :, Tk - kv:], s + Tk - kv
-        o = F.scaled_dot_product_attention(q[:, :, s:e], ks, vs, attn_mask=hankel_view(template, first, e - s, kv),
+            qs, ks, vs, first = q[:, :, s:e], k_rev[:, :, Tk - kv:], v_rev[:, :, Tk - kv:], s + Tk - kv
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=hankel_view(template, first, e - s, kv),
                                            scale=scale, enable_gqa=gqa)
         if e - s == Tq:
-            return o.flip(2) if reverse_q else o
+            if not reverse_q:
+                return o
+            del qs   # the reversed copy goes before the output is turned around (peak: two outputs, not three)
+            return o.flip(2)
         if out is None:   # one output filled block by block: measured as fast as one concatenation of a list of
             out = o.new_empty(B, H, Tq, o.shape[-1])   # blocks, at a third of its peak memory (9 vs 24 MB, S=2048)
         if reverse_q and o.requires_grad:   # out= has no autograd: flip, then copy
