@@ -1,7 +1,8 @@
 """The built-in extension methods, each a rope scaling config for ``posenc.rope_parameters``.
 
 Notation: s = factor, L0 = original context, d = rotary dim. Formulas live in ``posenc.rope.scaling`` (one per
-rope type); a method here only says which type and keys it writes. The notes cite docs/lesson.md and docs/facts.md §4.
+rope type); a method here only says which type and keys it writes. The notes cite docs/lesson.md, the method's paper
+(author, year, table) and posenc's own lab measurements (docs/lab.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from posenc.rope.scaling import ntk_theta, rope_parameters
 
 
 @register_method("linear", label="PI", expects_finetune=True,
-                 note="PI needs a fine-tune at the new length: Chen et al. (docs/facts.md §4) report 16.10 ppl at 8k "
+                 note="PI needs a fine-tune at the new length: Chen et al. 2023 (Table 3) report 16.10 ppl at 8k "
                       "untuned, 7.12 after 200 steps, 6.95 after 1000. Expect ~hundreds of steps / ~1B tokens "
                       "(docs/lesson.md).")
 def linear(spec: ExtensionSpec) -> dict:
@@ -34,17 +35,17 @@ def _ntk_for_transformers(scaling: dict, spec: ExtensionSpec) -> tuple[dict, lis
 
 
 @register_method("ntk", label="NTK-aware", transformers_form=_ntk_for_transformers,
-                 note="static NTK-aware works zero-shot (docs/lesson.md; the posenc probe: s=8 gives 7.7 ppl at "
-                      "4x vs ~20 for PI); a short fine-tune helps further. It changes every frequency at every "
-                      "length, short inputs included.")
+                 note="static NTK-aware works zero-shot (docs/lesson.md; posenc's lab, default preset in "
+                      "docs/lab.md: 8.78 ppl at 4x vs ~16.4 for PI and 12.53 unscaled); a short fine-tune helps "
+                      "further. It changes every frequency at every length, short inputs included.")
 def ntk(spec: ExtensionSpec) -> dict:
     """Static NTK-aware scaling (bloc97): base theta * s^(d/(d-2)); posenc's own rope_type 'ntk'."""
     return {"rope_type": "ntk", "factor": spec.factor}
 
 
 @register_method("dynamic", label="dynamic NTK", keeps_original_length=True, lab_factor=1.0,
-                 note="zero-shot: no fine-tuning expected (LongRoPE Table 1: 10.21 ppl at 2x, 23.29 at 4x from 4k, "
-                      "docs/facts.md §4). Frequencies change with the sequence length; under a KV cache it is exact "
+                 note="zero-shot: no fine-tuning expected (Ding et al. 2024, LongRoPE Table 1: 10.21 ppl at 2x, "
+                      "23.29 at 4x from 4k). Frequencies change with the sequence length; under a KV cache it is exact "
                       "only if keys are cached before rotation.")
 def dynamic(spec: ExtensionSpec) -> dict:
     """Dynamic NTK (transformers' rule): the base grows with the length past max_position_embeddings = L0.
@@ -56,9 +57,10 @@ def dynamic(spec: ExtensionSpec) -> dict:
 
 
 @register_method("yarn", label="YaRN", expects_finetune=True,
-                 note="YaRN is meant for a short fine-tune (docs/facts.md §4: zero-shot YaRN can be poor, 32.64 "
-                      "ppl at 8k; fine-tuned at s=32: 3.56 at 8k, 2.37 at 128k, passkey 99.4%). Fine-tune on documents "
-                      "near the target length.")
+                 note="YaRN is meant for a short fine-tune: zero-shot it can be poor (32.64 ppl at 8k, Ding et al. "
+                      "2024, LongRoPE Table 1); fine-tuned at s=32 it reaches 3.56 at 8k, 2.37 at 128k and 99.4% "
+                      "passkey (Peng et al. 2023, YaRN Table 2 and its passkey test). Fine-tune on documents near "
+                      "the target length.")
 def yarn(spec: ExtensionSpec) -> dict:
     """YaRN (Peng et al. 2023): per-pair ramp between kept and interpolated pairs, plus a temperature."""
     return {"rope_type": "yarn", "factor": spec.factor, "original_max_position_embeddings": spec.original}
@@ -102,7 +104,7 @@ def load_factor_list(value, name: str, n_pairs: int) -> list[float]:
 
 @register_method("longrope", label="LongRoPE",
                  note="LongRoPE's factors come from an evolutionary search, then a fine-tune; with searched factors "
-                      "it is the best zero-shot method in its Table 1 (9.37/11.34 at 8k/16k, docs/facts.md §4).")
+                      "it is the best zero-shot method in its Table 1 (9.37/11.34 at 8k/16k; Ding et al. 2024).")
 def longrope(spec: ExtensionSpec, *, short_factor=None, long_factor=None) -> tuple[dict, list]:
     """LongRoPE (Ding et al. 2024): per-pair factors, short inside L0 and long past it.
 

@@ -128,5 +128,5 @@ def _write(spec: ExtensionSpec) -> dict:
 register_method("longrope-search", label="LongRoPE (searched)", expects_finetune=False, fit=_fit,
                 note="per-pair factors found by LongRoPE's evolutionary search on the model (perplexity at the "
                      "target length on a search split, the winner chosen on a held-out split); the paper reports it "
-                     "beats PI, NTK and YaRN without fine-tuning (LongRoPE Table 1, facts.md §4). posenc's lab "
+                     "beats PI, NTK and YaRN without fine-tuning (Ding et al. 2024, LongRoPE Table 1). posenc's lab "
                      "measurements: docs/lab.md.")(_write)

@@ -122,7 +122,7 @@ def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
     """Static NTK-aware base theta' = theta * s^(d/(d-2)) for factor s and rotary dim d (bloc97; the lesson).
 
     With this base the lowest frequency is exactly default / s and the highest is unchanged.
-    facts.md §6: theta 1e4, d = 32: s = 4 -> ~43,873; s = 8 -> ~91,896.
+    From the closed form: theta 1e4, d = 32: s = 4 -> 1e4 * 4^(32/30) ~ 43,873; s = 8 -> 1e4 * 8^(32/30) ~ 91,896.
     """
     check_float(theta, "theta", positive=True, error=ConfigError)
     check_float(factor, "factor", positive=True, error=ConfigError)

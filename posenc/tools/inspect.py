@@ -401,8 +401,8 @@ def _describe(report: dict[str, Any]) -> str:
     if scheme == "alibi":
         a = report["alibi"]
         return (f"ALiBi: no position embedding; each of the {a['n_heads']} heads adds -m_h*distance to its scores. "
-                "Extrapolates past the trained length without changes (Press et al. 2022, Table 2; docs/facts.md §3), but far tokens are "
-                "penalised linearly.")
+                "Extrapolates past the trained length without changes (Press et al. 2022, Table 2), but far tokens "
+                "are penalised linearly.")
     if scheme == "learned":
         n = report["learned"]["table_size"]
         return (f"Learned absolute positions: a table of {n} rows added to the token embeddings. Positions past "

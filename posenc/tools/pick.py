@@ -2,9 +2,9 @@
 
 Given the context the model must serve, the context it was (or will be) trained at, the training budget, the task and
 whether it must work past every trained length, recommend a scheme and an extension method with parameters, the
-reasons (each citing its evidence: a docs/facts.md section, docs/lesson.md, or a measured lab preset in docs/lab.md with
-its settings), the alternatives and why not, and a ready config snippet. The decision table is documented in
-docs/picker.md; keep the two in step.
+reasons (each citing its evidence: a paper by author, year and table, transformers' modeling_rope_utils, a model
+card, docs/lesson.md, or a measured lab preset in docs/lab.md with its settings), the alternatives and why not, and a
+ready config snippet. The decision table is documented in docs/picker.md; keep the two in step.
 """
 
 from __future__ import annotations
@@ -26,23 +26,25 @@ HELP = "Recommend a positional encoding / context-extension method for a target 
 BUDGETS = ("none", "finetune", "pretrain")
 TASKS = ("lm", "code", "retrieval", "encoder")
 
-# Evidence, quoted from the project reference facts (facts.md) and the spec (lesson); see docs/picker.md.
+# Evidence: published results cited by paper (author, year, table), transformers' semantics, the spec (docs/lesson.md)
+# and posenc's own lab measurements (docs/lab.md); see docs/picker.md.
 EVIDENCE = {
-    "alibi_table2": "ALiBi paper Table 2 (docs/facts.md §4): trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 "
+    "alibi_table2": "Press et al. 2022 (ALiBi), Table 2: trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 "
                     "at 15512, while rotary reaches 79.25 and sinusoidal 406.01",
-    "alibi_short_train": ("ALiBi trained at only L=64 still goes 28.46 -> 21.53 at 3072 (docs/facts.md §4, "
-                          "ALiBi Table 5)"),
+    "alibi_short_train": ("ALiBi trained at only L=64 still goes 28.46 -> 21.53 at 3072 (Press et al. 2022, "
+                          "Table 5)"),
     "alibi_sliding": "with stride-1 sliding-window eval ALiBi stays flat (17.98 -> 18.30) instead of improving: much "
-                     "of its gain is the early-token curse, not use of the far context (docs/facts.md §4)",
-    "kazemnejad": "Kazemnejad et al. 2023 (docs/facts.md §4, synthetic tasks at 2x the train length): MRR NoPE 0.69, "
+                     "of its gain is the early-token curse, not use of the far context (Press et al. 2022, "
+                     "sliding-window analysis)",
+    "kazemnejad": "Kazemnejad et al. 2023 (synthetic tasks at 2x the train length): MRR NoPE 0.69, "
                   "T5 0.55, ALiBi 0.50, RoPE 0.33, absolute 0.22; on copy RoPE and absolute fall to ~0",
-    "pi": "Position interpolation (Chen et al. 2023, docs/facts.md §4): Llama 7B at an 8k window has 16.10 ppl "
+    "pi": "Position interpolation (Chen et al. 2023, Table 3): Llama 7B at an 8k window has 16.10 ppl "
           "with no fine-tuning, 7.12 after 200 steps and 6.95 after 1000",
-    "zero_shot": "LongRoPE Table 1 (docs/facts.md §4, Llama-2-7B zero-shot from 4k, PG19 ppl at 8k/16k): dynamic NTK "
-                 "10.21/23.29, PI 10.65/20.49, YaRN 32.64/87.89 -- zero-shot YaRN is poor, it is meant for "
+    "zero_shot": "Ding et al. 2024 (LongRoPE), Table 1 (Llama-2-7B zero-shot from 4k, PG19 ppl at 8k/16k): "
+                 "dynamic NTK 10.21/23.29, PI 10.65/20.49, YaRN 32.64/87.89 -- zero-shot YaRN is poor, it is meant for "
                  "fine-tuning",
-    "yarn": "YaRN Table 2 (docs/facts.md §4, Llama-2-7B fine-tuned at s=32): 3.56 ppl at 8k, 2.37 at 128k, passkey "
-            "99.4% to 128k",
+    "yarn": "Peng et al. 2023 (YaRN), Table 2 (Llama-2-7B fine-tuned at s=32): 3.56 ppl at 8k, 2.37 at 128k; its "
+            "passkey test: 99.4% to 128k",
     "lab_default": "posenc lab, default preset (docs/lab.md: d_model 64, 2 layers, 600 steps x 20 at 128 tokens, "
                    "seed 0): RoPE ppl 6.93 -> 12.53 at 4x, 16.51 at 8x; zero-shot dynamic NTK 9.43 / 11.87, "
                    "NTK-aware 8.78 / 11.87, YaRN 10.34 / 10.68, PI ~16.4 at every length; ALiBi 7.74 -> 7.69",
@@ -58,11 +60,13 @@ EVIDENCE = {
                     "architecture change, relative position in the dot product, and its base is a clean knob for "
                     "long-context fine-tuning",
     "llama31": "Llama 3.1 went from 8k to 128k with llama3 scaling (factor 8, low 1, high 4) plus long-context "
-               "training (docs/lesson.md 'Use it'; docs/facts.md §2)",
+               "training (docs/lesson.md 'Use it'; Dubey et al. 2024, the Llama 3 paper; the scaling values are "
+               "in Llama 3.1's published config.json, its model card)",
     "encoder_alibi": "bidirectional use needs the symmetric bias -m_h*|i-j|; the causal shortcut m_h*j is only "
-                     "valid under a causal mask (docs/facts.md §3)",
+                     "valid under a causal mask, where softmax ignores a per-row constant (Press et al. 2022 "
+                     "define ALiBi for causal LMs)",
     "absolute": "sinusoidal and learned absolute positions do not extrapolate (docs/lesson.md, the comparison "
-                "table); sinusoidal ppl 20.05 -> 406.01 at 30x the train length (docs/facts.md §4)",
+                "table); sinusoidal ppl 20.05 -> 406.01 at 30x the train length (Press et al. 2022, Table 2)",
     "lab_finetune": "posenc lab --preset extend (docs/lab.md; byte LM trained at 128, 8x to 1024, 3 seeds): 100 "
                     "fine-tune steps at 1024 (13% of pre-training's tokens) bring YaRN to 6.82 +- 0.10 ppl at 1024 "
                     "(zero-shot 10.92), NTK 6.89, Llama 3 6.89, searched LongRoPE 6.85, PI 8.63 (zero-shot 16.88)",
@@ -73,7 +77,7 @@ EVIDENCE = {
                     "gives 9.73 +- 0.40 ppl at 8x zero-shot vs YaRN 10.92, NTK 11.78, PI 16.88 -- better on every "
                     "seed at the searched length, not at 2x/4x (NTK better there) (docs/lab.md)",
     "dynamic": "dynamic NTK raises the base only once the sequence passes max_position_embeddings, so short inputs "
-               "keep the original frequencies exactly (docs/facts.md §2)",
+               "keep the original frequencies exactly (transformers' modeling_rope_utils, dynamic rope type)",
 }
 
 # Published (theta, trained context) anchors used to size the RoPE base for a new model.
@@ -213,10 +217,10 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
             alternatives=[
                 _alt("RoPE + a YaRN long-context stage",
                      "reaches a chosen length but not past it; every extension needs a factor and long data "
-                     "(docs/facts.md §4: rotary 20.07 -> 79.25 ppl at 30x without it)"),
-                _alt("NoPE", "best on synthetic length generalisation (MRR 0.69, docs/facts.md §4) but unproven for "
-                             "LM perplexity at scale; in the lab (docs/lab.md, schemes preset) it is nearly flat "
-                             "(10.02 -> 10.52) but 20% worse than ALiBi at the training length"),
+                     "(Press et al. 2022, Table 2: rotary 20.07 -> 79.25 ppl at 30x without it)"),
+                _alt("NoPE", "best on synthetic length generalisation (MRR 0.69, Kazemnejad et al. 2023) but "
+                             "unproven for LM perplexity at scale; in the lab (docs/lab.md, schemes preset) it is "
+                             "nearly flat (10.02 -> 10.52) but 20% worse than ALiBi at the training length"),
                 _alt("KERPLE / FIRE / T5 bias", "learned biases; in the lab (docs/lab.md, schemes preset) KERPLE "
                      "is as flat as ALiBi (8.26 -> 8.28 vs 8.32 -> 8.29) for extra parameters, FIRE rose 8.69 -> "
                      "9.42 at 8x (against its paper) and T5 9.57 -> 10.44; none has ALiBi's published scale"),
@@ -235,7 +239,9 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
     theta, who = _pretrain_theta(min(T, L))
     params: dict[str, Any] = {"rope_theta": theta, "layout": "half (HF rotate_half) or interleaved: same math",
                               "train_context": L}
-    reasons = [EVIDENCE["rope_default"], f"rope_theta {theta:g} follows the published choice of {who}"]
+    reasons = [EVIDENCE["rope_default"],
+               f"rope_theta {theta:g} follows the published choice of {who} (rope_theta in their model cards' "
+               "config.json)"]
     alternatives = [
         _alt("ALiBi", "extrapolates in perplexity but its linear distance penalty mutes far tokens "
                       + ("(retrieval/code need them: " + EVIDENCE["alibi_sliding"] + "; " + EVIDENCE["lab_copy"]
@@ -250,7 +256,7 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
         notes = ["train on documents that actually reach the target length"]
         if extrapolate:
             notes.append("past the trained length RoPE needs an extension: plan a YaRN long-context stage, or "
-                         "serve with dynamic NTK as a zero-shot fallback (docs/facts.md §4 LongRoPE Table 1)")
+                         "serve with dynamic NTK as a zero-shot fallback (Ding et al. 2024, LongRoPE Table 1)")
         return Recommendation(scheme="RoPE", method="none (train at the target length)", parameters=params,
                               reasons=reasons, alternatives=alternatives, config_snippet=snippet, notes=notes)
     s = _factor(T, L)
@@ -261,7 +267,7 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
              "below and train on long documents (the Llama 3.1 / Qwen 2.5 recipe)"]
     if extrapolate:
         notes.append("past the stage-2 length no RoPE method is reliable for retrieval; serve beyond it with "
-                     "dynamic NTK only as a graceful-degradation fallback (docs/facts.md §4 LongRoPE Table 1)")
+                     "dynamic NTK only as a graceful-degradation fallback (Ding et al. 2024, LongRoPE Table 1)")
     snippet = _snippet("yarn", L, T, theta)
     return Recommendation(scheme="RoPE", method="yarn (long-context stage)", parameters=params, reasons=reasons,
                           alternatives=alternatives, config_snippet=snippet, notes=notes)
@@ -277,7 +283,8 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
             parameters={"train_context": L, "target_context": T},
             reasons=[f"the target ({T}) fits in the trained context ({L}): every extension method would only "
                      "change behaviour inside the trained range (PI/YaRN/static NTK alter frequencies at every "
-                     "length)"],
+                     "length: transformers' modeling_rope_utils computes linear and yarn frequencies once, "
+                     "whatever the input length)"],
             alternatives=[_alt("any extension", "not needed below the trained length")],
             config_snippet={}, notes=notes)
     s = _factor(T, L)
@@ -310,15 +317,16 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
             ],
             config_snippet=_snippet("dynamic", L, T, theta),
             notes=notes + ["keep max_position_embeddings at the original context: dynamic NTK scales relative to "
-                           "it; cache keys before rotation for exactness under a KV cache (docs/facts.md §2)"])
+                           "it; cache keys before rotation for exactness under a KV cache (docs/scaling.md, the "
+                           "Rotary module)"])
     # budget == "finetune"
     reasons = [EVIDENCE["yarn"], EVIDENCE["pi"], EVIDENCE["lab_finetune"],
                "YaRN interpolates only the low-frequency pairs (wavelength > original context) and keeps the "
                "high-frequency ones, plus an attention temperature 0.1*ln(s)+1 that preserves attention entropy "
-               "(docs/lesson.md; docs/facts.md §2)"]
+               "(docs/lesson.md; Peng et al. 2023, YaRN)"]
     if task in ("code", "retrieval"):
         reasons.append("kept high-frequency pairs preserve local token order, which code and exact retrieval "
-                       "depend on; PI compresses them by the full factor (docs/facts.md §2: YaRN's ramp keeps pairs "
+                       "depend on; PI compresses them by the full factor (Peng et al. 2023, YaRN: its ramp keeps pairs "
                        "that turn more than beta_fast=32 times within L0)")
     return Recommendation(
         scheme="RoPE (existing model)", method="yarn + short fine-tune",

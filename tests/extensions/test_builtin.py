@@ -62,7 +62,7 @@ def test_llama3_writes_its_published_defaults_once_and_gives_llama_31_bands():
     mapping = {"head_dim": 128, "max_position_embeddings": written.max_position_embeddings,
                "rope_parameters": {"rope_theta": 500000.0, **written.scaling}}
     bands = frequency_bands(mapping)
-    assert (bands["kept"], bands["blended"], bands["interpolated"]) == (29, 6, 29)  # Llama 3.1, facts.md
+    assert (bands["kept"], bands["blended"], bands["interpolated"]) == (29, 6, 29)  # Llama 3.1 under the llama3 rule
 
 
 def test_longrope_initialisation_is_yarn_per_pair_ratio_and_lists_are_checked(tmp_path):

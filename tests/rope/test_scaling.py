@@ -115,7 +115,7 @@ def ntk_base_from(inv: torch.Tensor, d: int) -> float:
 
 
 def test_ntk_base_formula_published_values():
-    for s, base in [(4, 43873), (8, 91896)]:  # facts.md: head_dim 32, theta 1e4
+    for s, base in [(4, 43873), (8, 91896)]:  # 1e4 * s^(32/30): head_dim 32, theta 1e4
         inv, scaling = rope_parameters(cfg("ntk", head_dim=32, factor=float(s)))
         assert ntk_base_from(inv, 32) == pytest.approx(base, rel=1e-4)
         assert scaling == 1.0
@@ -325,7 +325,7 @@ def test_bad_values_raise_named_errors():
 def test_ntk_theta_published_values():
     from posenc.rope.scaling import ntk_theta
 
-    assert ntk_theta(1e4, 4, 32) == pytest.approx(43873, abs=1)    # facts.md §6: head_dim 32
+    assert ntk_theta(1e4, 4, 32) == pytest.approx(43873, abs=1)    # 1e4 * 4^(32/30), head_dim 32
     assert ntk_theta(1e4, 8, 32) == pytest.approx(91896, abs=1)
     assert ntk_theta(1e4, 1, 128) == 1e4                            # s = 1 changes nothing
 

@@ -26,7 +26,7 @@ def test_llama31_published_band_counts():
     assert report["scheme"] == "rope" and report["warnings"] == []
     (e,) = report["rope"]
     assert (e["rope_type"], e["rope_theta"], e["head_dim"], e["rotary_dim"]) == ("llama3", 500000.0, 128, 128)
-    assert e["bands"] == {"kept": 29, "blended": 6, "interpolated": 29, "removed": 0}  # published (facts.md §2)
+    assert e["bands"] == {"kept": 29, "blended": 6, "interpolated": 29, "removed": 0}  # Llama 3.1 (published config)
     # the same counts from Llama 3's wavelength thresholds L0/high = 2048 and L0/low = 8192, computed here
     wl = [2 * math.pi * 500000.0 ** (2 * j / 128) for j in range(64)]
     assert sum(w < 2048 for w in wl) == 29 and sum(w > 8192 for w in wl) == 29
