@@ -116,6 +116,10 @@ FLAGS = [
      "longrope-search: windows of the target length in its search and held-out splits (cut from the validation "
      "text after the part the lab reports on)"),
     ("--copy-examples", "copy_examples", int, "copy-task test sequences per length"),
+    ("--copy-distinct", "copy_distinct", _bool, "copy strings of distinct bytes, no repeats (yes/no; lengths up to "
+     "512)"),
+    ("--copy-min-fraction", "copy_min_fraction", float,
+     "shortest copy trained on, as a fraction of the longest that fits --train-len (0: from one byte)"),
     ("--passkey-depths", "passkey_depths", _floats, "comma-separated key depths in [0, 1]"),
     ("--passkey-trials", "passkey_trials", int, "passkey episodes per length x depth cell"),
     ("--device", "device", str, "auto (CUDA when present), cpu, cuda, cuda:N"),

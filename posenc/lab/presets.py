@@ -8,6 +8,7 @@
     passkey  passkey retrieval trained as episodes at 128, exact match over a length x depth grid to 512
     extend   context extension that trains, on the default model (train 128, target 1024), seeds 0,1,2: every
              method zero-shot, LongRoPE searched on the model, each method fine-tuned 100 steps at 1024, PoSE
+    extend-ntk  the same study on the ntk preset's model (train 256, target 1024)
     extend-passkey  passkey retrieval past the training length: PI and YaRN zero-shot vs fine-tuned at 512
     schemes  every registered scheme (+ rope with randomized positions) on the LM task to 8x, three seeds
     copy-cpu exercise 3 at CPU size: 4 layers, copy trained at 128, tested to 512, eleven schemes, three seeds
@@ -73,6 +74,8 @@ class LabConfig:
     search_generations: int = 10  # longrope-search: generations after the initial population (the paper: 40)
     search_windows: int = 4  # longrope-search: windows of the target length in each of its two splits
     copy_examples: int = 64
+    copy_distinct: bool = False  # copy strings of distinct bytes (posenc.lab.tasks.copy)
+    copy_min_fraction: float = 0.0  # shortest trained copy as a fraction of the longest (0: from one byte)
     passkey_depths: list = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     passkey_trials: int = 20
     # run
@@ -121,6 +124,9 @@ class LabConfig:
         for L in list(self.eval_lens) + list(self.sliding_lens):
             check_int(L, "eval_lens" if L in self.eval_lens else "sliding_lens", min=2, error=ConfigError)
         check_float(self.ext_factor, "ext_factor", min=0.0, error=ConfigError)
+        check_float(self.copy_min_fraction, "copy_min_fraction", min=0.0, max=1.0, error=ConfigError)
+        if not isinstance(self.copy_distinct, bool):
+            raise ConfigError(f"copy_distinct must be True or False, got {self.copy_distinct!r}")
         if 0 < self.ext_factor < 1:
             raise ConfigError(f"ext_factor: expected 0 (auto) or a factor >= 1, got {self.ext_factor}")
         if not self.seeds:
@@ -205,6 +211,13 @@ def apply_settings(cfg: LabConfig, settings: dict) -> LabConfig:
     return cfg
 
 
+# the lesson's exercise 2: RoPE trained at 256, tested to 1024 (docs/lab.md)
+NTK_MODEL = dict(schemes=["rope"], d_model=128, n_layers=4, n_heads=4, train_len=256, batch_size=16, steps=1500,
+                 eval_lens=[256, 512, 1024], sliding_stride=256)
+# context extension that trains (docs/lab.md): every method zero-shot, searched, fine-tuned and PoSE, 3 seeds
+EXTEND_STUDY = dict(schemes=["rope"], seeds=[0, 1, 2], finetune_steps=100,
+                    extensions=["linear", "ntk", "yarn", "llama3", "longrope-search", "pose-linear", "pose-yarn"])
+
 PRESETS: dict[str, dict] = {
     "smoke": dict(tasks=ALL, schemes=ALL, d_model=32, n_layers=1, n_heads=2,
                   train_len=96, batch_size=8, steps=12, warmup=3, eval_lens=[96, 192], eval_tokens=1024,
@@ -214,13 +227,13 @@ PRESETS: dict[str, dict] = {
                   finetune_steps=2, search_population=4, search_generations=1, search_windows=1,
                   randomized_positions=384, randomized_schemes=["rope"]),
     "default": dict(),
-    "extend": dict(schemes=["rope"], seeds=[0, 1, 2], finetune_steps=100,
-                   extensions=["linear", "ntk", "yarn", "llama3", "longrope-search", "pose-linear", "pose-yarn"]),
+    "extend": dict(EXTEND_STUDY),
     "extend-passkey": dict(tasks=["passkey"], schemes=["rope"], seeds=[0, 1, 2], batch_size=16, steps=3000,
                            eval_lens=[128, 256, 512], sliding_stride=0, finetune_steps=100,
                            extensions=["linear", "yarn"]),
-    "ntk": dict(schemes=["rope"], d_model=128, n_layers=4, n_heads=4, train_len=256, batch_size=16, steps=1500,
-                eval_lens=[256, 512, 1024], sliding_stride=256),
+    "ntk": dict(NTK_MODEL),
+    # the extension study (extend) on the ntk preset's model: trained at 256, target 1024
+    "extend-ntk": dict(NTK_MODEL, **EXTEND_STUDY),
     "copy": dict(tasks=["copy"], schemes=ALL, d_model=128, n_layers=4, n_heads=4, train_len=512,
                  batch_size=16, steps=3000, lr=1e-3, warmup=200, eval_lens=[256, 512, 1024, 2048], extensions=[],
                  sliding_stride=0, copy_examples=64),

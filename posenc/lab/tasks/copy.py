@@ -4,16 +4,25 @@ token accuracy per length, teacher forced.
 Episode: [x_1..x_n, SEP, x_1..x_n, pad...]; the loss scores only the copied half. With a deterministic copy,
 teacher-forced exact match equals greedy decoding's (greedy reproduces the teacher-forced prefix until its first
 wrong token).
+
+Two options (lab settings ``copy_distinct`` and ``copy_min_fraction``):
+- distinct bytes: x_1..x_n drawn without replacement, so every byte occurs once and "the byte after the one I just
+  copied" names a single source position. With repeats (the default) a 63-byte string of bytes holds ~7 repeated
+  bytes and an exact copy must also track where it is in the source; a 4-layer CPU-sized model then needs several
+  times more steps to copy exactly (docs/lab.md, exercise 3). At most 255 bytes, i.e. lengths up to 512.
+- the copy lengths trained on: n uniform in [ceil(f * n_max), n_max] instead of [1, n_max] (f = 0): long copies
+  carry more scored tokens per batch, and the test copies are the longest, n_max = copy_len(length).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
 import torch
 
-from posenc.errors import DataError
+from posenc.errors import ConfigError, DataError
 from posenc.lab.context import supports_length
 from posenc.lab.data import IGNORE, batch_generator
 from posenc.lab.plots import accuracy_plot
@@ -21,11 +30,14 @@ from posenc.lab.tables import fmt, markdown, pivot
 from posenc.lab.tasks.registry import Task, register_task
 
 COPY_SEP = 0  # never drawn as a content token (content bytes are 1..255)
+CONTENT = range(1, 256)
+MAX_DISTINCT_LEN = 2 * len(CONTENT) + 2  # longest sequence whose copy_len fits 255 distinct bytes
 
 
-def copy_example(n: int, length: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """One copy episode padded to ``length`` tokens -> (inputs, targets) with targets IGNORE outside the copy."""
-    xs = [rng.randrange(1, 256) for _ in range(n)]
+def copy_example(n: int, length: int, rng: random.Random, *, distinct: bool = False) -> tuple[list[int], list[int]]:
+    """One copy episode padded to ``length`` tokens -> (inputs, targets) with targets IGNORE outside the copy.
+    ``distinct``: the n bytes are drawn without replacement (n <= 255)."""
+    xs = rng.sample(CONTENT, n) if distinct else [rng.choice(CONTENT) for _ in range(n)]
     seq = xs + [COPY_SEP] + xs
     seq = seq + [COPY_SEP] * (length + 1 - len(seq))
     targets = [IGNORE] * length
@@ -39,17 +51,29 @@ def copy_len(length: int) -> int:
     return (length - 1) // 2
 
 
-class CopySampler:
-    """Copy episodes of length ``seq_len`` with n drawn uniformly from 1..copy_len(seq_len)."""
+def shortest_copy(length: int, min_fraction: float) -> int:
+    """Shortest copy trained on at sequence ``length``: ceil(min_fraction * copy_len(length)), at least 1."""
+    return max(1, math.ceil(min_fraction * copy_len(length) - 1e-9))
 
-    def __init__(self, seq_len: int, batch_size: int, seed: int):
+
+class CopySampler:
+    """Copy episodes of length ``seq_len`` with n drawn uniformly from shortest_copy(seq_len, min_fraction) to
+    copy_len(seq_len); ``distinct``: bytes without repeats."""
+
+    def __init__(self, seq_len: int, batch_size: int, seed: int, *, distinct: bool = False,
+                 min_fraction: float = 0.0):
         if seq_len < 3:
             raise DataError(f"seq_len: the copy task needs at least 3 tokens, got {seq_len}")
+        if distinct and seq_len > MAX_DISTINCT_LEN:
+            raise DataError(f"seq_len: copies of distinct bytes fit sequences up to {MAX_DISTINCT_LEN} tokens, "
+                            f"got {seq_len}")
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.distinct, self.shortest = distinct, shortest_copy(seq_len, min_fraction)
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1):
         rng = random.Random(int(batch_generator(self.seed, step).initial_seed()))
-        rows = [copy_example(rng.randint(1, copy_len(self.seq_len)), self.seq_len, rng)
+        rows = [copy_example(rng.randint(self.shortest, copy_len(self.seq_len)), self.seq_len, rng,
+                             distinct=self.distinct)
                 for _ in range(self.batch_size)][rank::world_size]
         return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
 
@@ -60,16 +84,17 @@ def _batches(n: int, per_batch: int):
 
 
 @torch.no_grad()
-def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu",
+def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu", distinct: bool = False,
               batch_tokens: int = 16384) -> dict | None:
-    """Copy task at sequence ``length`` (copy of copy_len(length) random bytes), teacher-forced.
+    """Copy task at sequence ``length`` (copy of copy_len(length) random bytes; ``distinct``: without repeats),
+    teacher-forced.
 
     -> {"exact_match", "token_accuracy"} or None when the model cannot encode ``length`` positions.
     """
     if not supports_length(model, length):
         return None
     rng = random.Random(seed * 7919 + length)
-    rows = [copy_example(copy_len(length), length, rng) for _ in range(n_examples)]
+    rows = [copy_example(copy_len(length), length, rng, distinct=distinct) for _ in range(n_examples)]
     exact, correct, scored = 0, 0, 0
     for idx in _batches(n_examples, max(1, batch_tokens // length)):
         inputs = torch.tensor([rows[i][0] for i in idx], device=device)
@@ -89,13 +114,21 @@ class Copy(Task):
     metrics = ("exact_match", "token_accuracy")
     title = "Copy task (teacher-forced argmax; exact match / token accuracy)"
 
+    def check(self, cfg) -> None:
+        longest = max([cfg.train_len] + list(cfg.eval_lens))
+        if cfg.copy_distinct and longest > MAX_DISTINCT_LEN:
+            raise ConfigError(f"train_len/eval_lens: copies of distinct bytes (copy_distinct) fit sequences up to "
+                              f"{MAX_DISTINCT_LEN} tokens (255 distinct bytes), got {longest}")
+
     def sampler(self, run, seq_len, batch_size, seed):
-        return CopySampler(seq_len, batch_size, seed)
+        cfg = run.cfg
+        return CopySampler(seq_len, batch_size, seed, distinct=cfg.copy_distinct, min_fraction=cfg.copy_min_fraction)
 
     def evaluate(self, ev) -> list[dict]:
         cfg = ev.cfg
         results = ev.map(lambda L: copy_eval(ev.model, L, n_examples=cfg.copy_examples, seed=ev.seed,
-                                             device=ev.device), cfg.eval_lens, cost=lambda L: L)
+                                             device=ev.device, distinct=cfg.copy_distinct),
+                         cfg.eval_lens, cost=lambda L: L)
         return [ev.row(L, metric, r and r[metric]) for L, r in zip(cfg.eval_lens, results) for metric in self.metrics]
 
     def report(self, results: list[dict]) -> str:
