@@ -246,9 +246,9 @@ PRESETS: dict[str, dict] = {
     # the lesson's exercise 3 at CPU size: copy task, 4 layers, trained at 128, tested to 4x (docs/lab.md)
     "copy-cpu": dict(tasks=["copy"], schemes=["nope", "rope", "alibi", "rope+alibi", "t5", "kerple", "fire", "xpos",
                                               "cope", "p-rope", "irope"],
-                     d_model=64, n_layers=4, n_heads=4, train_len=128, batch_size=16, steps=320, lr=3e-3, warmup=30,
-                     seeds=[0, 1, 2], eval_lens=[128, 256, 384, 512], extensions=[], sliding_stride=0,
-                     copy_examples=64),
+                     d_model=64, n_layers=4, n_heads=4, train_len=128, batch_size=16, steps=2000, lr=3e-3,
+                     warmup=100, seeds=[0, 1, 2], eval_lens=[128, 256, 384, 512], extensions=[], sliding_stride=0,
+                     copy_examples=64, copy_distinct=True, copy_min_fraction=0.5),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
                     n_heads=4, train_len=128, batch_size=16, steps=3000, eval_lens=[128, 256, 512],
                     sliding_stride=0, extensions=["ntk", "yarn"]),

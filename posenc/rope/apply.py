@@ -348,7 +348,9 @@ def _table_for(base, inv_freq, rotary_dim, attention_scaling, dim: int, device: 
         scaling = check_float(attention_scaling, "attention_scaling", positive=True)
         if inv_freq is None:
             rdim = even_int(dim if rotary_dim is None else rotary_dim, "rotary_dim")
-            inv = default_inv_freq(rdim, base, device=device)
+            # on the CPU whatever the device, as transformers builds it at model init: CUDA's float32 pow can
+            # differ by 1-2 ulp, and an ulp of inv_freq times position 5000 is a 3e-4 rad angle error
+            inv = default_inv_freq(rdim, base)
         else:
             inv = inv_freq.detach() if isinstance(inv_freq, torch.Tensor) else inv_freq
         inv64 = _checked_inv_freq(inv, device)

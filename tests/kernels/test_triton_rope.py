@@ -117,3 +117,16 @@ def test_gpu_dispatch_matches_cpu(dtype, layout):
     y = posenc.apply_rope(x, positions, layout=layout)
     y.backward(y.detach())                  # gradient of |y|^2 / 2 is R^T y = x
     assert torch.allclose(x.grad, x.detach(), atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_frequencies_are_the_cpu_ones():
+    # the cause of an fp32 GPU/CPU mismatch that grew with the position (6.6e-4 at position ~5300 on an H200):
+    # inv_freq computed by CUDA's float32 pow, 1-2 ulp off the CPU's (and transformers') values
+    from posenc.rope.apply import _table_for  # the table cache is the subject of this test
+
+    for dim, base in [(96, 10000.0), (128, 500000.0), (64, 1e6)]:
+        cuda = _table_for(base, None, dim, 1.0, dim, torch.device("cuda"), torch.float32).inv64
+        cpu = _table_for(base, None, dim, 1.0, dim, torch.device("cpu"), torch.float32).inv64
+        assert torch.equal(cuda.cpu(), cpu)
