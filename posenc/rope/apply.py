@@ -38,12 +38,15 @@ def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str
     """inv_freq[j] = base^(-2j/dim) for j < dim/2, as float32 [dim // 2].
 
     Computed exactly as Hugging Face transformers does (float32 exponent and power), so scaled variants built
-    on it match transformers bit for bit.
+    on it match transformers bit for bit. Always computed on the CPU (as transformers does at model init), then
+    moved to ``device``: CUDA's float32 pow can differ by 1-2 ulp, and one ulp of inv_freq times position 5000 is
+    a 3e-4 rad angle error.
     """
     even_int(dim, "dim")
     base = positive_float(base, "base")
-    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
-    return 1.0 / (base ** exponent)
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    inv = 1.0 / (base ** exponent)
+    return inv if device is None else inv.to(device)
 
 
 def _angles_cos_sin(positions: torch.Tensor, inv64: torch.Tensor, attention_scaling: float,
@@ -348,9 +351,7 @@ def _table_for(base, inv_freq, rotary_dim, attention_scaling, dim: int, device: 
         scaling = check_float(attention_scaling, "attention_scaling", positive=True)
         if inv_freq is None:
             rdim = even_int(dim if rotary_dim is None else rotary_dim, "rotary_dim")
-            # on the CPU whatever the device, as transformers builds it at model init: CUDA's float32 pow can
-            # differ by 1-2 ulp, and an ulp of inv_freq times position 5000 is a 3e-4 rad angle error
-            inv = default_inv_freq(rdim, base)
+            inv = default_inv_freq(rdim, base, device=device)
         else:
             inv = inv_freq.detach() if isinstance(inv_freq, torch.Tensor) else inv_freq
         inv64 = _checked_inv_freq(inv, device)

@@ -130,3 +130,4 @@ def test_gpu_frequencies_are_the_cpu_ones():
         cuda = _table_for(base, None, dim, 1.0, dim, torch.device("cuda"), torch.float32).inv64
         cpu = _table_for(base, None, dim, 1.0, dim, torch.device("cpu"), torch.float32).inv64
         assert torch.equal(cuda.cpu(), cpu)
+        assert torch.equal(posenc.default_inv_freq(dim, base, device="cuda").cpu(), posenc.default_inv_freq(dim, base))
