@@ -93,6 +93,13 @@ FLAGS = [
     ("--warmup", "warmup", int, "warmup steps"),
     ("--weight-decay", "weight_decay", float, "AdamW weight decay"),
     ("--grad-clip", "grad_clip", float, "gradient-norm clip"),
+    ("--bias-lr-scale", "bias_lr_scale", float,
+     "learning-rate multiplier for learned attention-logit biases (T5, KERPLE, FIRE): Adam moves a weight by ~lr "
+     "per step, so a bias alone needs ~logit / lr steps"),
+    ("--train-until", "train_until", float,
+     "stop training a model once its task's criterion at the training length reaches this (copy: exact match on "
+     "held-out strings; passkey: retrieval rate); --steps is then the cap (0: off)"),
+    ("--check-every", "check_every", int, "steps between two checks of --train-until"),
     ("--seeds", "seeds", _ints, "comma-separated seeds; several are reported as mean +- std"),
     ("--eval-lens", "eval_lens", _ints, "comma-separated evaluation lengths"),
     ("--eval-tokens", "eval_tokens", int, "tokens scored per LM evaluation length"),

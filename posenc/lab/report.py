@@ -62,7 +62,11 @@ def write_report(doc: dict, out: Path) -> Path:
         + ("" if m.get("bias", True) else ", no LayerNorm or MLP biases (MPT's block)")
         + (f", scheme options {m['scheme_options']}" if m.get("scheme_options") else ""),
         f"- training: length {s['train_len']}, batch {s['batch_size']}, {t['steps']} AdamW steps, lr {t['lr']:g} "
-        f"(warmup {t['warmup']}, cosine), weight decay {t['weight_decay']}, clip {t['grad_clip']}",
+        f"(warmup {t['warmup']}, cosine), weight decay {t['weight_decay']}, clip {t['grad_clip']}"
+        + (f", learned attention biases (T5, KERPLE, FIRE) at {t['bias_lr_scale']:g}x the learning rate"
+           if t.get("bias_lr_scale", 1.0) != 1.0 else "")
+        + (f"; each model trained until its criterion at the training length reached {s['train_until']:g} "
+           f"(checked every {s['check_every']} steps; {t['steps']} steps is the cap)" if s.get("train_until") else ""),
         f"- evaluation lengths: {s['eval_lens']}; LM tokens scored per length: {s['eval_tokens']}",
         f"- extension methods on the {', '.join(s['extended_schemes'])} model: {', '.join(s['extensions']) or 'none'} "
         f"with factor {meta['extension_factor']:g} and original length = train length {s['train_len']}"
@@ -88,13 +92,39 @@ def write_report(doc: dict, out: Path) -> Path:
               "static NTK base for exactly (length / train length) at each length.", ""]
     for name in plots:
         lines += [f"![{name}]({name})", ""]
-    lines += ["## Timings", "", markdown(["model", "train (s)", "eval (s)", "train tokens/s", "train GFLOP/s"],
-              [[k, str(v["train"]), str(v["eval"]), str(v.get("tokens_per_s", "-")), str(v.get("gflops", "-"))]
-               for k, v in meta["timings_s"].items()]), ""]
+    steps = criterion_table(meta)
+    if steps:
+        lines += ["## Training to the criterion", "", steps, ""]
+    lines += ["## Timings", "", markdown(["model", "train (s)", "eval (s)", "train tokens/s", "train GFLOP/s", "steps"],
+              [[k, str(v["train"]), str(v["eval"]), str(v.get("tokens_per_s", "-")), str(v.get("gflops", "-")),
+                _steps(v)] for k, v in meta["timings_s"].items()]), ""]
     costs = extension_costs(meta)
     if costs:
         lines += ["## Extension costs", "", costs, ""]
     return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def _steps(timing: dict) -> str:
+    if "steps" not in timing:
+        return "-"
+    return str(timing["steps"]) + ("" if timing.get("criterion_met", True) else " (cap, not met)")
+
+
+def criterion_table(meta: dict) -> str:
+    """With --train-until: per model (all seeds) the steps it trained, mean +- std, and how many met the
+    criterion before the cap; "" otherwise."""
+    by: dict[str, list] = {}
+    for key, timing in meta["timings_s"].items():
+        if "steps" in timing:
+            by.setdefault(key.rsplit("/seed", 1)[0], []).append(timing)
+    body = []
+    for label, runs in by.items():
+        steps = [r["steps"] for r in runs]
+        mean = sum(steps) / len(steps)
+        std = (sum((x - mean) ** 2 for x in steps) / (len(steps) - 1)) ** 0.5 if len(steps) > 1 else 0.0
+        body.append([label, f"{mean:.0f} +- {std:.0f}", ", ".join(map(str, steps)),
+                     f"{sum(bool(r['criterion_met']) for r in runs)} of {len(runs)}"])
+    return markdown(["model", "steps (mean +- std)", "per seed", "met the criterion"], body) if body else ""
 
 
 def extension_costs(meta: dict) -> str:

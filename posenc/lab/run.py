@@ -152,10 +152,13 @@ def run_unit(run: Run, unit: Unit, rows: list, curves: dict) -> dict:
         rows += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
         extensions = (f"{task}/{scheme}/seed{seed}", ext)
     t_eval = time.perf_counter() - t0 - t_train
-    return {"rows": rows, "curves": curves, "extensions": extensions,
-            "timing": (f"{task}/{name}/seed{seed}", {"train": round(t_train, 1), "eval": round(t_eval, 1),
-                                                     **throughput(model.cfg, cfg, trained)}),
-            "log": f"  {task:7s} {name:11s} seed {seed}: train {t_train:5.1f} s, eval {t_eval:5.1f} s"}
+    timing = {"train": round(t_train, 1), "eval": round(t_eval, 1), **throughput(model.cfg, cfg, trained)}
+    reached = ""
+    if cfg.train_until:  # the steps it took (or the cap, not reached)
+        timing.update(steps=trained["step"], criterion_met=trained["criterion_met"])
+        reached = f", {'criterion met at' if trained['criterion_met'] else 'criterion NOT met by'} step {trained['step']}"
+    return {"rows": rows, "curves": curves, "extensions": extensions, "timing": (f"{task}/{name}/seed{seed}", timing),
+            "log": f"  {task:7s} {name:11s} seed {seed}: train {t_train:5.1f} s, eval {t_eval:5.1f} s{reached}"}
 
 
 def _collect(done: dict[int, dict], meta: dict) -> tuple[list[dict], dict]:
@@ -292,9 +295,14 @@ def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0
     if randomized:
         start = (checkpoint_step(ckpt) or 0) if run.resume else 0
         model.train_positions = RandomizedTrainPositions(randomized, seed, start)
+    until = None
+    if cfg.train_until:  # train to the task's criterion (steps is the cap)
+        def until() -> bool:
+            with autocast(run.precision, run.device):
+                return get_task(task).criterion(run, model, seed) >= cfg.train_until
     result = train(model, sampler, training(cfg), device=run.device, ckpt_path=ckpt, resume=run.resume,
                    run_settings=run_settings, desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress,
-                   precision=run.precision)
+                   precision=run.precision, until=until, check_every=cfg.check_every)
     model.train_positions = None
     return model, result
 

@@ -11,11 +11,12 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from posenc._validate import check_choice
+from posenc._validate import check_choice, check_int
 from posenc.errors import CheckpointError, ConfigError
 from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from posenc.lab.data import IGNORE
@@ -33,6 +34,11 @@ class TrainSettings:
     betas: tuple = (0.9, 0.95)
     grad_clip: float = 1.0
     ckpt_every: int = 0  # 0: only at the end
+    # learning-rate multiplier for a scheme's learned attention-logit biases (``Scheme.learned_bias``: T5's table,
+    # KERPLE's r1/r2, FIRE's MLP). Adam moves every weight by about lr per step whatever its gradient, so a bias
+    # that must reach a logit of ~5 needs ~5 / lr steps (1700 at 3e-3), while a projection's many weights shift a
+    # logit together. Weight decay keeps its per-step strength.
+    bias_lr_scale: float = 1.0
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -45,11 +51,24 @@ def lr_at(step: int, s: TrainSettings) -> float:
 
 def make_optimizer(model: torch.nn.Module, s: TrainSettings, **options) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms, biases or 1-D tables). ``options`` go to AdamW
-    (``foreach=True``, ``fused=True``: benchmarks/lab_throughput.py compares them)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=tuple(s.betas), **options)
+    (``foreach=True``, ``fused=True``: benchmarks/lab_throughput.py compares them).
+
+    With ``s.bias_lr_scale`` != 1 and a scheme whose parameters are logit biases (``model.scheme.learned_bias``),
+    those parameters form two more groups whose ``lr_scale`` multiplies the schedule's rate (``train_step``) and
+    whose weight decay is divided by it (AdamW decays by lr * weight_decay per step, kept as for every other weight).
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    scale = s.bias_lr_scale
+    scaled = scale != 1 and getattr(getattr(model, "scheme", None), "learned_bias", False)
+    own = {n for n, _ in params if n.startswith("scheme.")} if scaled else set()
+    groups = [{"params": [p for n, p in params if n not in own and p.dim() >= 2], "weight_decay": s.weight_decay},
+              {"params": [p for n, p in params if n not in own and p.dim() < 2], "weight_decay": 0.0}]
+    if own:
+        groups += [{"params": [p for n, p in params if n in own and p.dim() >= 2], "lr_scale": scale,
+                    "weight_decay": s.weight_decay / scale},
+                   {"params": [p for n, p in params if n in own and p.dim() < 2], "lr_scale": scale,
+                    "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), **options)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -67,8 +86,9 @@ def train_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Op
     -> the loss: a detached 0-d tensor (read it when needed: no device sync per step), or under DDP
     (``world_size`` > 1) the global batch's mean as a float.
     """
+    lr = lr_at(step, settings)
     for group in opt.param_groups:
-        group["lr"] = lr_at(step, settings)
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     inputs, targets = batch[0].to(device), batch[1].to(device)
     with autocast(precision, device):
         if world_size > 1:  # this rank's share of the global batch's mean loss; `shown` is that global mean
@@ -87,13 +107,21 @@ def train_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Op
 def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: str | torch.device = "cpu",
           ckpt_path: str | Path | None = None, resume: bool = False, run_settings: dict | None = None,
           stop_after: int | None = None, desc: str = "train", progress: bool = True,
-          rank: int | None = None, world_size: int | None = None, precision: str = "fp32") -> dict:
-    """Train ``model`` in place for ``settings.steps`` steps; returns {"step", "losses", "wall_s", "resumed_from"}.
+          rank: int | None = None, world_size: int | None = None, precision: str = "fp32",
+          until: Callable[[], bool] | None = None, check_every: int = 100) -> dict:
+    """Train ``model`` in place for ``settings.steps`` steps; returns {"step", "losses", "wall_s", "resumed_from",
+    "criterion_met"}.
 
     ``sampler.batch(step, rank, world_size)`` -> (inputs [B, T], targets [B, T]). With ``resume`` and an existing
     ``ckpt_path``, continues from its step (its ``run_settings`` must match). ``stop_after`` ends the call early
     after that many total steps (used to test interruption); a checkpoint is written then and at the end.
     ``precision``: "fp32" or "bf16" (autocast of the forward pass and loss; recorded in the run settings).
+
+    ``until``: a training criterion, called (model in eval mode, no grad) every ``check_every`` steps and once
+    on resuming; training ends at the first check that returns True (``settings.steps`` stays the cap and the
+    learning-rate schedule's length, so the steps before a stop are those of an uninterrupted run). A resumed run
+    that had stopped there stops again at once: the check of the same weights gives the same answer. Under
+    several processes rank 0's answer is everyone's.
     """
     from tqdm.auto import tqdm
 
@@ -104,7 +132,10 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     opt = make_optimizer(model, settings)
     start = 0
     check_choice(precision, "precision", ("fp32", "bf16"), error=ConfigError)
-    run_settings = {"train": asdict(settings), **(run_settings or {})}
+    train_settings = asdict(settings)
+    if train_settings["bias_lr_scale"] == 1.0:  # absent at its default: older checkpoints still resume
+        del train_settings["bias_lr_scale"]
+    run_settings = {"train": train_settings, **(run_settings or {})}
     if precision != "fp32":  # absent for fp32, so checkpoints written before the setting existed still resume
         run_settings["precision"] = precision
     run_settings = _jsonable(run_settings)
@@ -122,6 +153,11 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         check_batch_size(sampler.batch_size, world_size)
         net = ddp_wrap(model, start, run_settings)
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    if until is not None:
+        check_int(check_every, "check_every", min=1, error=ConfigError)
+    met = until is not None and 0 < start < end and _criterion(model, until, world_size)
+    if met:
+        end = start
     losses: list = []  # 0-d tensors (floats under DDP), read every 10 steps for the bar and once at the end
     t0 = time.perf_counter()
     bar = tqdm(range(start, end), desc=desc, initial=start, total=settings.steps, leave=False,
@@ -133,6 +169,9 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
             recent = [float(x) for x in losses[-10:]]
             bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}", refresh=False)
         done = step + 1
+        if until is not None and done % check_every == 0 and done < end and _criterion(model, until, world_size):
+            met, end = True, done
+            break
         if ckpt_path is not None and settings.ckpt_every and done % settings.ckpt_every == 0 and done < end:
             _save(ckpt_path, model, opt, done, run_settings)
     bar.close()
@@ -140,7 +179,22 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         _save(ckpt_path, model, opt, end, run_settings)
     model.eval()
     return {"step": end, "losses": [float(x) for x in losses], "wall_s": time.perf_counter() - t0,
-            "resumed_from": start}
+            "resumed_from": start, "criterion_met": met}
+
+
+def _criterion(model: torch.nn.Module, until: Callable[[], bool], world_size: int) -> bool:
+    """``until()`` with the model in eval mode and no autograd; rank 0's answer under several processes."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            met = bool(until())
+    finally:
+        model.train()
+    if world_size > 1:
+        flag = torch.tensor([float(met)], device=next(model.parameters()).device)
+        torch.distributed.broadcast(flag, src=0)
+        met = bool(flag.item())
+    return met
 
 
 def restart_hint(path, lower: bool = False) -> str:

@@ -81,6 +81,9 @@ class Scheme(nn.Module):
     length_dependent = False
     max_len: int | None = None
     extendable = False
+    # its parameters are additive attention-logit biases (T5, KERPLE, FIRE), which the lab may train at a higher
+    # learning rate (posenc.lab.train.TrainSettings.bias_lr_scale); not embeddings dotted with q (CoPE, a table)
+    learned_bias = False
 
     @property
     def capabilities(self) -> Capabilities:

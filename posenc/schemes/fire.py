@@ -25,6 +25,7 @@ class FIREScheme(Scheme):
     """FIRE's learned MLP of the progressively normalised log distance, per layer, added to the logits."""
 
     biases = True
+    learned_bias = True
 
     def __init__(self, n_heads: int, n_layers: int, max_len: int, *, fire_width: int = 32, fire_c: float = 0.1,
                  fire_threshold: float | None = None):

@@ -24,6 +24,7 @@ class KerpleScheme(Scheme):
     """KERPLE's learned log (or power) distance kernel per layer and head, added to the logits."""
 
     biases = True
+    learned_bias = True
 
     def __init__(self, n_heads: int, n_layers: int, *, kerple_variant: str = "log"):
         super().__init__()

@@ -22,6 +22,7 @@ class T5Scheme(Scheme):
     """T5's learned bias per (bucket of j - i, head), added to the logits (Raffel et al. 2020)."""
 
     biases = True
+    learned_bias = True
 
     def __init__(self, n_heads: int, *, t5_buckets: int = 32, t5_max_distance: int = 128):
         super().__init__()

@@ -125,3 +125,70 @@ def test_training_memory_does_not_grow_with_the_steps():
     result = train(model, sampler, TrainSettings(steps=250, warmup=5), progress=False)
     assert len(result["losses"]) == 250
     assert _rss_mb() - before < 150, "RSS grew with the steps (the leak: ~+500 MB at these settings)"
+
+
+def test_training_to_a_criterion_stops_at_the_first_check_that_holds(tmp_path):
+    sampler = CopySampler(16, 4, seed=1)
+    s = TrainSettings(steps=30, warmup=2, lr=1e-2, ckpt_every=7)
+    checks: list[int] = []
+
+    def until_step(n, model):
+        def until():
+            assert not model.training and not torch.is_grad_enabled()  # checked like an evaluation
+            checks.append(len(checks))
+            return len(checks) * 5 >= n
+        return until
+
+    ckpt = tmp_path / "u.safetensors"
+    stopped = _model()
+    r = train(stopped, sampler, s, ckpt_path=ckpt, until=until_step(15, stopped), check_every=5, progress=False)
+    assert r["step"] == 15 and r["criterion_met"] and len(r["losses"]) == 15 and len(checks) == 3
+    assert stopped.training is False and read_checkpoint(ckpt)[1]["step"] == 15
+    # the steps before the stop are an uninterrupted run's (same schedule: steps stays the cap)
+    plain = _model()
+    r_plain = train(plain, sampler, s, stop_after=15, progress=False)
+    assert r_plain["losses"] == r["losses"] and not r_plain["criterion_met"]
+    assert all(torch.equal(v, stopped.state_dict()[k]) for k, v in plain.state_dict().items())
+    # resuming a run that met its criterion checks once and trains nothing
+    checks.clear()
+    again = _model(seed=3)
+    r2 = train(again, sampler, s, ckpt_path=ckpt, resume=True, until=lambda: True, check_every=5, progress=False)
+    assert r2["step"] == 15 and r2["losses"] == [] and r2["criterion_met"]
+    # a criterion never met: the cap
+    r3 = train(_model(), sampler, s, until=lambda: False, check_every=5, progress=False)
+    assert r3["step"] == 30 and not r3["criterion_met"]
+
+
+def test_check_every_must_be_positive():
+    from posenc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="check_every"):
+        train(_model(), CopySampler(16, 2, seed=0), TrainSettings(steps=2, warmup=1), until=lambda: True,
+              check_every=0, progress=False)
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_bias_lr_scale_multiplies_the_step_of_learned_logit_biases_only(scale):
+    # Adam's first step moves every weight with a gradient by lr * g / (|g| + eps) ~ lr: the scheme's own weights
+    # (T5's bias table) by lr * scale, all others by lr; decay lr * weight_decay per step either way
+    from posenc.lab.train import train_step
+
+    torch.manual_seed(0)
+    model = TinyLM(ModelConfig(scheme="t5", **CFG))
+    s = TrainSettings(steps=10, warmup=1, lr=1e-3, weight_decay=0.0, bias_lr_scale=scale)
+    opt = make_optimizer(model, s)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train_step(model, model, opt, CopySampler(16, 4, seed=0).batch(0), 0, s)
+    moved = {k: (v - before[k]).abs() for k, v in model.state_dict().items()}
+    table = moved["scheme.table.weight"]
+    assert table.max() == pytest.approx(1e-3 * scale, rel=1e-3)
+    assert moved["blocks.0.attn.qkv.weight"].max() == pytest.approx(1e-3, rel=1e-3)
+    if scale != 1:  # the scaled groups keep lr * weight_decay: weight decay divided by the scale
+        decayed = make_optimizer(model, TrainSettings(weight_decay=0.1, bias_lr_scale=scale)).param_groups
+        assert [g["weight_decay"] * g.get("lr_scale", 1) for g in decayed] == pytest.approx([0.1, 0, 0.1, 0])
+    else:
+        assert len(opt.param_groups) == 2  # unchanged optimizer (older checkpoints load)
+    # only logit biases are scaled: CoPE's embeddings enter through q . e, like a key
+    torch.manual_seed(0)
+    cope = TinyLM(ModelConfig(scheme="cope", **CFG))
+    assert not cope.scheme.learned_bias and len(make_optimizer(cope, s).param_groups) == 2

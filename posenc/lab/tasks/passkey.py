@@ -14,7 +14,7 @@ from posenc.lab.context import supports_length
 from posenc.lab.data import IGNORE, batch_generator
 from posenc.lab.plots import accuracy_plot
 from posenc.lab.tables import markdown, model_label, sort_key
-from posenc.lab.tasks.registry import Task, register_task
+from posenc.lab.tasks.registry import HELD_OUT, Task, register_task
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = "What is the pass key? The pass key is "
@@ -98,6 +98,13 @@ class Passkey(Task):
 
     def sampler(self, run, seq_len, batch_size, seed):
         return PasskeySampler(seq_len, batch_size, seed)
+
+    def criterion(self, run, model, seed: int) -> float:
+        """Retrieval rate at the training length over the depths, on held-out keys (another draw than the test's)."""
+        cfg = run.cfg
+        rates = [passkey_eval(model, cfg.train_len, depth, n_trials=cfg.passkey_trials, seed=HELD_OUT + seed,
+                              device=run.device) for depth in cfg.passkey_depths]
+        return sum(rates) / len(rates)
 
     def evaluate(self, ev) -> list[dict]:
         cfg = ev.cfg

@@ -19,6 +19,9 @@ from posenc.errors import ConfigError
 from posenc.lab.tables import markdown, pivot, fmt
 
 
+HELD_OUT = 1_000_003  # seed offset of a criterion's held-out episodes (the test episodes use the seed itself)
+
+
 class Task:
     """Base class of a lab task. Subclasses override ``sampler`` and ``evaluate``; the rest has defaults.
 
@@ -43,6 +46,15 @@ class Task:
     def evaluate(self, ev) -> list[dict]:
         """Score ``ev.model`` (a ``posenc.lab.context.Evaluation``) -> result rows built with ``ev.row``."""
         raise NotImplementedError
+
+    def criterion(self, run, model, seed: int) -> float:
+        """The training criterion for ``--train-until``: a score in [0, 1] of ``model`` (eval mode, no grad) at
+        the training length, on held-out episodes that are not the test ones (optional; a task without it
+        cannot train to a criterion)."""
+        raise NotImplementedError
+
+    def has_criterion(self) -> bool:
+        return type(self).criterion is not Task.criterion
 
     def report(self, results: list[dict]) -> str:
         """Its section of the terminal / report.md tables (default: one table per metric, by length)."""

@@ -18,16 +18,23 @@ from posenc.schemes import NoPEScheme
 
 def test_copy_example_layout():
     inputs, targets = copy_example(4, 12, random.Random(0))
-    xs = inputs[:4]
-    assert inputs[4] == COPY_SEP and inputs[5:9] == xs and len(inputs) == 12
-    assert targets[4:8] == xs and all(t == IGNORE for i, t in enumerate(targets) if not 4 <= i < 8)
+    xs = inputs[1:5]
+    assert inputs[0] == inputs[5] == COPY_SEP and COPY_SEP not in xs and inputs[6:10] == xs and len(inputs) == 12
+    # the second separator (position 5) predicts x_1: each target is the byte after its input's first occurrence
+    assert targets[5:9] == xs and all(t == IGNORE for i, t in enumerate(targets) if not 5 <= i < 9)
+    for i in range(5, 9):
+        assert targets[i] == inputs[inputs.index(inputs[i]) + 1]
+    # the longest copy fills the sequence: SEP, n bytes, SEP, the first n - 1 copied bytes
+    inputs, targets = copy_example(copy_len(11), 11, random.Random(1))
+    assert copy_len(11) == copy_len(12) == 5 and targets[-1] == inputs[5] and inputs[-1] == inputs[4]
     x, y = CopySampler(21, 5, 0).batch(0)
     assert x.shape == y.shape == (5, 21) and (y != IGNORE).sum(1).min() >= 1
     assert torch.equal(x, CopySampler(21, 5, 0).batch(0)[0])
 
 
 class _Copier(torch.nn.Module):
-    """Oracle for the copy task: after the separator at position n, predicts the token n + 1 places back."""
+    """Oracle for the copy task: from the second separator (position n + 1) on, predicts the token n + 1 places
+    back."""
 
     scheme = NoPEScheme()
 
@@ -39,9 +46,9 @@ class _Copier(torch.nn.Module):
         B, T = tokens.shape
         logits = torch.zeros(B, T, 256)
         for b in range(B):
-            n = (tokens[b] == COPY_SEP).nonzero()[0].item()
-            for i in range(n):
-                tok = int(tokens[b, i]) if not (self.wrong_last and i == n - 1) else 1 + int(tokens[b, i]) % 255
+            n = (tokens[b] == COPY_SEP).nonzero()[1].item() - 1
+            for i in range(1, n + 1):
+                tok = int(tokens[b, i]) if not (self.wrong_last and i == n) else 1 + int(tokens[b, i]) % 255
                 logits[b, n + i, tok] = 1.0
         return logits
 
@@ -61,7 +68,7 @@ def test_learned_model_is_not_evaluated_past_its_table():
 def test_default_bytes_are_the_uniform_draw_of_randrange():
     # the repeated-bytes episode is the plain draw (results of earlier runs stay reproducible)
     rng_a, rng_b = random.Random(7), random.Random(7)
-    assert copy_example(40, 81, rng_a)[0][:40] == [rng_b.randrange(1, 256) for _ in range(40)]
+    assert copy_example(40, 81, rng_a)[0][1:41] == [rng_b.randrange(1, 256) for _ in range(40)]
 
 
 @pytest.mark.parametrize("seq_len", [9, 128, 512])
@@ -70,10 +77,11 @@ def test_distinct_copies_and_their_lengths(seq_len):
     x, y = sampler.batch(5)
     longest = copy_len(seq_len)
     for row, target in zip(x.tolist(), y.tolist()):
-        n = row.index(COPY_SEP)
+        n = row.index(COPY_SEP, 1) - 1
+        xs = row[1:n + 1]
         assert math.ceil(0.5 * longest) <= n <= longest
-        assert len(set(row[:n])) == n and COPY_SEP not in row[:n]  # no repeats, no separator in the content
-        assert row[n + 1:2 * n + 1] == row[:n] and [t for t in target if t != IGNORE] == row[:n]
+        assert len(set(xs)) == n and COPY_SEP not in xs  # no repeats, no separator in the content
+        assert row[n + 2:2 * n + 2] == xs[:len(row) - n - 2] and [t for t in target if t != IGNORE] == xs
     assert shortest_copy(128, 0.0) == 1 and shortest_copy(128, 1.0) == copy_len(128) == 63
     assert shortest_copy(128, 0.5) == 32  # ceil(31.5)
 
@@ -87,3 +95,42 @@ def test_distinct_scoring_and_limits():
         get_preset("copy-cpu", copy_distinct=True, eval_lens=[128, 1024])
     with pytest.raises(ConfigError, match="copy_min_fraction"):
         get_preset("copy-cpu", copy_min_fraction=1.5)
+
+
+def test_the_training_criterion_is_exact_match_on_held_out_strings():
+    from types import SimpleNamespace
+
+    from posenc.lab.tasks import get_task
+    from posenc.lab.tasks.registry import HELD_OUT
+
+    run = SimpleNamespace(cfg=get_preset("copy-cpu", copy_examples=5), device="cpu")
+    task = get_task("copy")
+    assert task.has_criterion() and not get_task("lm").has_criterion()
+    assert task.criterion(run, _Copier(), 0) == 1.0 and task.criterion(run, _Copier(wrong_last=True), 0) == 0.0
+    # its strings are not the test's: copy_eval draws from (seed, length)
+    held, test = random.Random(HELD_OUT * 7919 + 128), random.Random(0 * 7919 + 128)
+    assert copy_example(63, 128, held, distinct=True) != copy_example(63, 128, test, distinct=True)
+
+
+def test_a_lab_run_trains_each_model_to_the_criterion(tmp_path, monkeypatch):
+    from posenc.lab.run import run_lab
+    from posenc.lab.tasks import get_task
+
+    calls: dict[int, int] = {}
+
+    def criterion(self, run, model, seed):  # met at the second check for seed 0, never for seed 1
+        calls[seed] = calls.get(seed, 0) + 1
+        return 1.0 if seed == 0 and calls[seed] >= 2 else 0.0
+
+    monkeypatch.setattr(type(get_task("copy")), "criterion", criterion)
+    cfg = get_preset("smoke", tasks=["copy"], schemes=["alibi"], extensions=[], seeds=[0, 1], steps=9,
+                     train_until=0.95, check_every=3, jobs=1, out=str(tmp_path))
+    doc = run_lab(cfg, progress=False, log=lambda *a: None)
+    timings = doc["meta"]["timings_s"]
+    assert timings["copy/alibi/seed0"]["steps"] == 6 and timings["copy/alibi/seed0"]["criterion_met"]
+    assert timings["copy/alibi/seed1"]["steps"] == 9 and not timings["copy/alibi/seed1"]["criterion_met"]
+    assert calls == {0: 2, 1: 2}  # checks at 3 and 6 (none at the cap)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Training to the criterion" in report and "| copy/alibi | 8 +- 2 | 6, 9 | 1 of 2 |" in report
+    with pytest.raises(ConfigError, match="train_until: task 'lm' has no training criterion"):
+        get_preset("smoke", tasks=["lm"], train_until=0.9)
