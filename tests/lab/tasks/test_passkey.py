@@ -58,3 +58,29 @@ def test_passkey_scoring_with_an_oracle_and_a_real_model():
 
 def test_learned_model_is_not_evaluated_past_its_table():
     assert passkey_eval(_model("learned"), 100, 0.5, n_trials=1, seed=0) is None
+
+
+class _FirstDigitsReader(_KeyReader):
+    """Reads the key right only where it sits in the first half of the prompt (depth <= 0.5)."""
+
+    def generate(self, prompts, n_new):
+        out = super().generate(prompts, n_new)
+        for i, row in enumerate(prompts):
+            text = bytes(row.tolist()).decode()
+            if text.index("The pass key is ") > len(text) // 2:
+                out[i] = torch.tensor(list(b"x" * n_new))  # never a key: keys are digits
+        return out
+
+
+def test_the_training_criterion_is_the_mean_retrieval_over_the_depths():
+    from types import SimpleNamespace
+
+    from posenc.lab.presets import get_preset
+    from posenc.lab.tasks import get_task
+
+    task = get_task("passkey")
+    run = SimpleNamespace(cfg=get_preset("passkey", train_len=200, passkey_trials=3,
+                                         passkey_depths=[0.0, 0.25, 1.0]), device="cpu")
+    assert task.has_criterion() and task.criterion(run, _KeyReader(), 0) == 1.0
+    # the key is missed at depth 1.0 only: 2 of 3 depths
+    assert task.criterion(run, _FirstDigitsReader(), 0) == pytest.approx(2 / 3)
