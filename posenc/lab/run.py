@@ -156,7 +156,8 @@ def run_unit(run: Run, unit: Unit, rows: list, curves: dict) -> dict:
     reached = ""
     if cfg.train_until:  # the steps it took (or the cap, not reached)
         timing.update(steps=trained["step"], criterion_met=trained["criterion_met"])
-        reached = f", {'criterion met at' if trained['criterion_met'] else 'criterion NOT met by'} step {trained['step']}"
+        verdict = "criterion met at" if trained["criterion_met"] else "criterion NOT met by"
+        reached = f", {verdict} step {trained['step']}"
     return {"rows": rows, "curves": curves, "extensions": extensions, "timing": (f"{task}/{name}/seed{seed}", timing),
             "log": f"  {task:7s} {name:11s} seed {seed}: train {t_train:5.1f} s, eval {t_eval:5.1f} s{reached}"}
 
