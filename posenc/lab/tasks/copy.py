@@ -7,8 +7,8 @@ wrong token).
 
 Why the leading separator: every copied byte, the first included, is then "the byte after the previous occurrence
 of the current token" (an induction step, Olsson et al. 2022). Without it the first byte sits at absolute position
-0 with nothing before it, and a relative scheme must locate the sequence start from n + 1 tokens away: ALiBi, T5
-and FIRE models copied 98% of the tokens yet almost no string exactly, all failing on that one byte (docs/lab.md).
+0 with nothing before it, and a relative scheme must locate the sequence start from n + 1 tokens away: T5 and
+FIRE models copied 98% of the tokens yet almost no string exactly, all failing on that one byte (docs/lab.md).
 
 Two options (lab settings ``copy_distinct`` and ``copy_min_fraction``):
 - distinct bytes: x_1..x_n drawn without replacement, so every byte occurs once and "the byte after the one I just
