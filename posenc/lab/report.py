@@ -3,6 +3,7 @@ its own section (posenc/lab/tasks/), in registry order."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from posenc._atomic import atomic_write_text
@@ -120,9 +121,8 @@ def criterion_table(meta: dict) -> str:
     body = []
     for label, runs in by.items():
         steps = [r["steps"] for r in runs]
-        mean = sum(steps) / len(steps)
-        std = (sum((x - mean) ** 2 for x in steps) / (len(steps) - 1)) ** 0.5 if len(steps) > 1 else 0.0
-        body.append([label, f"{mean:.0f} +- {std:.0f}", ", ".join(map(str, steps)),
+        std = statistics.stdev(steps) if len(steps) > 1 else 0.0  # sample std, as the result rows' (run.aggregate)
+        body.append([label, f"{statistics.fmean(steps):.0f} +- {std:.0f}", ", ".join(map(str, steps)),
                      f"{sum(bool(r['criterion_met']) for r in runs)} of {len(runs)}"])
     return markdown(["model", "steps (mean +- std)", "per seed", "met the criterion"], body) if body else ""
 

@@ -61,13 +61,15 @@ def make_optimizer(model: torch.nn.Module, s: TrainSettings, **options) -> torch
     scale = s.bias_lr_scale
     scaled = scale != 1 and getattr(getattr(model, "scheme", None), "learned_bias", False)
     own = {n for n, _ in params if n.startswith("scheme.")} if scaled else set()
-    groups = [{"params": [p for n, p in params if n not in own and p.dim() >= 2], "weight_decay": s.weight_decay},
-              {"params": [p for n, p in params if n not in own and p.dim() < 2], "weight_decay": 0.0}]
+
+    def decay_split(names_in_own: bool, weight_decay: float, **extra) -> list[dict]:  # matrices decay, the rest not
+        chosen = [(n, p) for n, p in params if (n in own) == names_in_own]
+        return [{"params": [p for _, p in chosen if p.dim() >= 2], "weight_decay": weight_decay, **extra},
+                {"params": [p for _, p in chosen if p.dim() < 2], "weight_decay": 0.0, **extra}]
+
+    groups = decay_split(False, s.weight_decay)
     if own:
-        groups += [{"params": [p for n, p in params if n in own and p.dim() >= 2], "lr_scale": scale,
-                    "weight_decay": s.weight_decay / scale},
-                   {"params": [p for n, p in params if n in own and p.dim() < 2], "lr_scale": scale,
-                    "weight_decay": 0.0}]
+        groups += decay_split(True, s.weight_decay / scale, lr_scale=scale)
     return torch.optim.AdamW(groups, lr=s.lr, betas=tuple(s.betas), **options)
 
 
