@@ -44,6 +44,17 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def _phases(text: str) -> list[list[int]]:
+    """'32:300,64:300' -> [[32, 300], [64, 300]]; 'none' -> []."""
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [[int(a), int(b)] for a, b in (item.split(":") for item in _items(text, "length:steps pairs"))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated length:steps pairs (e.g. 32:300,64:300) or "
+                                         f"none, got {text!r}") from None
+
+
 def _bool(text: str) -> bool:
     if text.lower() in ("1", "yes", "true", "on"):
         return True
@@ -100,6 +111,9 @@ FLAGS = [
      "stop training a model once its task's criterion at the training length reaches this (copy: exact match on "
      "held-out strings; passkey: retrieval rate); --steps is then the cap (0: off)"),
     ("--check-every", "check_every", int, "steps between two checks of --train-until"),
+    ("--length-warmup", "length_warmup", _phases,
+     "train on shorter sequences first, same tokens per step: length:steps pairs, e.g. 32:300,64:300 (or none)"),
+    ("--min-lr-ratio", "min_lr_ratio", float, "the cosine schedule ends at lr x this"),
     ("--seeds", "seeds", _ints, "comma-separated seeds; several are reported as mean +- std"),
     ("--eval-lens", "eval_lens", _ints, "comma-separated evaluation lengths"),
     ("--eval-tokens", "eval_tokens", int, "tokens scored per LM evaluation length"),

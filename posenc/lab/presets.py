@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from posenc._validate import check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
+from posenc.lab.curriculum import check_length_warmup
 from posenc.lab.distributed import resolve_device
 from posenc.lab.precision import PRECISIONS
 from posenc.lab.tasks import get_task, task_names
@@ -78,6 +79,9 @@ class LabConfig:
     # exact match on held-out strings), checked every check_every steps; steps is then the cap
     train_until: float = 0.0
     check_every: int = 100
+    # sequence-length warmup: [[length, steps], ...] trained before train_len, same tokens per step
+    # (posenc.lab.curriculum)
+    length_warmup: list = field(default_factory=list)
     copy_distinct: bool = False  # copy strings of distinct bytes (posenc.lab.tasks.copy)
     copy_min_fraction: float = 0.0  # shortest trained copy as a fraction of the longest (0: from one byte)
     passkey_depths: list = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
@@ -132,6 +136,9 @@ class LabConfig:
         check_float(self.train_until, "train_until", min=0.0, max=1.0, error=ConfigError)
         check_int(self.check_every, "check_every", min=1, error=ConfigError)
         check_float(self.train.bias_lr_scale, "bias_lr_scale", positive=True, error=ConfigError)
+        check_float(self.train.min_lr_ratio, "min_lr_ratio", min=0.0, max=1.0, error=ConfigError)
+        self.length_warmup = check_length_warmup(self.length_warmup, train_len=self.train_len,
+                                                 batch_size=self.batch_size, steps=self.train.steps)
         if not isinstance(self.copy_distinct, bool):
             raise ConfigError(f"copy_distinct must be True or False, got {self.copy_distinct!r}")
         if 0 < self.ext_factor < 1:
@@ -260,10 +267,11 @@ PRESETS: dict[str, dict] = {
     # at 10x the learning rate
     "copy-cpu": dict(tasks=["copy"], schemes=["nope", "rope", "alibi", "rope+alibi", "t5", "kerple", "fire", "xpos",
                                               "cope", "p-rope", "irope"],
-                     d_model=64, n_layers=4, n_heads=4, train_len=128, batch_size=8, steps=6000, lr=3e-3,
-                     warmup=100, bias_lr_scale=10.0, train_until=0.97, check_every=100, seeds=[0, 1, 2],
-                     eval_lens=[128, 256, 384, 512], extensions=[], sliding_stride=0, copy_examples=64,
-                     copy_distinct=True, copy_min_fraction=0.5),
+                     d_model=64, n_layers=4, n_heads=4, train_len=128, batch_size=8, steps=2500, lr=3e-3,
+                     warmup=100, min_lr_ratio=0.02, length_warmup=[[32, 300], [64, 300]], bias_lr_scale=10.0,
+                     train_until=0.98, check_every=100, seeds=[0, 1, 2], eval_lens=[128, 256, 384, 512],
+                     extensions=[], sliding_stride=0, copy_examples=128, copy_distinct=True,
+                     copy_min_fraction=0.75),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
                     n_heads=4, train_len=128, batch_size=16, steps=3000, eval_lens=[128, 256, 512],
                     sliding_stride=0, extensions=["ntk", "yarn"]),

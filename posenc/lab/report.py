@@ -63,9 +63,12 @@ def write_report(doc: dict, out: Path) -> Path:
         + ("" if m.get("bias", True) else ", no LayerNorm or MLP biases (MPT's block)")
         + (f", scheme options {m['scheme_options']}" if m.get("scheme_options") else ""),
         f"- training: length {s['train_len']}, batch {s['batch_size']}, {t['steps']} AdamW steps, lr {t['lr']:g} "
-        f"(warmup {t['warmup']}, cosine), weight decay {t['weight_decay']}, clip {t['grad_clip']}"
+        f"(warmup {t['warmup']}, cosine to {t['min_lr_ratio']:g}x), weight decay {t['weight_decay']}, clip "
+        f"{t['grad_clip']}"
         + (f", learned attention biases (T5, KERPLE, FIRE) at {t['bias_lr_scale']:g}x the learning rate"
            if t.get("bias_lr_scale", 1.0) != 1.0 else "")
+        + (f"; sequence-length warmup first (length x steps, same tokens per step): "
+           f"{', '.join(f'{a} x {b}' for a, b in s['length_warmup'])}" if s.get("length_warmup") else "")
         + (f"; each model trained until its criterion at the training length reached {s['train_until']:g} "
            f"(checked every {s['check_every']} steps; {t['steps']} steps is the cap)" if s.get("train_until") else ""),
         f"- evaluation lengths: {s['eval_lens']}; LM tokens scored per length: {s['eval_tokens']}",

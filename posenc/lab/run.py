@@ -24,6 +24,7 @@ import torch
 from posenc._atomic import atomic_write_json
 from posenc.extensions import FitContext, get_method
 from posenc.lab.context import DIVERGED, Evaluation, Run
+from posenc.lab.curriculum import LengthWarmupSampler
 from posenc.lab.data import load_corpus
 from posenc.lab.distributed import current, is_main_process, resolve_device
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config, lab_spec
@@ -252,7 +253,7 @@ def throughput(model_cfg, cfg: LabConfig, trained: dict) -> dict:
     steps = trained["step"] - trained["resumed_from"]
     if steps <= 0 or trained["wall_s"] <= 0:
         return {}
-    tokens = steps * cfg.batch_size * cfg.train_len
+    tokens = steps * cfg.batch_size * cfg.train_len  # length_warmup phases hold the same tokens per step
     flops = tokens * model_cfg.flops_per_token(cfg.train_len, training=True)
     return {"tokens_per_s": round(tokens / trained["wall_s"]), "gflops": round(flops / trained["wall_s"] / 1e9, 1)}
 
@@ -288,6 +289,11 @@ def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, seed)
     run_settings = {"task": task, "seed": seed, "model": model.cfg.to_dict(), "batch_size": cfg.batch_size,
                     "data": run.corpus.meta.get("files_sha256") if run.corpus else None}
+    if cfg.length_warmup:  # absent when off, so checkpoints written before the setting existed still resume
+        sampler = LengthWarmupSampler(
+            [(n, get_task(task).sampler(run, length, cfg.batch_size * cfg.train_len // length, seed))
+             for length, n in cfg.length_warmup], sampler)
+        run_settings["length_warmup"] = cfg.length_warmup
     tag = ""
     if randomized:
         run_settings["randomized_positions"] = randomized
