@@ -263,15 +263,15 @@ PRESETS: dict[str, dict] = {
                     eval_tokens=16384, sliding_stride=0, extensions=[], scheme_options={"nope_every": 2},
                     randomized_positions=2048, randomized_schemes=["rope"]),
     # the lesson's exercise 3 at CPU size: copy task, 4 layers, 300 steps at 32 and 300 at 64 tokens, then each
-    # model trained at 128 until 98% exact copy of held-out strings (cap 2500 steps), tested to 4x (docs/lab.md);
-    # learned attention biases (T5, KERPLE, FIRE) at 10x the learning rate
+    # model trained at 128 until 98% exact copy of two held-out sets of strings (cap 2500 steps), tested to 4x
+    # (docs/lab.md); learned attention biases (T5, KERPLE, FIRE) at 10x the learning rate; bf16 where native
     "copy-cpu": dict(tasks=["copy"], schemes=["nope", "rope", "alibi", "rope+alibi", "t5", "kerple", "fire", "xpos",
                                               "cope", "p-rope", "irope"],
                      d_model=64, n_layers=4, n_heads=4, train_len=128, batch_size=8, steps=2500, lr=3e-3,
                      warmup=100, min_lr_ratio=0.02, length_warmup=[[32, 300], [64, 300]], bias_lr_scale=10.0,
                      train_until=0.98, check_every=100, seeds=[0, 1, 2], eval_lens=[128, 256, 384, 512],
                      extensions=[], sliding_stride=0, copy_examples=128, copy_distinct=True,
-                     copy_min_fraction=0.75),
+                     copy_min_fraction=0.75, precision="auto"),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
                     n_heads=4, train_len=128, batch_size=16, steps=3000, eval_lens=[128, 256, 512],
                     sliding_stride=0, extensions=["ntk", "yarn"]),

@@ -110,7 +110,7 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
           ckpt_path: str | Path | None = None, resume: bool = False, run_settings: dict | None = None,
           stop_after: int | None = None, desc: str = "train", progress: bool = True,
           rank: int | None = None, world_size: int | None = None, precision: str = "fp32",
-          until: Callable[[], bool] | None = None, check_every: int = 100) -> dict:
+          until: Callable[[], bool] | None = None, check_every: int = 100, check_from: int = 0) -> dict:
     """Train ``model`` in place for ``settings.steps`` steps; returns {"step", "losses", "wall_s", "resumed_from",
     "criterion_met"}.
 
@@ -120,7 +120,8 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     ``precision``: "fp32" or "bf16" (autocast of the forward pass and loss; recorded in the run settings).
 
     ``until``: a training criterion, called (model in eval mode, no grad) every ``check_every`` steps and once
-    on resuming; training ends at the first check that returns True (``settings.steps`` stays the cap and the
+    on resuming, after step ``check_from`` only (earlier steps cannot pass: a length warmup trains on shorter
+    sequences than the criterion scores); training ends at the first check that returns True (``settings.steps`` stays the cap and the
     learning-rate schedule's length, so the steps before a stop are those of an uninterrupted run). A resumed run
     that had stopped there stops again at once: the check of the same weights gives the same answer. Under
     several processes rank 0's answer is everyone's.
@@ -157,7 +158,8 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     if until is not None:
         check_int(check_every, "check_every", min=1, error=ConfigError)
-    met = until is not None and 0 < start < end and _criterion(model, until, world_size)
+        check_int(check_from, "check_from", min=0, error=ConfigError)
+    met = until is not None and check_from < start < end and _criterion(model, until, world_size)
     if met:
         end = start
     losses: list = []  # 0-d tensors (floats under DDP), read every 10 steps for the bar and once at the end
@@ -171,7 +173,8 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
             recent = [float(x) for x in losses[-10:]]
             bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}", refresh=False)
         done = step + 1
-        if until is not None and done % check_every == 0 and done < end and _criterion(model, until, world_size):
+        if until is not None and done % check_every == 0 and check_from < done < end \
+                and _criterion(model, until, world_size):
             met, end = True, done
             break
         if ckpt_path is not None and settings.ckpt_every and done % settings.ckpt_every == 0 and done < end:

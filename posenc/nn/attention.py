@@ -135,6 +135,9 @@ class CausalSelfAttention(nn.Module):
                                    training=self.training, contiguous=contiguous)
         if late:
             q, k = scheme.rotate_qk(q, k, ctx)
+        fused = scheme.attend(q, k, v, ctx)
+        if fused is not None:
+            return fused
         total = k.shape[-2]
         mask = attention_mask(scheme.bias(q, k, ctx), T, total, qkv.device)
         if mask is not None:

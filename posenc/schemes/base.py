@@ -7,6 +7,10 @@ A scheme can touch three places; each hook is a no-op unless the scheme override
     bias(q, k, ctx)            -> float tensor broadcastable to [B, H, Tq, Tk] added to the     (alibi, T5, CoPE)
                                scaled logits before softmax, or None
 
+    attend(q, k, v, ctx)       -> the attention output [B, H, Tq, Dh] when the scheme computes   (CoPE: its bias
+                               the whole attention itself (q, k after rotate_qk), or None       needs q.k anyway)
+                               for torch's SDPA with bias()
+
 and ``for_layer(layer)`` returns the view a given layer uses (default: the scheme itself), so a scheme can differ
 per layer (a NoPE layer every k-th layer). Positions are absolute token positions, LongTensor [T] or [B, T];
 with a KV cache the new queries sit after the cached keys. docs/architecture.md describes the contract.
@@ -105,6 +109,12 @@ class Scheme(nn.Module):
 
     def bias(self, q: torch.Tensor, k: torch.Tensor, ctx: AttentionContext) -> torch.Tensor | None:
         """Additive logits bias broadcastable to [B, H, Tq, Tk] (q, k after rotate_qk; k = every cached key)."""
+        return None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               ctx: AttentionContext) -> torch.Tensor | None:
+        """The causal attention output [B, H, Tq, Dh] computed by the scheme (q, k after rotate_qk; k, v every
+        cached key), or None: attention then runs SDPA with ``bias()``. An override must equal that SDPA."""
         return None
 
     def describe(self) -> str:

@@ -7,7 +7,9 @@
 
 One embedding table [npos, head_dim] per layer (shared by its heads, as in the paper's code), picked by
 ``ctx.layer``. ``cope_npos`` (default: the training length) bounds the count; larger counts read the last
-embedding. No position index is used: positions (randomized or plain) do not affect CoPE.
+embedding. No position index is used: positions (randomized or plain) do not affect CoPE. Attention runs
+through ``attend`` (``posenc.bias.cope.cope_attention``: q.k computed once, the softmax fused with the bias);
+``bias`` stays the reference it must equal.
 """
 
 from __future__ import annotations
@@ -34,3 +36,6 @@ class CoPEScheme(Scheme):
 
     def bias(self, q, k, ctx: AttentionContext):  # q [B, H, Tq, Dh], k [B, H, Tk, Dh] -> [B, H, Tq, Tk]
         return self.layers[ctx.layer](q, (q @ k.transpose(-1, -2)) * ctx.scale)
+
+    def attend(self, q, k, v, ctx: AttentionContext):  # -> [B, H, Tq, Dh]: bias() + SDPA in one fused op
+        return self.layers[ctx.layer].attention(q, k, v, scale=ctx.scale)

@@ -7,7 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.bias.cope import CoPE, cope_bias
+import torch.nn.functional as F
+
+from posenc.bias import cope as cope_module
+from posenc.bias.cope import CoPE, cope_attention, cope_bias
 from posenc.errors import PosencError
 
 
@@ -89,7 +92,75 @@ def test_positions_are_clamped_and_zero_init_gives_zero_bias():
     (lambda: cope_bias(torch.zeros(3, 4), torch.zeros(3, 2), torch.zeros(5, 4)), "Tk >= Tq"),
     (lambda: cope_bias(torch.zeros(4), torch.zeros(3, 3), torch.zeros(5, 4)), r"query must be \[..., Tq, head_dim\]"),
     (lambda: CoPE(0, 4), "npos_max must be a positive integer"),
+    (lambda: cope_attention(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.zeros(2, 2, 4), torch.zeros(5, 4),
+                            scale=1.0), "key and value"),
+    (lambda: cope_attention(torch.zeros(2, 3, 4), torch.zeros(2, 2, 4), torch.zeros(2, 2, 4), torch.zeros(5, 4),
+                            scale=1.0), "Tk >= Tq"),
+    (lambda: cope_attention(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), torch.zeros(5, 3),
+                            scale=1.0), "pos_emb"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):
         call()
+
+
+# --- the fused attention against the reference: SDPA over cope_bias + the causal mask, both differentiated by autograd
+
+def _reference_attention(q, k, v, emb, scale):
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    hidden = torch.ones(q_len, k_len, dtype=torch.bool).triu(k_len - q_len + 1)
+    mask = cope_bias(q, q @ k.transpose(-1, -2) * scale, emb).masked_fill(hidden, -math.inf).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def _inputs(q_len, k_len, d, npos, seed, dtype=torch.float64, temp=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 3, n, d, generator=g, dtype=dtype) * temp for n in (q_len, k_len, k_len))
+    emb = torch.randn(npos, d, generator=g, dtype=dtype)
+    return [t.requires_grad_() for t in (q, k, v, emb)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(q_len=st.integers(1, 9), extra=st.integers(0, 6), d=st.integers(1, 8), npos=st.integers(1, 12),
+       temp=st.sampled_from([0.3, 1.0, 3.0]), seed=st.integers(0, 2**16))
+def test_fused_attention_equals_sdpa_over_the_bias_in_value_and_gradient(q_len, extra, d, npos, temp, seed):
+    q, k, v, emb = _inputs(q_len, q_len + extra, d, npos, seed, temp=temp)
+    scale = 1 / math.sqrt(d)
+    grad_out = torch.randn(2, 3, q_len, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    got = cope_attention(q, k, v, emb, scale=scale)
+    want = _reference_attention(q, k, v, emb, scale)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    got_grads = torch.autograd.grad(got, (q, k, v, emb), grad_out)
+    want_grads = torch.autograd.grad(want, (q, k, v, emb), grad_out)
+    for name, a, b in zip("qkve", got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"grad {name}: {m}")
+
+
+def test_fused_attention_passes_gradcheck_including_clamped_counts():
+    # npos 3 with 6 keys: the counts of the early keys pass npos - 1 and are clamped
+    q, k, v, emb = _inputs(4, 6, 3, 3, seed=5, temp=2.0)
+    assert torch.autograd.gradcheck(lambda *a: cope_attention(*a, scale=0.9), (q, k, v, emb))
+
+
+def test_float32_training_shape_matches_reference_and_inference_blocks_match(monkeypatch):
+    q, k, v, emb = (t.detach().float().requires_grad_() for t in _inputs(64, 64, 16, 64, seed=2))
+    got, want = cope_attention(q, k, v, emb, scale=0.25), _reference_attention(q, k, v, emb, 0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v, emb)), torch.autograd.grad(want.sum(), (q, k, v, emb))):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # without gradients the query rows run in blocks against their causal key prefix: same values
+    monkeypatch.setattr(cope_module, "_BLOCK_ENTRIES", 2 * 3 * 64 * 10)      # 10 rows per block, a ragged last one
+    with torch.no_grad():
+        blocked = cope_attention(q, k, v, emb, scale=0.25)
+    torch.testing.assert_close(blocked, want.detach(), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():                                  # decoding: the last 3 queries over every key
+        tail = cope_attention(q[..., -3:, :], k, v, emb, scale=0.25)
+    torch.testing.assert_close(tail, want.detach()[..., -3:, :], rtol=1e-5, atol=1e-5)
+
+
+def test_low_precision_inputs_compute_in_float32_and_keep_their_dtype():
+    q, k, v, emb = (t.detach().float() for t in _inputs(5, 5, 8, 6, seed=4))
+    out = cope_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), emb, scale=0.3)
+    assert out.dtype == torch.bfloat16
+    want = _reference_attention(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), emb, 0.3)
+    torch.testing.assert_close(out.float(), want, rtol=1e-2, atol=1e-2)

@@ -159,6 +159,22 @@ def test_training_to_a_criterion_stops_at_the_first_check_that_holds(tmp_path):
     assert r3["step"] == 30 and not r3["criterion_met"]
 
 
+def test_no_check_before_check_from():
+    # a length warmup's steps cannot pass the criterion: the first check comes after check_from, also on resume
+    sampler = CopySampler(16, 4, seed=1)
+    s = TrainSettings(steps=30, warmup=2, lr=1e-2)
+    calls: list[int] = []
+
+    def until():
+        calls.append(1)
+        return True
+
+    r = train(_model(), sampler, s, until=until, check_every=5, check_from=10, progress=False)
+    assert r["step"] == 15 and r["criterion_met"] and len(calls) == 1
+    with pytest.raises(Exception, match="check_from"):
+        train(_model(), sampler, s, until=until, check_from=-1, progress=False)
+
+
 def test_check_every_must_be_positive():
     from posenc.errors import ConfigError
 

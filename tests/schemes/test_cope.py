@@ -44,3 +44,28 @@ def test_default_table_size_is_the_training_length():
     assert s.layers[0].pos_emb.shape == (24, 8)
     with pytest.raises(ConfigError, match="cope_npos"):
         make_scheme("cope", d_model=16, n_heads=2, max_len=24, cope_npos=0)
+
+
+def test_model_through_the_fused_attention_equals_sdpa_over_the_bias(monkeypatch):
+    from posenc.nn.model import ModelConfig, TinyLM
+    from posenc.schemes.cope import CoPEScheme
+
+    torch.manual_seed(0)
+    model = TinyLM(ModelConfig(scheme="cope", vocab_size=32, d_model=16, n_layers=2, n_heads=2, max_len=12))
+    with torch.no_grad():
+        for layer in model.scheme.layers:
+            layer.pos_emb.normal_()
+    tokens = torch.randint(0, 32, (3, 12))
+
+    def run():
+        model.zero_grad()
+        logits = model(tokens)
+        logits.square().mean().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    fused = run()
+    monkeypatch.setattr(CoPEScheme, "attend", lambda self, q, k, v, ctx: None)    # SDPA with bias() instead
+    reference = run()
+    torch.testing.assert_close(fused[0], reference[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(fused[1], reference[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

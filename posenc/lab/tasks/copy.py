@@ -37,6 +37,7 @@ from posenc.lab.tasks.registry import HELD_OUT, Task, register_task
 COPY_SEP = 0  # never drawn as a content token (content bytes are 1..255)
 CONTENT = range(1, 256)
 MAX_DISTINCT_LEN = 2 * len(CONTENT) + 2  # longest sequence whose copy_len fits 255 distinct bytes
+CONFIRM = 500_009  # seed offset of the criterion's second held-out set
 
 
 def copy_example(n: int, length: int, rng: random.Random, *, distinct: bool = False) -> tuple[list[int], list[int]]:
@@ -131,10 +132,20 @@ class Copy(Task):
         return CopySampler(seq_len, batch_size, seed, distinct=cfg.copy_distinct, min_fraction=cfg.copy_min_fraction)
 
     def criterion(self, run, model, seed: int) -> float:
-        """Exact match at the training length on copy_examples held-out strings (another draw than the test's)."""
+        """Exact match at the training length on held-out strings (other draws than the test's): the lower of
+        two independent sets of copy_examples strings, the second scored only when the first reaches
+        ``train_until``. One set alone let a model stop on a lucky check: a model that copies 96% of strings
+        scores >= 98% on some 128-string check about one time in ten, and one such model then tested at 94.5%."""
         cfg = run.cfg
-        return copy_eval(model, cfg.train_len, n_examples=cfg.copy_examples, seed=HELD_OUT + seed,
-                         device=run.device, distinct=cfg.copy_distinct)["exact_match"]
+
+        def exact(offset: int) -> float:
+            return copy_eval(model, cfg.train_len, n_examples=cfg.copy_examples, seed=HELD_OUT + offset + seed,
+                             device=run.device, distinct=cfg.copy_distinct)["exact_match"]
+
+        first = exact(0)
+        if cfg.train_until is None or first < cfg.train_until:
+            return first
+        return min(first, exact(CONFIRM))
 
     def evaluate(self, ev) -> list[dict]:
         cfg = ev.cfg

@@ -134,3 +134,29 @@ def test_a_lab_run_trains_each_model_to_the_criterion(tmp_path, monkeypatch):
     assert "## Training to the criterion" in report and "| copy/alibi | 8 +- 2 | 6, 9 | 1 of 2 |" in report
     with pytest.raises(ConfigError, match="train_until: task 'lm' has no training criterion"):
         get_preset("smoke", tasks=["lm"], train_until=0.9)
+
+
+def test_the_criterion_needs_two_held_out_sets_the_second_scored_only_after_the_first_passes(monkeypatch):
+    from types import SimpleNamespace
+
+    from posenc.lab.tasks import copy as copy_module
+    from posenc.lab.tasks import get_task
+    from posenc.lab.tasks.registry import HELD_OUT
+
+    run = SimpleNamespace(cfg=get_preset("copy-cpu", copy_examples=5), device="cpu")   # train_until 0.98
+    scores: dict = {}
+    seen: list = []
+
+    def fake_eval(model, length, *, n_examples, seed, **kw):
+        seen.append((length, n_examples, seed))
+        return {"exact_match": scores[seed - 2], "token_accuracy": 1.0}
+
+    monkeypatch.setattr(copy_module, "copy_eval", fake_eval)
+    task, first, second = get_task("copy"), HELD_OUT, HELD_OUT + copy_module.CONFIRM
+    scores.update({first: 0.97, second: 1.0})
+    assert task.criterion(run, None, 2) == 0.97 and seen == [(128, 5, first + 2)]       # the second set unscored
+    seen.clear()
+    scores[first] = 1.0
+    assert task.criterion(run, None, 2) == 1.0 and [s for _, _, s in seen] == [first + 2, second + 2]
+    scores[second] = 0.96
+    assert task.criterion(run, None, 2) == 0.96                                           # the lower of the two
