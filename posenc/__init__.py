@@ -54,6 +54,7 @@ _EXPORTS = {
     "fire_bias": "posenc.bias.fire",
     "FIREBias": "posenc.bias.fire",
     "cope_bias": "posenc.bias.cope",
+    "cope_attention": "posenc.bias.cope",
     "CoPE": "posenc.bias.cope",
     "end_aligned_positions": "posenc.bias.positions",
     "relative_positions": "posenc.bias.positions",

@@ -126,6 +126,24 @@ def _blocked_forward(q, k, v, pos_emb, scale: float) -> torch.Tensor:
     return out
 
 
+# training: query rows in up to this many blocks of at least _MIN_TRAIN_ROWS rows, each against its causal key prefix
+# (autograd sums the blocks' key, value and table gradients). One copy-cpu layer's forward + backward (8 x 4 heads x
+# 128 x 128, head dim 16, one thread): 17.3 ms in one block, 14.4 in two, 10.8 in four, 13.5 in eight.
+_TRAIN_BLOCKS, _MIN_TRAIN_ROWS = 4, 32
+
+
+def _trained_blocks(q, k, v, pos_emb, scale: float, dtype) -> torch.Tensor:
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    rows = max(_MIN_TRAIN_ROWS, -(-q_len // _TRAIN_BLOCKS))
+    outs = []
+    for start in range(0, q_len, rows):
+        stop = min(q_len, start + rows)
+        seen = k_len - q_len + stop
+        outs.append(_CoPEAttention.apply(q[..., start:stop, :], k[..., :seen, :], v[..., :seen, :], pos_emb,
+                                         scale, dtype))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
 class _CoPEAttention(torch.autograd.Function):
     """softmax(q.k * scale + CoPE bias, causal) @ v with the backward written out (see ``cope_attention``).
 
@@ -193,7 +211,7 @@ def cope_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                           f"< {query.shape[-2]}")
     dtype = torch.float64 if torch.float64 in (query.dtype, key.dtype, value.dtype, pos_emb.dtype) else torch.float32
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, pos_emb)):
-        return _CoPEAttention.apply(query, key, value, pos_emb, float(scale), dtype)
+        return _trained_blocks(query, key, value, pos_emb, float(scale), dtype)
     with torch.autocast(query.device.type, enabled=False):
         out = _blocked_forward(*(t.to(dtype) for t in (query, key, value, pos_emb)), float(scale))
     return out.to(query.dtype)

@@ -136,10 +136,18 @@ def test_fused_attention_equals_sdpa_over_the_bias_in_value_and_gradient(q_len, 
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
-def test_fused_attention_passes_gradcheck_including_clamped_counts():
-    # npos 3 with 6 keys: the counts of the early keys pass npos - 1 and are clamped
+@pytest.mark.parametrize("min_rows", [32, 1])
+def test_fused_attention_passes_gradcheck_including_clamped_counts(monkeypatch, min_rows):
+    # npos 3 with 6 keys: the counts of the early keys pass npos - 1 and are clamped; min_rows 1: four query
+    # blocks of one row, each against its own key prefix (autograd sums their key, value and table gradients)
+    monkeypatch.setattr(cope_module, "_MIN_TRAIN_ROWS", min_rows)
     q, k, v, emb = _inputs(4, 6, 3, 3, seed=5, temp=2.0)
     assert torch.autograd.gradcheck(lambda *a: cope_attention(*a, scale=0.9), (q, k, v, emb))
+    grad_out = torch.randn(2, 3, 4, 3, dtype=torch.float64)
+    got = torch.autograd.grad(cope_attention(q, k, v, emb, scale=0.9), (q, k, v, emb), grad_out)
+    want = torch.autograd.grad(_reference_attention(q, k, v, emb, 0.9), (q, k, v, emb), grad_out)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_float32_training_shape_matches_reference_and_inference_blocks_match(monkeypatch):
