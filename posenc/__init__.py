@@ -52,6 +52,7 @@ _EXPORTS = {
     "KerpleBias": "posenc.bias.kerple",
     "fire_inputs": "posenc.bias.fire",
     "fire_bias": "posenc.bias.fire",
+    "fire_bias_contiguous": "posenc.bias.fire",
     "FIREBias": "posenc.bias.fire",
     "cope_bias": "posenc.bias.cope",
     "cope_attention": "posenc.bias.cope",

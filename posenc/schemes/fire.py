@@ -38,4 +38,9 @@ class FIREScheme(Scheme):
                                     for _ in range(n_layers))
 
     def bias(self, q, k, ctx: AttentionContext):
-        return self.layers[ctx.layer](ctx.q_positions, ctx.k_positions)
+        layer = self.layers[ctx.layer]
+        if ctx.contiguous and ctx.q_positions.dim() == 1:  # default positions: the MLP on distances, while <= L
+            fast = layer.contiguous(ctx.q_positions.shape[-1], ctx.k_positions.shape[-1])
+            if fast is not None:
+                return fast
+        return layer(ctx.q_positions, ctx.k_positions)

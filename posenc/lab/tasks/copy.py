@@ -90,12 +90,20 @@ def _batches(n: int, per_batch: int):
         yield range(i, min(n, i + per_batch))
 
 
+# strings per batch of a check that may stop early (``copy_eval(need=...)``)
+_NEED_BATCH = 32
+
+
 @torch.no_grad()
 def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu", distinct: bool = False,
-              batch_tokens: int = 16384) -> dict | None:
+              batch_tokens: int = 16384, need: float | None = None) -> dict | None:
     """Copy task at sequence ``length`` (copy of copy_len(length) random bytes; ``distinct``: without repeats),
     teacher-forced.
 
+    ``need``: a pass/fail check against this exact-match fraction. Batches of 32 strings, stopping as soon as
+    too many strings have failed for the fraction to reach ``need``; the pass/fail answer is the full count's,
+    and an early stop returns exact_match = the most it could still have been (< need) and the token accuracy
+    of the strings scored.
     -> {"exact_match", "token_accuracy"} or None when the model cannot encode ``length`` positions.
     """
     if not supports_length(model, length):
@@ -103,7 +111,12 @@ def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu", d
     rng = random.Random(seed * 7919 + length)
     rows = [copy_example(copy_len(length), length, rng, distinct=distinct) for _ in range(n_examples)]
     exact, correct, scored = 0, 0, 0
-    for idx in _batches(n_examples, max(1, batch_tokens // length)):
+    per_batch = max(1, batch_tokens // length)
+    if need is not None:
+        per_batch = min(per_batch, _NEED_BATCH)
+    for idx in _batches(n_examples, per_batch):
+        if need is not None and (exact + n_examples - idx.start) < need * n_examples:
+            return {"exact_match": (exact + n_examples - idx.start) / n_examples, "token_accuracy": correct / scored}
         inputs = torch.tensor([rows[i][0] for i in idx], device=device)
         targets = torch.tensor([rows[i][1] for i in idx], device=device)
         mask = targets != IGNORE
@@ -138,9 +151,9 @@ class Copy(Task):
         scores >= 98% on some 128-string check about one time in ten, and one such model then tested at 94.5%."""
         cfg = run.cfg
 
-        def exact(offset: int) -> float:
+        def exact(offset: int) -> float:  # a failing set stops at the batch that decides it (copy_eval's need)
             return copy_eval(model, cfg.train_len, n_examples=cfg.copy_examples, seed=HELD_OUT + offset + seed,
-                             device=run.device, distinct=cfg.copy_distinct)["exact_match"]
+                             device=run.device, distinct=cfg.copy_distinct, need=cfg.train_until)["exact_match"]
 
         first = exact(0)
         if cfg.train_until is None or first < cfg.train_until:

@@ -6,6 +6,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from posenc.lab.data import IGNORE
@@ -160,3 +162,41 @@ def test_the_criterion_needs_two_held_out_sets_the_second_scored_only_after_the_
     assert task.criterion(run, None, 2) == 1.0 and [s for _, _, s in seen] == [first + 2, second + 2]
     scores[second] = 0.96
     assert task.criterion(run, None, 2) == 0.96                                           # the lower of the two
+
+
+class _PartlyWrong(_Copier):
+    """Copies exactly, except every string whose first byte is in ``bad`` (its last byte is wrong)."""
+
+    def __init__(self, bad):
+        super().__init__()
+        self.bad = set(bad)
+        self.rows = 0
+
+    def forward(self, tokens):
+        self.rows += tokens.shape[0]
+        logits = super().forward(tokens)
+        for b in range(tokens.shape[0]):
+            if int(tokens[b, 1]) in self.bad:
+                n = (tokens[b] == COPY_SEP).nonzero()[1].item() - 1
+                logits[b, 2 * n] = logits[b, 2 * n].roll(1)
+        return logits
+
+
+@settings(max_examples=30, deadline=None)
+@given(bad=st.sets(st.integers(1, 255), max_size=12), need=st.sampled_from([0.5, 0.9, 0.95, 0.98, 1.0]))
+def test_a_check_with_need_stops_early_with_the_full_counts_verdict(bad, need):
+    full = copy_eval(_PartlyWrong(bad), 24, n_examples=100, seed=3, distinct=True)
+    model = _PartlyWrong(bad)
+    check = copy_eval(model, 24, n_examples=100, seed=3, distinct=True, need=need)
+    assert (check["exact_match"] >= need) == (full["exact_match"] >= need)
+    if check["exact_match"] >= need:
+        assert check == full and model.rows == 100                  # a pass scores every string
+    else:
+        assert full["exact_match"] <= check["exact_match"] < need    # an upper bound below the bar
+        assert model.rows % 32 == 0 or model.rows == 100
+
+
+def test_a_hopeless_check_scores_one_batch():
+    model = _PartlyWrong(range(1, 256))                              # every string wrong
+    check = copy_eval(model, 24, n_examples=128, seed=0, distinct=True, need=0.98)
+    assert model.rows == 32 and check["exact_match"] == 96 / 128 and check["token_accuracy"] == 10 / 11
