@@ -1,18 +1,21 @@
-"""CoPE attention: the public fused call against the same attention built from ``cope_bias`` + SDPA, and SDPA
-with no position bias at all (the floor: attention itself).
+"""The learned biases' fast paths against their general forms, side by side: CoPE attention and the FIRE bias.
 
-    python benchmarks/cope.py                 # copy-cpu's training shape and its longest test shape, 1 thread
-    python benchmarks/cope.py --threads 2
+    python benchmarks/biases.py                 # copy-cpu's training shape and its longest test shape, 1 thread
+    python benchmarks/biases.py --threads 2
 
-Variants, timed side by side in this process (fp32, CPU):
+CoPE variants (fp32, CPU):
   sdpa_causal      F.scaled_dot_product_attention(q, k, v, is_causal=True): no CoPE, the floor
   bias_sdpa        posenc.cope_bias(q, q.k * scale, e) + causal -inf as SDPA's mask: CoPE as autograd sees it
                    (the path before the fused call; its values and gradients are the tests' reference)
   posenc           posenc.cope_attention(q, k, v, e, scale=scale): the public fused call (the lab's path)
 Shapes: "train" = forward + backward of one copy-cpu layer (B8, H4, T128, D16, 128 positions); "eval" = a
-forward without gradients at the copy-cpu test's longest length (B32, H4, T512, D16). Medians of
-torch.utils.benchmark blocks after warm-up; "vs floor" = time / sdpa_causal's. Results go to
-benchmarks/results/cope-cpu.json (atomic write).
+forward without gradients at the copy-cpu test's longest length (B32, H4, T512, D16).
+FIRE variants (one layer's bias [H4, T, T] and its backward, width 32; the threshold L at 128, the lab's start):
+  fire_general     FIREBias(q_pos, k_pos): the MLP on every (i, j) pair (posenc.fire_bias)
+  fire_contiguous  FIREBias.contiguous(T, T): the MLP on the T distances (posenc.fire_bias_contiguous; what the
+                   fire scheme uses at default positions while every query is below L), "vs" = / fire_general
+Medians of torch.utils.benchmark blocks after warm-up; "vs floor" = time / sdpa_causal's. Results go to
+benchmarks/results/biases-cpu.json (atomic write).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import RESULTS_DIR, environment, load_average, print_table, save_json, time_fn  # noqa: E402
 
 import posenc  # noqa: E402
+from posenc.bias.fire import FIREBias  # noqa: E402
 
 
 def _bias_sdpa(q, k, v, emb, scale):
@@ -50,7 +54,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--min-run-time", type=float, default=1.0)
-    ap.add_argument("--out", default=os.path.join(RESULTS_DIR, "cope-cpu.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS_DIR, "biases-cpu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
@@ -72,7 +76,20 @@ def main(argv=None) -> None:
             rows.append({"shape": shape, "variant": name, "ms": round(t * 1e3, 3),
                          "vs_floor": round(t / times["sdpa_causal"], 2),
                          "vs_bias_sdpa": round(t / times["bias_sdpa"], 2)})
-    print_table(rows, ["shape", "variant", "ms", "vs_floor", "vs_bias_sdpa"])
+    print_table(rows, ["shape", "variant", "ms", "vs_floor", "vs_bias_sdpa"], title="CoPE attention")
+    fire = FIREBias(4, width=32, init_threshold=128.0)
+    weights = torch.randn(4, 128, 128, generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(128)
+    fire_rows = []
+    for name, fn in (("fire_general", lambda: fire(positions, positions)),
+                     ("fire_contiguous", lambda: fire.contiguous(128, 128))):
+        fire_rows.append({"shape": "train", "variant": name,
+                          "ms": round(time_fn(lambda fn=fn: (fn() * weights).sum().backward(),
+                                              min_run_time=args.min_run_time) * 1e3, 3)})
+    for row in fire_rows:
+        row["vs_general"] = round(row["ms"] / fire_rows[0]["ms"], 2)
+    print_table(fire_rows, ["shape", "variant", "ms", "vs_general"], title="FIRE bias, T = 128")
+    rows += fire_rows
     env = environment("cpu")
     env["load_average_end"] = load_average()
     save_json({"environment": env, "rows": rows}, args.out)
