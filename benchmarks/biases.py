@@ -13,7 +13,8 @@ forward without gradients at the copy-cpu test's longest length (B32, H4, T512, 
 FIRE variants (one layer's bias [H4, T, T] and its backward, width 32; the threshold L at 128, the lab's start):
   fire_general     FIREBias(q_pos, k_pos): the MLP on every (i, j) pair (posenc.fire_bias)
   fire_contiguous  FIREBias.contiguous(T, T): the MLP on the T distances (posenc.fire_bias_contiguous; what the
-                   fire scheme uses at default positions while every query is below L), "vs" = / fire_general
+                   fire scheme uses at default positions), "vs" = / fire_general
+  fire_contiguous_L126  the same with L = 126: the two queries at or past L take the general form
 Medians of torch.utils.benchmark blocks after warm-up; "vs floor" = time / sdpa_causal's. Results go to
 benchmarks/results/biases-cpu.json (atomic write).
 """
@@ -78,11 +79,13 @@ def main(argv=None) -> None:
                          "vs_bias_sdpa": round(t / times["bias_sdpa"], 2)})
     print_table(rows, ["shape", "variant", "ms", "vs_floor", "vs_bias_sdpa"], title="CoPE attention")
     fire = FIREBias(4, width=32, init_threshold=128.0)
+    drifted = FIREBias(4, width=32, init_threshold=126.0)     # where the copy-cpu models' L ended: 2 rows past it
     weights = torch.randn(4, 128, 128, generator=torch.Generator().manual_seed(1))
     positions = torch.arange(128)
     fire_rows = []
     for name, fn in (("fire_general", lambda: fire(positions, positions)),
-                     ("fire_contiguous", lambda: fire.contiguous(128, 128))):
+                     ("fire_contiguous", lambda: fire.contiguous(128, 128)),
+                     ("fire_contiguous_L126", lambda: drifted.contiguous(128, 128))):
         fire_rows.append({"shape": "train", "variant": name,
                           "ms": round(time_fn(lambda fn=fn: (fn() * weights).sum().backward(),
                                               min_run_time=args.min_run_time) * 1e3, 3)})

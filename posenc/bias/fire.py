@@ -13,6 +13,7 @@ Causal only: keys after the query (j > i) get the distance-0 value; the causal m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -54,24 +55,31 @@ def fire_bias(query_positions, key_positions, *, c, threshold,
 
 
 def fire_bias_contiguous(q_len: int, k_len: int, *, c, threshold,
-                         mlp: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
-    """``fire_bias`` for the default positions (keys 0..k_len-1, queries the last q_len of them) when every query
-    sits below the threshold L: the normaliser is then psi(L) on every row, so the bias depends on i - j
-    alone and the MLP runs on k_len distances instead of q_len x k_len pairs (a training step at 128 tokens: 16x
-    fewer MLP rows). -> [H, q_len, k_len], or None when a query lies past L (use ``fire_bias``).
+                         mlp: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``fire_bias`` for the default positions: keys 0..k_len-1, queries the last q_len of them -> [H, q_len, k_len].
 
-    Equal to ``fire_bias(arange(k_len - q_len, k_len), arange(k_len), ...)`` in value and gradient
-    (tests/bias/test_fire.py). Reads L once (a device sync on a GPU).
+    Every query below the threshold L has the same normaliser psi(L), so on those rows the bias is a function of
+    i - j alone and the MLP runs once per distance (k_len inputs instead of rows x k_len: 16x fewer at 128
+    tokens); the rows at or past L (normaliser psi(i)) take the general form. Equal to
+    ``fire_bias(arange(k_len - q_len, k_len), arange(k_len), ...)`` in value and gradient (tests/bias/test_fire.py;
+    a query exactly at L takes the general form, where torch.maximum splits the gradient). Reads L once (a device
+    sync on a GPU).
     """
     c = torch.as_tensor(c, dtype=torch.float32)
     threshold = torch.as_tensor(threshold, dtype=torch.float32, device=c.device)
-    if k_len - 1 >= float(threshold.detach()):  # a query at L exactly: torch.maximum splits the gradient there, keep that
-        return None
-    distance = torch.arange(k_len, dtype=torch.float32, device=c.device)               # i - j = 0 .. k_len - 1
-    table = mlp((torch.log1p(c * distance) / torch.log1p(c * threshold)).unsqueeze(-1))   # [k_len, H]
-    i = torch.arange(k_len - q_len, k_len, device=c.device).unsqueeze(-1)
-    index = (i - torch.arange(k_len, device=c.device)).clamp_(min=0)                  # keys after i read distance 0
-    return table.t()[:, index]                                                          # [H, q_len, k_len]
+    first = k_len - q_len                                                               # the first query's position
+    below = min(q_len, max(0, math.ceil(float(threshold.detach())) - first))          # queries at positions < L
+    parts = []
+    if below:
+        distance = torch.arange(first + below, dtype=torch.float32, device=c.device)  # i - j = 0 .. last - 0
+        table = mlp((torch.log1p(c * distance) / torch.log1p(c * threshold)).unsqueeze(-1))   # [distances, H]
+        i = torch.arange(first, first + below, device=c.device).unsqueeze(-1)
+        index = (i - torch.arange(k_len, device=c.device)).clamp_(min=0)              # keys after i read distance 0
+        parts.append(table.t()[:, index])                                               # [H, below, k_len]
+    if below < q_len:
+        parts.append(fire_bias(torch.arange(first + below, k_len, device=c.device),
+                               torch.arange(k_len, device=c.device), c=c, threshold=threshold, mlp=mlp))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
 class FIREBias(nn.Module):
@@ -107,8 +115,8 @@ class FIREBias(nn.Module):
     def forward(self, query_positions, key_positions) -> torch.Tensor:
         return fire_bias(query_positions, key_positions, c=self.c, threshold=self.threshold, mlp=self.mlp)
 
-    def contiguous(self, q_len: int, k_len: int) -> torch.Tensor | None:
-        """The bias [H, q_len, k_len] at the default positions from i - j alone, or None past the threshold
+    def contiguous(self, q_len: int, k_len: int) -> torch.Tensor:
+        """The bias [H, q_len, k_len] at the default positions, from i - j alone on the rows below the threshold
         (``fire_bias_contiguous``)."""
         return fire_bias_contiguous(q_len, k_len, c=self.c, threshold=self.threshold, mlp=self.mlp)
 

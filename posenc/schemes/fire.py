@@ -11,6 +11,7 @@ past the training length. Memory: the MLP's hidden layer holds Tq * Tk * width f
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from posenc._validate import positive_float, positive_int
@@ -39,8 +40,15 @@ class FIREScheme(Scheme):
 
     def bias(self, q, k, ctx: AttentionContext):
         layer = self.layers[ctx.layer]
-        if ctx.contiguous and ctx.q_positions.dim() == 1:  # default positions: the MLP on distances, while <= L
-            fast = layer.contiguous(ctx.q_positions.shape[-1], ctx.k_positions.shape[-1])
-            if fast is not None:
-                return fast
+        if ctx.contiguous and _default_positions(ctx):  # the MLP on distances on the rows below L
+            return layer.contiguous(ctx.q_positions.shape[-1], ctx.k_positions.shape[-1])
         return layer(ctx.q_positions, ctx.k_positions)
+
+
+def _default_positions(ctx: AttentionContext) -> bool:
+    """Keys at 0..Tk-1 and queries at the last Tq of them (checked, not only trusted from ``ctx.contiguous``)."""
+    q, k = ctx.q_positions, ctx.k_positions
+    if q.dim() != 1 or k.dim() != 1 or q.shape[0] > k.shape[0]:
+        return False
+    keys = torch.arange(k.shape[0], device=k.device)
+    return torch.equal(k, keys) and torch.equal(q, keys[k.shape[0] - q.shape[0]:])
