@@ -15,9 +15,10 @@ row over all cached keys) gives exactly the last row of the full computation.
 Two entry points: ``cope_bias`` (the bias alone, the reference: autograd differentiates it) and
 ``cope_attention`` (the whole attention softmax(a + b) @ v in one autograd Function with a hand-written
 backward). The fused one computes q.k once instead of once for the gates and again in SDPA, keeps the softmax it
-needs instead of every intermediate autograd would, and needs about half the passes over [Tq, Tk]: forward and
-backward of a copy-cpu layer (8 x 4 heads x 128 x 128, head dim 16, one thread) took 23 ms through cope_bias +
-SDPA and ~9 ms fused (docs/lab.md, "Throughput").
+needs instead of every intermediate autograd would, needs about half the passes over [Tq, Tk], and runs the
+query rows in blocks against their causal key prefix, so the masked half is mostly never computed: one copy-cpu
+layer's forward + backward (8 x 4 heads x 128 x 128, head dim 16, one thread) 21.1 -> 10.4 ms, inference at 512
+tokens 1711 -> 272 ms (benchmarks/biases.py; docs/lab.md, "Throughput").
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ def cope_bias(query: torch.Tensor, logits: torch.Tensor, pos_emb: torch.Tensor, 
     dtype = torch.float64 if torch.float64 in (query.dtype, logits.dtype, pos_emb.dtype) else torch.float32
     gates = torch.sigmoid(logits.to(dtype))
     if causal:
-        i = torch.arange(q_len, device=logits.device).unsqueeze(-1) + (k_len - q_len)
-        j = torch.arange(k_len, device=logits.device)
-        gates = gates.masked_fill(j > i, 0.0)
+        gates = gates.masked_fill(~_causal_keep(q_len, k_len, logits.device), 0.0)
     npos = pos_emb.shape[0]
     positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)                # p_ij = sum_{t >= j} g_it
     lower = positions.floor()
@@ -109,6 +108,13 @@ def _fused_forward(q, k, v, pos_emb, scale: float, *, for_backward: bool):
 _BLOCK_ENTRIES = 1 << 20
 
 
+def _query_blocks(q_len: int, k_len: int, rows: int):
+    """(start, stop, seen) per block of ``rows`` queries: rows start..stop-1 see keys 0..seen-1 (causal)."""
+    for start in range(0, q_len, rows):
+        stop = min(q_len, start + rows)
+        yield start, stop, k_len - q_len + stop
+
+
 def _blocked_forward(q, k, v, pos_emb, scale: float) -> torch.Tensor:
     """The inference path: query blocks, each against only the keys it can see (the causal prefix), so the
     [..., rows, Tk] intermediates stay cache-sized and the masked half is never computed."""
@@ -118,9 +124,7 @@ def _blocked_forward(q, k, v, pos_emb, scale: float) -> torch.Tensor:
     if rows >= q_len:
         return _fused_forward(q, k, v, pos_emb, scale, for_backward=False)[0]
     out = torch.empty_like(q)
-    for start in range(0, q_len, rows):
-        stop = min(q_len, start + rows)
-        seen = k_len - q_len + stop                                                      # keys up to the last row
+    for start, stop, seen in _query_blocks(q_len, k_len, rows):
         out[..., start:stop, :] = _fused_forward(q[..., start:stop, :], k[..., :seen, :], v[..., :seen, :],
                                                  pos_emb, scale, for_backward=False)[0]
     return out
@@ -136,9 +140,7 @@ def _trained_blocks(q, k, v, pos_emb, scale: float, dtype) -> torch.Tensor:
     q_len, k_len = q.shape[-2], k.shape[-2]
     rows = max(_MIN_TRAIN_ROWS, -(-q_len // _TRAIN_BLOCKS))
     outs = []
-    for start in range(0, q_len, rows):
-        stop = min(q_len, start + rows)
-        seen = k_len - q_len + stop
+    for start, stop, seen in _query_blocks(q_len, k_len, rows):
         outs.append(_CoPEAttention.apply(q[..., start:stop, :], k[..., :seen, :], v[..., :seen, :], pos_emb,
                                          scale, dtype))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
