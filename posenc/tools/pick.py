@@ -50,7 +50,7 @@ EVIDENCE = {
                    "NTK-aware 8.78 / 11.87, YaRN 10.34 / 10.68, PI ~16.4 at every length; ALiBi 7.74 -> 7.69",
     "lab_schemes": "posenc lab --preset schemes (docs/lab.md: d_model 64, 2 layers, 300 steps x 16 at 128 tokens, "
                    "seeds 0-2, mean): ppl 1x -> 8x ALiBi 8.32 -> 8.29, KERPLE 8.26 -> 8.28, RoPE+ALiBi 7.78 -> "
-                   "7.81, xPos 7.75 -> 8.67, CoPE 7.80 -> 9.09, FIRE 8.69 -> 9.42, T5 9.57 -> 10.44, NoPE 10.02 "
+                   "7.81, xPos 7.75 -> 8.67, CoPE 7.77 -> 9.31, FIRE 8.69 -> 9.42, T5 9.57 -> 10.44, NoPE 10.02 "
                    "-> 10.52, RoPE 7.76 -> 12.12",
     "lab_copy": "posenc lab --preset copy-cpu (docs/lab.md: 4 layers, d_model 64, 2 heads, copies of distinct bytes "
                 "trained at 128 after a 32/64-token warmup until 98% of two held-out sets are exact, cap 2500 steps, "
