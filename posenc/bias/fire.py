@@ -71,8 +71,10 @@ def fire_bias_contiguous(q_len: int, k_len: int, *, c, threshold,
     below = min(q_len, max(0, math.ceil(float(threshold.detach())) - first))          # queries at positions < L
     parts = []
     if below:
-        distance = torch.arange(first + below, dtype=torch.float32, device=c.device)  # i - j = 0 .. last - 0
-        table = mlp((torch.log1p(c * distance) / torch.log1p(c * threshold)).unsqueeze(-1))   # [distances, H]
+        last = first + below - 1                                   # the last query below L: it sees every distance
+        x = fire_inputs(torch.tensor([last], device=c.device), torch.arange(last, -1, -1, device=c.device),
+                        c=c, threshold=threshold)[0]                # distances 0 .. last, normalised by psi(L)
+        table = mlp(x.unsqueeze(-1))                                                    # [distances, H]
         i = torch.arange(first, first + below, device=c.device).unsqueeze(-1)
         index = (i - torch.arange(k_len, device=c.device)).clamp_(min=0)              # keys after i read distance 0
         parts.append(table.t()[:, index])                                               # [H, below, k_len]

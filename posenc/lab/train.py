@@ -121,8 +121,9 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
 
     ``until``: a training criterion, called (model in eval mode, no grad) every ``check_every`` steps and once
     on resuming, after step ``check_from`` only (earlier steps cannot pass: a length warmup trains on shorter
-    sequences than the criterion scores); training ends at the first check that returns True (``settings.steps`` stays the cap and the
-    learning-rate schedule's length, so the steps before a stop are those of an uninterrupted run). A resumed run
+    sequences than the criterion scores); training ends at the first check that returns True
+    (``settings.steps`` stays the cap and the learning-rate schedule's length, so the steps before a stop are
+    those of an uninterrupted run). A resumed run
     that had stopped there stops again at once: the check of the same weights gives the same answer. Under
     several processes rank 0's answer is everyone's.
     """
