@@ -91,6 +91,7 @@ FLAGS = [
     ("--d-model", "d_model", int, "model width"),
     ("--layers", "n_layers", int, "number of layers"),
     ("--heads", "n_heads", int, "attention heads"),
+    ("--mlp-ratio", "mlp_ratio", int, "MLP hidden width as a multiple of --d-model"),
     ("--rope-base", "rope_base", float, "RoPE theta"),
     ("--rope-layout", "rope_layout", str, "RoPE pair layout: half (HF) or interleaved"),
     ("--scale-embeddings", "scale_embeddings", _bool, "multiply token embeddings by sqrt(d_model) (yes/no)"),

@@ -77,6 +77,7 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
     (["--randomized-schemes", "learned"], "the learned scheme has no encoding past its table of 96 positions"),
     (["--extensions", "yarn,rerope"], "--extensions: expected one of linear, ntk"),
     (["--heads", "3"], "--d-model must be divisible by --heads (3), got 32"),
+    (["--mlp-ratio", "0"], "--mlp-ratio must be a positive integer, got 0"),
     (["--plugin", "/no/such/plugin.py"], "plugin /no/such/plugin.py: no such file"),
     (["--eval-lens", "1"], "--eval-lens"),
     (["--d-model", "30"], "--d-model"),
@@ -86,6 +87,19 @@ def test_bad_settings_fail_with_one_line(tmp_path, capsys, argv, match):
     assert main(["lab", "--preset", "smoke", "--out", str(tmp_path), "--quiet", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc lab: error:") and match in err and "\n" not in err
+
+
+def test_model_flags_reach_the_model_config():
+    import argparse
+
+    from posenc.lab.cli import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(["--preset", "copy-cpu", "--d-model", "96", "--mlp-ratio", "1"]))
+    model = cfg.model_config("nope")
+    assert (model.d_model, model.mlp_ratio, model.n_heads, model.n_layers) == (96, 1, 2, 4)
+    assert get_preset("copy-cpu").model_config("nope").mlp_ratio == 4  # the preset itself is unchanged
 
 
 def test_every_preset_is_valid_and_default_reaches_8x():
