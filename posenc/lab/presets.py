@@ -269,7 +269,7 @@ PRESETS: dict[str, dict] = {
     "copy-cpu": dict(tasks=["copy"], schemes=["nope", "rope", "alibi", "rope+alibi", "t5", "kerple", "fire", "xpos",
                                               "cope", "p-rope", "irope"],
                      d_model=64, n_layers=4, n_heads=2, train_len=128, batch_size=8, steps=2500, lr=3e-3,
-                     warmup=100, min_lr_ratio=0.02, length_warmup=[[32, 300], [64, 300]], bias_lr_scale=10.0,
+                     weight_decay=0.0, warmup=100, min_lr_ratio=0.02, length_warmup=[[32, 300], [64, 300]], bias_lr_scale=10.0,
                      train_until=0.98, check_every=100, seeds=[0, 1, 2], eval_lens=[128, 256, 384, 512],
                      extensions=[], sliding_stride=0, copy_examples=128, copy_distinct=True,
                      copy_min_fraction=0.75, precision="auto"),
