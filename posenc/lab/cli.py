@@ -55,6 +55,17 @@ def _phases(text: str) -> list[list[int]]:
                                          f"none, got {text!r}") from None
 
 
+def _scheme_scales(text: str) -> dict[str, float]:
+    """'nope:1.2,alibi:1.2' -> {'nope': 1.2, 'alibi': 1.2}; 'none' -> {}."""
+    if text.strip().lower() == "none":
+        return {}
+    try:
+        return {a.strip(): float(b) for a, b in (item.split(":") for item in _items(text, "scheme:multiplier pairs"))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated scheme:multiplier pairs (e.g. nope:1.2,alibi:1.2) "
+                                         f"or none, got {text!r}") from None
+
+
 def _bool(text: str) -> bool:
     if text.lower() in ("1", "yes", "true", "on"):
         return True
@@ -112,6 +123,9 @@ FLAGS = [
      "stop training a model once its task's criterion at the training length reaches this (copy: exact match on "
      "held-out strings; passkey: retrieval rate); --steps is then the cap (0: off)"),
     ("--check-every", "check_every", int, "steps between two checks of --train-until"),
+    ("--scheme-step-scale", "scheme_step_scale", _scheme_scales,
+     "train these schemes' models for --steps x a multiplier (cap and schedule length), scheme:multiplier pairs, "
+     "e.g. nope:1.2,alibi:1.2 (or none)"),
     ("--length-warmup", "length_warmup", _phases,
      "train on shorter sequences first, same tokens per step: length:steps pairs, e.g. 32:300,64:300 (or none)"),
     ("--min-lr-ratio", "min_lr_ratio", float, "the cosine schedule ends at lr x this"),

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from posenc._atomic import atomic_write_text
+from posenc.lab.presets import scaled_steps
 from posenc.lab.tables import markdown
 from posenc.lab.tasks import TASKS
 
@@ -28,6 +29,14 @@ def make_plots(doc: dict, out: Path) -> list[str]:
     for task in _tasks_in(doc["results"]):
         written += task.plot(doc, out)
     return written
+
+
+def _scheme_steps(scales: dict | None, steps: int) -> str:
+    """' (x 1.2 for nope: 3000 steps, ...)' for the schemes trained longer than ``steps``; '' for none."""
+    if not scales:
+        return ""
+    each = ", ".join(f"x {v:g} for {k}: {scaled_steps(steps, v)}" for k, v in scales.items())
+    return f" ({each}; each its own cap and schedule)"
 
 
 def _threads(n: int) -> str:
@@ -54,7 +63,8 @@ def write_report(doc: dict, out: Path) -> Path:
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
         "",
-        "## Settings (identical for every scheme)",
+        "## Settings (identical for every scheme" + (" but the steps listed per scheme)" if s.get("scheme_step_scale")
+                                                       else ")"),
         "",
         f"- tasks: {', '.join(s['tasks'])}; schemes: {', '.join(s['schemes'])}; seeds: {s['seeds']}",
         f"- model: d_model {m['d_model']}, {m['n_layers']} layers, {m['n_heads']} heads "
@@ -62,7 +72,9 @@ def write_report(doc: dict, out: Path) -> Path:
         f"({m['rope_layout']}), token embeddings scaled by sqrt(d_model): {'yes' if m['scale_embeddings'] else 'no'}"
         + ("" if m.get("bias", True) else ", no LayerNorm or MLP biases (MPT's block)")
         + (f", scheme options {m['scheme_options']}" if m.get("scheme_options") else ""),
-        f"- training: length {s['train_len']}, batch {s['batch_size']}, {t['steps']} AdamW steps, lr {t['lr']:g} "
+        f"- training: length {s['train_len']}, batch {s['batch_size']}, {t['steps']} AdamW steps"
+        + _scheme_steps(s.get("scheme_step_scale"), t["steps"])
+        + f", lr {t['lr']:g} "
         f"(warmup {t['warmup']}, cosine to {t['min_lr_ratio']:g}x), weight decay {t['weight_decay']}, clip "
         f"{t['grad_clip']}"
         + (f", learned attention biases (T5, KERPLE, FIRE) at {t['bias_lr_scale']:g}x the learning rate"
@@ -70,7 +82,7 @@ def write_report(doc: dict, out: Path) -> Path:
         + (f"; sequence-length warmup first (length x steps, same tokens per step): "
            f"{', '.join(f'{a} x {b}' for a, b in s['length_warmup'])}" if s.get("length_warmup") else "")
         + (f"; each model trained until its criterion at the training length reached {s['train_until']:g} "
-           f"(checked every {s['check_every']} steps; {t['steps']} steps is the cap)" if s.get("train_until") else ""),
+           f"(checked every {s['check_every']} steps; the step count is the cap)" if s.get("train_until") else ""),
         f"- evaluation lengths: {s['eval_lens']}; LM tokens scored per length: {s['eval_tokens']}",
         f"- extension methods on the {', '.join(s['extended_schemes'])} model: {', '.join(s['extensions']) or 'none'} "
         f"with factor {meta['extension_factor']:g} and original length = train length {s['train_len']}"
