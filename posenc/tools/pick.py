@@ -53,9 +53,10 @@ EVIDENCE = {
                    "7.81, xPos 7.75 -> 8.67, CoPE 7.77 -> 9.31, FIRE 8.69 -> 9.42, T5 9.57 -> 10.44, NoPE 10.02 "
                    "-> 10.52, RoPE 7.76 -> 12.12",
     "lab_copy": "posenc lab --preset copy-cpu (docs/lab.md: 4 layers, d_model 64, 2 heads, copies of distinct bytes "
-                "trained at 128 after a 32/64-token warmup until 98% of two held-out sets are exact, cap 2500 steps, "
-                "seeds 0-2, bf16; 30 of 33 models >= 95% exact at 1x): past 1x ALiBi keeps 49% token accuracy at 2x "
-                "and 24% at 4x where RoPE keeps 28% and 3%; KERPLE holds 100% / 99%, T5 71% / 41%, CoPE 61% / 38%",
+                "trained at 128 after a 32/64-token warmup until 98% of two held-out sets are exact, cap 2500 steps "
+                "(NoPE, ALiBi 3000), seeds 0-2, bf16; all 33 models >= 95% exact at 1x): past 1x ALiBi keeps 51% "
+                "token accuracy at 2x and 24% at 4x where RoPE keeps 43% and 4%; KERPLE holds 99% / 97%, T5 83% / "
+                "63%, CoPE 59% / 46%",
     "rope_default": "docs/lesson.md: RoPE dominates frontier models (Llama 2/3/4, Qwen 2/3, Mistral, DeepSeek-V3) -- no "
                     "architecture change, relative position in the dot product, and its base is a clean knob for "
                     "long-context fine-tuning",

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from posenc.cli import main
-from posenc.errors import ConfigError
+from posenc.errors import CheckpointError, ConfigError
 from posenc.lab.presets import get_preset
 from posenc.lab.train import checkpoint_step
 
@@ -33,16 +33,20 @@ def test_a_lab_run_trains_each_scheme_for_its_steps(tmp_path, monkeypatch):
         return train(model, sampler, settings, **kwargs)
 
     monkeypatch.setattr(run_module, "train", spy)
-    cfg = get_preset("smoke", tasks=["copy"], schemes=["rope", "nope"], extensions=[], seeds=[0], steps=10,
-                     warmup=2, train_len=16, batch_size=2, eval_lens=[16], jobs=1, randomized_positions=0,
-                     finetune_steps=0, scheme_step_scale={"nope": 2.0}, out=str(tmp_path))
-    run_lab(cfg, progress=False, log=lambda *a: None)
+    common = dict(tasks=["copy"], schemes=["rope", "nope"], extensions=[], seeds=[0], steps=10, warmup=2,
+                  train_len=16, batch_size=2, eval_lens=[16], jobs=1, randomized_positions=0, finetune_steps=0,
+                  out=str(tmp_path))
+    run_lab(get_preset("smoke", scheme_step_scale={"nope": 2.0}, **common), progress=False, log=lambda *a: None)
     assert seen == {"rope": (10, 1), "nope": (20, 2)}
     assert checkpoint_step(tmp_path / "checkpoints" / "copy-nope-seed0.safetensors") == 20
     assert checkpoint_step(tmp_path / "checkpoints" / "copy-rope-seed0.safetensors") == 10
     report = (tmp_path / "report.md").read_text()
     assert "10 AdamW steps (x 2 for nope: 20; each its own cap and schedule)" in report
     assert "## Settings (identical for every scheme but the steps listed per scheme)" in report
+    # a checkpoint records its model's steps: resuming with another multiplier is refused, not silently mixed
+    with pytest.raises(CheckpointError, match="different settings"):
+        run_lab(get_preset("smoke", scheme_step_scale={"nope": 3.0}, **common), resume=True, progress=False,
+                log=lambda *a: None)
 
 
 @pytest.mark.parametrize("scale, match", [
