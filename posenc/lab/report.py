@@ -32,7 +32,8 @@ def make_plots(doc: dict, out: Path) -> list[str]:
 
 
 def _scheme_steps(scales: dict | None, steps: int) -> str:
-    """' (x 1.2 for nope: 3000 steps, ...)' for the schemes trained longer than ``steps``; '' for none."""
+    """' (x 1.2 for nope: 3000, ...; each its own cap and schedule)' for the schemes whose models train
+    ``steps`` x a multiplier (LabConfig.scheme_step_scale); '' for none."""
     if not scales:
         return ""
     each = ", ".join(f"x {v:g} for {k}: {scaled_steps(steps, v)}" for k, v in scales.items())

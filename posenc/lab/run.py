@@ -307,8 +307,8 @@ def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0
         def until() -> bool:
             with autocast(run.precision, run.device):
                 return get_task(task).criterion(run, model, seed) >= cfg.train_until
-    result = train(model, sampler, training(cfg, cfg.steps_for(scheme)), device=run.device, ckpt_path=ckpt, resume=run.resume,
-                   run_settings=run_settings, desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress,
+    result = train(model, sampler, training(cfg, cfg.steps_for(scheme)), device=run.device, ckpt_path=ckpt,
+                   resume=run.resume, run_settings=run_settings, desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress,
                    precision=run.precision, until=until, check_every=cfg.check_every,
                    check_from=sum(n for _, n in cfg.length_warmup or ()))
     model.train_positions = None
