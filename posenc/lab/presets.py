@@ -148,7 +148,7 @@ class LabConfig:
         self._check_scheme_step_scale()
         self.length_warmup = check_length_warmup(self.length_warmup, train_len=self.train_len,
                                                  batch_size=self.batch_size,
-                                                 steps=min(self.steps_for(s) for s in [None, *self.scheme_step_scale]))
+                                                 steps=min([self.train.steps, *map(self.steps_for, self.scheme_step_scale)]))
         if not isinstance(self.copy_distinct, bool):
             raise ConfigError(f"copy_distinct must be True or False, got {self.copy_distinct!r}")
         if 0 < self.ext_factor < 1:
@@ -180,7 +180,7 @@ class LabConfig:
             check_int(self.steps_for(scheme), f"steps x scheme_step_scale ({scheme})", min=1,
                       max=SIZE_LIMITS["steps"], error=ConfigError)
 
-    def steps_for(self, scheme: str | None) -> int:
+    def steps_for(self, scheme: str) -> int:
         """Training steps of ``scheme``'s models: ``train.steps`` x its ``scheme_step_scale`` entry (default 1),
         rounded to the nearest step."""
         return scaled_steps(self.train.steps, self.scheme_step_scale.get(scheme, 1.0))
