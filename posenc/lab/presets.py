@@ -146,9 +146,9 @@ class LabConfig:
         check_float(self.train.bias_lr_scale, "bias_lr_scale", positive=True, error=ConfigError)
         check_float(self.train.min_lr_ratio, "min_lr_ratio", min=0.0, max=1.0, error=ConfigError)
         self._check_scheme_step_scale()
+        fewest_steps = min([self.train.steps, *map(self.steps_for, self.scheme_step_scale)])
         self.length_warmup = check_length_warmup(self.length_warmup, train_len=self.train_len,
-                                                 batch_size=self.batch_size,
-                                                 steps=min([self.train.steps, *map(self.steps_for, self.scheme_step_scale)]))
+                                                 batch_size=self.batch_size, steps=fewest_steps)
         if not isinstance(self.copy_distinct, bool):
             raise ConfigError(f"copy_distinct must be True or False, got {self.copy_distinct!r}")
         if 0 < self.ext_factor < 1:
