@@ -44,26 +44,26 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def _phases(text: str) -> list[list[int]]:
-    """'32:300,64:300' -> [[32, 300], [64, 300]]; 'none' -> []."""
+def _pairs(text: str, kind: str, example: str, first, second) -> list[tuple]:
+    """'a:b,c:d' -> [(first(a), second(b)), ...] ('none' -> []); ``kind`` (e.g. 'length:steps') and ``example``
+    name the expected form in the error."""
     if text.strip().lower() == "none":
         return []
     try:
-        return [[int(a), int(b)] for a, b in (item.split(":") for item in _items(text, "length:steps pairs"))]
+        return [(first(a.strip()), second(b)) for a, b in (item.split(":") for item in _items(text, f"{kind} pairs"))]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated length:steps pairs (e.g. 32:300,64:300) or "
-                                         f"none, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} pairs (e.g. {example}) or none, "
+                                         f"got {text!r}") from None
+
+
+def _phases(text: str) -> list[list[int]]:
+    """'32:300,64:300' -> [[32, 300], [64, 300]]; 'none' -> []."""
+    return [list(p) for p in _pairs(text, "length:steps", "32:300,64:300", int, int)]
 
 
 def _scheme_scales(text: str) -> dict[str, float]:
     """'nope:1.2,alibi:1.2' -> {'nope': 1.2, 'alibi': 1.2}; 'none' -> {}."""
-    if text.strip().lower() == "none":
-        return {}
-    try:
-        return {a.strip(): float(b) for a, b in (item.split(":") for item in _items(text, "scheme:multiplier pairs"))}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated scheme:multiplier pairs (e.g. nope:1.2,alibi:1.2) "
-                                         f"or none, got {text!r}") from None
+    return dict(_pairs(text, "scheme:multiplier", "nope:1.2,alibi:1.2", str, float))
 
 
 def _bool(text: str) -> bool:
