@@ -12,6 +12,9 @@ Variants, timed side by side in this process (B1, H16, D64, fp32 by default):
 opt-in (--variants, --blocks, --splits):
   sdpa_rebuilt     the prebuilt bias rebuilt on every call
   flex             alibi_attention(backend="flex"): compiled FlexAttention (first call compiles)
+  flex_static      the same score_mod and block mask through flex_attention compiled with dynamic=False (one
+                   kernel per shape): tells whether the default compile (dynamic after a second shape, what a
+                   growing KV cache needs) costs speed on a GPU
   blocks_<n>       the block schedule with n queries per call (posenc.kernels.alibi_attention.causal_blocks)
   split_<o>/<i>    the split schedule with outer/inner block sizes (split_causal_attention; causal only)
 
@@ -49,10 +52,11 @@ from _common import RESULTS_DIR, environment, print_table, save_json  # noqa: E4
 
 import posenc  # noqa: E402
 from posenc.alibi import MAX_BIAS_ELEMENTS, alibi_bias, alibi_slopes  # noqa: E402
+from posenc.kernels.alibi_attention import _flex as alibi_flex  # noqa: E402
 from posenc.kernels.alibi_attention import causal_blocks, split_causal_attention  # noqa: E402
 
 BASE_VARIANTS = ("sdpa_no_bias", "sdpa_prebuilt", "posenc")
-OPTIONAL_VARIANTS = ("sdpa_rebuilt", "flex")
+OPTIONAL_VARIANTS = ("sdpa_rebuilt", "flex", "flex_static")
 MATERIALISED = ("sdpa_prebuilt", "sdpa_rebuilt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOOR = "sdpa_no_bias"
@@ -80,6 +84,9 @@ def make_variant(name: str, q, k, v, causal: bool):
         return lambda: posenc.alibi_attention(q, k, v, causal=causal)
     if name == "flex":
         return lambda: posenc.alibi_attention(q, k, v, causal=causal, backend="flex")
+    if name == "flex_static":
+        slopes, fn = alibi_slopes(H).to(q.device), static_flex()
+        return lambda: alibi_flex(q, k, v, slopes, causal, 0, None, compiled=fn)
     if q.device.type != "cpu":
         raise ValueError(f"{name}: the block and split schedules are the CPU paths")
     slopes = alibi_slopes(H)
@@ -92,6 +99,27 @@ def make_variant(name: str, q, k, v, causal: bool):
             raise ValueError("split schedules are causal only")
         return lambda: split_causal_attention(q, k, v, slopes, offset=0, scale=None, outer=outer, inner=inner)
     raise ValueError(f"unknown variant {name!r}")
+
+
+_STATIC_FLEX: list = []
+
+
+def static_flex():
+    """torch.compile(flex_attention, dynamic=False), made once per process."""
+    if not _STATIC_FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def static(*args, **kwargs):    # its own code object: dynamo caches compiled code per code object
+            return flex_attention(*args, **kwargs)
+        _STATIC_FLEX.append(torch.compile(static, dynamic=False))
+    return _STATIC_FLEX[0]
+
+
+def compile_counters() -> dict:
+    """torch.compile's counts so far (graphs compiled, recompiles and their reasons): a kernel recompiled on every
+    call, or one that fell back to eager after too many recompiles, shows here."""
+    from torch._dynamo.utils import counters
+    return {group: dict(counters[group]) for group in ("stats", "recompiles", "graph_break") if counters.get(group)}
 
 
 def make_inputs(batch, heads, seq, dim, dtype, device="cpu", seed=0):
@@ -253,7 +281,10 @@ def run_group(args, seq: int, mode: str, threads: int, variants: list[str], memo
         fns[name] = make_variant(name, q, k, v, causal)
     print(f"  S={seq} {mode} threads={threads}: {', '.join(fns)} x {args.rounds} rounds ...", flush=True)
     probe = LoadProbe()
+    start = time.perf_counter()
     times, cpu_times = interleaved_times(fns, args.rounds, args.device)
+    print(f"    {time.perf_counter() - start:.1f} s (first calls included); torch.compile: {compile_counters()}",
+          flush=True)
     load = probe.finish()
     with torch.no_grad():
         outputs = {name: fn() for name, fn in fns.items()}
@@ -336,7 +367,7 @@ def main(argv=None) -> int:
                                        "per-round ratios to sdpa_no_bias",
                       "memory_method": "fresh subprocess per variant; VmHWM - VmRSS after a warm-up call, "
                                        "high-water mark reset via /proc/self/clear_refs",
-                      "rows": rows}, out)
+                      "rows": rows, "compile_counters": compile_counters()}, out)
     print(f"\nsaved {path}")
     return 0
 

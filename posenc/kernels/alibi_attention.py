@@ -389,7 +389,8 @@ def _flex_attention_fn(device_type: str):
     return _compiled_flex[device_type]
 
 
-def _flex(q, k, v, slopes, causal, offset, scale) -> torch.Tensor:
+def _flex(q, k, v, slopes, causal, offset, scale, compiled=None) -> torch.Tensor:
+    """FlexAttention with the ALiBi score_mod; ``compiled``: another compiled flex_attention (benchmarks)."""
     if not flex_available():
         raise PosencError("backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5); "
                           "use backend='chunked'")
@@ -401,8 +402,8 @@ def _flex(q, k, v, slopes, causal, offset, scale) -> torch.Tensor:
         return score - slopes[h] * (q_idx + off - kv_idx).abs()
 
     block_mask = causal_block_mask(Tq, Tk, offset, str(q.device)) if causal else None
-    return _flex_attention_fn(q.device.type)(q, k, v, score_mod=alibi_score, block_mask=block_mask, scale=scale,
-                                enable_gqa=q.shape[1] != k.shape[1])
+    fn = compiled or _flex_attention_fn(q.device.type)
+    return fn(q, k, v, score_mod=alibi_score, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 @lru_cache(maxsize=16)

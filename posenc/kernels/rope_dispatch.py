@@ -17,7 +17,9 @@ The rules, identical whichever backend runs (a kernel writing through raw pointe
   posenc.kernels.rope_checks.
 
 cos/sin are constants here (never differentiated): posenc.rope.apply routes differentiable frequencies to its
-readable eager formula instead.
+readable eager formula instead. In place of a cos/sin table, ``cos`` may be a posenc.rope.angles.Angles (positions and
+frequencies, ``sin`` None): the Triton kernel computes cos/sin itself in float64 (no table, one launch); the other
+backends build the table first.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ import torch
 
 from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError, check_writes
+from posenc.rope.angles import Angles
+
+def _as_table(cos, sin, xs):
+    if isinstance(cos, Angles):
+        return cos.table(torch.float64 if xs[0].dtype == torch.float64 else torch.float32)
+    return cos, sin
+
 
 # backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse): write RoPE(xs[i]) into outs[i]
 Backend = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor, torch.Tensor,
@@ -35,18 +44,20 @@ Backend = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor
 
 
 def _cpu_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
+    cos, sin = _as_table(cos, sin, xs)
     if len(xs) > 2 or not cpu_rope.native_rope(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
         cpu_rope.rope_many(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse, index=index)
 
 
 def _eager_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
+    cos, sin = _as_table(cos, sin, xs)
     cpu_rope.rope_many(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse, index=index)
 
 
 def _triton_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
     from posenc.kernels import triton_rope
     if index is not None:
-        cos, sin = cpu_rope.gather_table(cos, sin, index)
+        cos, sin = cpu_rope.gather_table(*_as_table(cos, sin, xs), index)
     triton_rope.rope_into(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse)
 
 
@@ -70,13 +81,22 @@ class _Rope(torch.autograd.Function):
         layout, rotary_dim, inverse, backend = spec
         outs = [torch.empty_like(x) for x in xs]
         backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse)
-        ctx.save_for_backward(cos, sin, index)
+        if isinstance(cos, Angles):   # tensors through save_for_backward: an in-place change is caught
+            ctx.save_for_backward(cos.positions, cos.inv_freq, cos.packed, index)
+            ctx.scaling = cos.scaling
+        else:
+            ctx.save_for_backward(cos, sin, index)
+            ctx.scaling = None
         ctx.spec = spec
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        cos, sin, index = ctx.saved_tensors
+        if ctx.scaling is None:
+            cos, sin, index = ctx.saved_tensors
+        else:
+            positions, inv_freq, packed, index = ctx.saved_tensors
+            cos, sin = Angles(positions, inv_freq, ctx.scaling, packed), None
         layout, rotary_dim, inverse, backend = ctx.spec
         grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]
         outs = _Rope.apply((layout, rotary_dim, not inverse, backend), cos, sin, index, *grads)

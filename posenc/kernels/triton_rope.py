@@ -1,13 +1,20 @@
 """GPU RoPE in Triton: q and k rotated in one launch, one pass over their bytes, fp32 math.
 
-Each program rotates BLOCK_M rows (head vectors) of q or of k: program ids below ``blocks_q`` take q, the rest k,
-so both tensors share one launch and one cos/sin table. The table ([..., rotary_dim // 2], float32; float64
-for float64 inputs) is indexed through strides, so per-token position ids, per-batch offsets (positions
-[batch, 1, seq]) and broadcasting over heads cost nothing extra. Rows are addressed through up to four leading
-dims with arbitrary strides (x [B, H, T, D] or a transposed [B, T, H, D] view alike); the head dim must be
-contiguous (copied otherwise).
+The work is split by *tokens* (an element of the positions, or of the cos/sin table's leading dims) and *heads*
+(every leading dim the positions broadcast over). Each program takes BLOCK_T tokens and a run of heads of q and
+then k: it forms the [BLOCK_T, rotary_dim // 2] cos/sin tile once and applies it to every head of the run, each
+head a [BLOCK_T, dim] tile of contiguous rows. Two sources of angles:
 
-In place: pass the inputs as outputs (each program reads its row before writing it).
+- ``Angles`` (positions, float64 frequencies, scaling): cos/sin computed in the kernel in float64, exactly as the
+  CPU table is built (angle = position * inv_freq in float64, cos/sin in float64, times the scaling, rounded to the
+  math dtype), so there is no table to build, cache or read, and no host sync: one launch per call.
+- a cos/sin table ([..., rotary_dim // 2] in the math dtype, broadcastable to x.shape[:-1]), read through strides.
+
+Rows are addressed through up to three token dims and two head dims with arbitrary strides (x [B, H, T, D] or a
+transposed [B, T, H, D] view alike); the head dim must be contiguous (copied otherwise). When every stride and
+pointer is a multiple of 16 bytes the kernel is told so (``ALIGNED``), which lets it use 16-byte loads.
+
+In place: pass the inputs as outputs (each program reads a tile before writing it, and tiles do not overlap).
 Backward: posenc.kernels.rope_dispatch wraps this in an autograd.Function whose backward is this same kernel
 with the angle negated (``inverse=True``).
 
@@ -23,6 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from posenc.kernels.cpu_rope import collapse_dims, eager_rope_into
+from posenc.rope.angles import Angles
 
 try:
     import triton
@@ -31,7 +39,8 @@ except ImportError:  # pragma: no cover - triton is optional
     triton = None
     tl = None
 
-_N_DIMS = 4                       # leading dims the kernel addresses
+_TOKEN_DIMS, _HEAD_DIMS = 3, 2     # leading dims the kernel addresses, after merging contiguous ones
+_TILE = 4096                       # elements of one head's [BLOCK_T, dim] tile (about 32 registers a thread)
 _kernels: dict[bool, object] = {}  # interpret mode -> jitted kernel
 
 
@@ -44,160 +53,280 @@ def available() -> bool:
     return triton is not None and (torch.cuda.is_available() or _interpret())
 
 
-_INT_ARGS = ["blocks_q", "k_x_delta", "k_o_delta",
-             "nq", "q_s1", "q_s2", "q_s3", "xq0", "xq1", "xq2", "xq3", "oq0", "oq1", "oq2", "oq3",
-             "tq0", "tq1", "tq2", "tq3",
-             "nk", "k_s1", "k_s2", "k_s3", "xk0", "xk1", "xk2", "xk3", "ok0", "ok1", "ok2", "ok3",
-             "tk0", "tk1", "tk2", "tk3"]
+_INT_ARGS = ["n_tok", "heads_per_prog",
+             "qt1", "qt2", "xq_t0", "xq_t1", "xq_t2", "oq_t0", "oq_t1", "oq_t2", "s_t0", "s_t1", "s_t2",
+             "kt1", "kt2", "xk_t0", "xk_t1", "xk_t2", "ok_t0", "ok_t1", "ok_t2",
+             "nhq", "qh1", "xq_h0", "xq_h1", "oq_h0", "oq_h1",
+             "nhk", "kh1", "xk_h0", "xk_h1", "ok_h0", "ok_h1"]
 
 
 def _rope_kernel(
-    XQ, OQ, C, S,
-    blocks_q, k_x_delta, k_o_delta, sign,
-    nq, q_s1, q_s2, q_s3, xq0, xq1, xq2, xq3, oq0, oq1, oq2, oq3, tq0, tq1, tq2, tq3,
-    nk, k_s1, k_s2, k_s3, xk0, xk1, xk2, xk3, ok0, ok1, ok2, ok3, tk0, tk1, tk2, tk3,
-    DIM: tl.constexpr, ROT: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, BLOCK_M: tl.constexpr,
+    XQ, OQ, XK, OK, SA, SB,
+    n_tok, heads_per_prog,
+    qt1, qt2, xq_t0, xq_t1, xq_t2, oq_t0, oq_t1, oq_t2, s_t0, s_t1, s_t2,
+    kt1, kt2, xk_t0, xk_t1, xk_t2, ok_t0, ok_t1, ok_t2,
+    nhq, qh1, xq_h0, xq_h1, oq_h0, oq_h1,
+    nhk, kh1, xk_h0, xk_h1, ok_h0, ok_h1,
+    DIM: tl.constexpr, ROT: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+    ANGLES: tl.constexpr, SCALED: tl.constexpr, MATH64: tl.constexpr, INVERSE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    # programs [0, blocks_q) take q, the rest k. Selection is arithmetic (no branch), so q's and k's integer
-    # arguments never need matching types; k's data is addressed from q's pointers plus an element delta.
-    is_k = pid >= blocks_q
-    which = is_k.to(tl.int64)
-    blk = pid.to(tl.int64) - which * blocks_q
-    X = XQ + which * k_x_delta
-    O = OQ + which * k_o_delta
+    # ---- this program's tokens, and their element offsets in q, k (and their outputs) and the angle source
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)           # [T]
+    tmask = tok < n_tok
+    # a token index is row-major over three dims [*, t1, t2], sized per tensor (q's and k's dims may merge
+    # differently); the angle source follows q's
+    q2, k2 = tok % qt2, tok % kt2
+    q1, k1 = (tok // qt2) % qt1, (tok // kt2) % kt1
+    q0, k0 = tok // qt2 // qt1, tok // kt2 // kt1
+    xq_tok = q0 * xq_t0 + q1 * xq_t1 + q2 * xq_t2
+    oq_tok = q0 * oq_t0 + q1 * oq_t1 + q2 * oq_t2
+    s_tok = q0 * s_t0 + q1 * s_t1 + q2 * s_t2
+    xk_tok = k0 * xk_t0 + k1 * xk_t1 + k2 * xk_t2
+    ok_tok = k0 * ok_t0 + k1 * ok_t1 + k2 * ok_t2
 
-    n = tl.where(is_k, nk.to(tl.int64), nq.to(tl.int64))
-    s1 = tl.where(is_k, k_s1.to(tl.int64), q_s1.to(tl.int64))
-    s2 = tl.where(is_k, k_s2.to(tl.int64), q_s2.to(tl.int64))
-    s3 = tl.where(is_k, k_s3.to(tl.int64), q_s3.to(tl.int64))
-    x0 = tl.where(is_k, xk0.to(tl.int64), xq0.to(tl.int64))
-    x1 = tl.where(is_k, xk1.to(tl.int64), xq1.to(tl.int64))
-    x2 = tl.where(is_k, xk2.to(tl.int64), xq2.to(tl.int64))
-    x3 = tl.where(is_k, xk3.to(tl.int64), xq3.to(tl.int64))
-    o0 = tl.where(is_k, ok0.to(tl.int64), oq0.to(tl.int64))
-    o1 = tl.where(is_k, ok1.to(tl.int64), oq1.to(tl.int64))
-    o2 = tl.where(is_k, ok2.to(tl.int64), oq2.to(tl.int64))
-    o3 = tl.where(is_k, ok3.to(tl.int64), oq3.to(tl.int64))
-    t0 = tl.where(is_k, tk0.to(tl.int64), tq0.to(tl.int64))
-    t1 = tl.where(is_k, tk1.to(tl.int64), tq1.to(tl.int64))
-    t2 = tl.where(is_k, tk2.to(tl.int64), tq2.to(tl.int64))
-    t3 = tl.where(is_k, tk3.to(tl.int64), tq3.to(tl.int64))
+    # ---- the [T, HALF] cos/sin tile, formed once for every head this program rotates
+    j = tl.arange(0, HALF_PAD)                                                        # [HALF] pair index
+    jmask = j < ROT // 2
+    m = tmask[:, None] & jmask[None, :]
+    if ANGLES:   # SA: positions, SB: [ROT // 2] float64 frequencies followed by the scaling
+        pos = tl.load(SA + s_tok, mask=tmask, other=0).to(tl.float64)
+        inv = tl.load(SB + j, mask=jmask, other=0.0)
+        angle = pos[:, None] * inv[None, :]
+        c = tl.cos(angle)
+        s = tl.sin(angle)
+        if SCALED:
+            scaling = tl.load(SB + ROT // 2)
+            c = c * scaling
+            s = s * scaling
+        if not MATH64:
+            c = c.to(tl.float32)
+            s = s.to(tl.float32)
+    else:        # SA, SB: cos and sin tables in the math dtype, read through the token strides
+        c = tl.load(SA + s_tok[:, None] + j[None, :], mask=m, other=0.0)
+        s = tl.load(SB + s_tok[:, None] + j[None, :], mask=m, other=0.0)
+    if INVERSE:
+        s = -s
 
-    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)                         # [M] row ids
-    rmask = rows < n
-    r = rows
-    i3 = r % s3
-    r = r // s3
-    i2 = r % s2
-    r = r // s2
-    i1 = r % s1
-    i0 = r // s1
-    xoff = i0 * x0 + i1 * x1 + i2 * x2 + i3 * x3                       # [M] element offsets
-    ooff = i0 * o0 + i1 * o1 + i2 * o2 + i3 * o3
-    toff = i0 * t0 + i1 * t1 + i2 * t2 + i3 * t3
-
-    j = tl.arange(0, HALF_PAD)                                          # [H] pair index
-    m = rmask[:, None] & (j < ROT // 2)[None, :]
-    if INTERLEAVED:
-        ia = 2 * j
-        ib = 2 * j + 1
-    else:
-        ia = j
-        ib = j + ROT // 2
-    c = tl.load(C + toff[:, None] + j[None, :], mask=m, other=0.0)
-    s = tl.load(S + toff[:, None] + j[None, :], mask=m, other=0.0) * sign
-    a = tl.load(X + xoff[:, None] + ia[None, :], mask=m, other=0.0).to(c.dtype)
-    b = tl.load(X + xoff[:, None] + ib[None, :], mask=m, other=0.0).to(c.dtype)
-    tl.store(O + ooff[:, None] + ia[None, :], (a * c - b * s).to(O.dtype.element_ty), mask=m)
-    tl.store(O + ooff[:, None] + ib[None, :], (a * s + b * c).to(O.dtype.element_ty), mask=m)
-    if COPY_TAIL:  # partial rotary, out of place: the unrotated dims pass through
-        t = ROT + tl.arange(0, TAIL_PAD)
-        tm = rmask[:, None] & (t < DIM)[None, :]
-        v = tl.load(X + xoff[:, None] + t[None, :], mask=tm)
-        tl.store(O + ooff[:, None] + t[None, :], v, mask=tm)
+    # ---- heads [h0, h1) of the list q's heads then k's heads
+    h0 = tl.program_id(1).to(tl.int64) * heads_per_prog
+    h1 = tl.minimum(h0 + heads_per_prog, nhq + nhk)
+    for h in range(h0, h1):
+        is_k = h >= nhq
+        hh = tl.where(is_k, h - nhq, h)
+        hs1 = tl.where(is_k, kh1, qh1).to(tl.int64)
+        i0 = hh // hs1
+        i1 = hh % hs1
+        xoff = tl.where(is_k, xk_tok, xq_tok) + i0 * tl.where(is_k, xk_h0, xq_h0) + i1 * tl.where(is_k, xk_h1,
+                                                                                               xq_h1)
+        ooff = tl.where(is_k, ok_tok, oq_tok) + i0 * tl.where(is_k, ok_h0, oq_h0) + i1 * tl.where(is_k, ok_h1,
+                                                                                               oq_h1)
+        if ALIGNED:  # every row starts on 16 bytes: lets the loads and stores below be 16 bytes wide
+            xoff = tl.multiple_of(xoff, VEC)
+            ooff = tl.multiple_of(ooff, VEC)
+        X = tl.where(is_k, XK, XQ)
+        O = tl.where(is_k, OK, OQ)
+        if INTERLEAVED:   # pairs (2j, 2j + 1): load whole rows and split the last dim in two
+            col = tl.arange(0, 2 * HALF_PAD)
+            m2 = tmask[:, None] & (col < ROT)[None, :]
+            v = tl.load(X + xoff[:, None] + col[None, :], mask=m2, other=0.0).to(c.dtype)
+            a, b = tl.split(tl.reshape(v, (BLOCK_T, HALF_PAD, 2)))
+            r = tl.reshape(tl.join(a * c - b * s, a * s + b * c), (BLOCK_T, 2 * HALF_PAD))
+            tl.store(O + ooff[:, None] + col[None, :], r.to(O.dtype.element_ty), mask=m2)
+        else:             # pairs (j, j + ROT / 2): two contiguous halves
+            a = tl.load(X + xoff[:, None] + j[None, :], mask=m, other=0.0).to(c.dtype)
+            b = tl.load(X + xoff[:, None] + (j + ROT // 2)[None, :], mask=m, other=0.0).to(c.dtype)
+            tl.store(O + ooff[:, None] + j[None, :], (a * c - b * s).to(O.dtype.element_ty), mask=m)
+            tl.store(O + ooff[:, None] + (j + ROT // 2)[None, :], (a * s + b * c).to(O.dtype.element_ty), mask=m)
+        if COPY_TAIL:     # partial rotary, out of place: the unrotated dims pass through
+            t = ROT + tl.arange(0, TAIL_PAD)
+            tm = tmask[:, None] & (t < DIM)[None, :]
+            tl.store(O + ooff[:, None] + t[None, :], tl.load(X + xoff[:, None] + t[None, :], mask=tm), mask=tm)
 
 
 def _kernel():
     mode = _interpret()
     if mode not in _kernels:
-        # integers are not specialised (a stride or size of 1 would otherwise become a compile-time constant,
-        # and every new geometry a recompile)
+        # integers are not specialised (a size or stride of 1 would otherwise become a compile-time constant, and
+        # every new geometry a recompile); ALIGNED carries the one fact about them that matters for speed
         _kernels[mode] = triton.jit(_rope_kernel, do_not_specialize=_INT_ARGS)
     return _kernels[mode]
 
 
-def _describe(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor):
-    """(n_rows, [s1, s2, s3], x strides[4], out strides[4], table strides[4]) or None if > 4 leading dims."""
-    sizes, xs, os_, ts = collapse_dims(list(x.shape[:-1]), list(x.stride()[:-1]), list(out.stride()[:-1]),
-                                   list(cos.stride()[:-1]))
-    if len(sizes) > _N_DIMS:
+# --------------------------------------------------------------------------------------------------- geometry
+
+def _split(shape, x_st, o_st, s_st):
+    """Leading dims of one tensor split into tokens (source stride != 0) and heads (the source broadcasts).
+
+    Returns ((token sizes, x strides, out strides, source strides), (head sizes, x strides, out strides)), each
+    list merged where contiguous and left-padded to the kernel's dim counts, or None if there are too many."""
+    tok = [(n, a, b, c) for n, a, b, c in zip(shape, x_st, o_st, s_st) if c != 0 and n != 1]
+    head = [(n, a, b) for n, a, b, c in zip(shape, x_st, o_st, s_st) if c == 0 and n != 1]
+    t_n, t_x, t_o, t_s = collapse_dims([d[0] for d in tok], [d[1] for d in tok], [d[2] for d in tok],
+                                       [d[3] for d in tok])
+    h_n, h_x, h_o = collapse_dims([d[0] for d in head], [d[1] for d in head], [d[2] for d in head])
+    if len(t_n) > _TOKEN_DIMS or len(h_n) > _HEAD_DIMS:
         return None
-    pad = _N_DIMS - len(sizes)
-    sizes, xs, os_, ts = [1] * pad + sizes, [0] * pad + xs, [0] * pad + os_, [0] * pad + ts
+    pt, ph = _TOKEN_DIMS - len(t_n), _HEAD_DIMS - len(h_n)
+    return (([1] * pt + t_n, [0] * pt + t_x, [0] * pt + t_o, [0] * pt + t_s),
+            ([1] * ph + h_n, [0] * ph + h_x, [0] * ph + h_o))
+
+
+def _prod(v) -> int:
     n = 1
-    for v in sizes:
-        n *= v
-    return n, sizes[1:], xs, os_, ts
+    for s in v:
+        n *= s
+    return n
 
 
-def rope_into(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *,
+_SMS: dict = {}
+
+
+def _programs_wanted(device: torch.device) -> int:
+    """Enough programs to keep every SM busy (8 per SM). Under the interpreter (CPU tensors) a few, so that the
+    tests split heads into runs too, some straddling q's last head and k's first."""
+    if device.type != "cuda":
+        return 6
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = 8 * torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def _kernel_freqs(angles: Angles) -> torch.Tensor:
+    """[R/2 + 1] float64: the frequencies then the scaling (the kernel reads the scaling in float64)."""
+    if angles.packed is not None:
+        return angles.packed
+    inv = angles.inv_freq.reshape(-1)
+    return torch.cat((inv, inv.new_tensor([float(angles.scaling)])))
+
+
+def _broadcast_strides(shape, stride, target) -> list[int]:
+    """Strides of a tensor of ``shape``/``stride`` expanded to ``target`` (0 where it broadcasts): torch's expand."""
+    n, m = len(target), len(shape)
+    return [stride[i - n + m] if i - n + m >= 0 and shape[i - n + m] != 1 else 0 for i in range(n)]
+
+
+_PLANS: dict = {}           # call geometry -> (grid, integer args, meta-parameters); see _plan
+_MAX_PLANS = 256
+
+
+def rope_into(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], cos, sin: torch.Tensor | None, *,
               layout: str, rotary_dim: int, inverse: bool = False) -> None:
     """Write RoPE(xs[i]) into outs[i] for one or two tensors (q, k) in a single launch.
 
     xs[i], outs[i]: [..., dim] on the same device, one dtype; outs[i] may be xs[i] (in place).
-    cos, sin: broadcastable to [..., rotary_dim // 2] for every x, float32 (float64 for float64 x).
+    cos, sin: broadcastable to [..., rotary_dim // 2] for every x, float32 (float64 for float64 x); or cos an
+    ``Angles`` (positions broadcastable to x.shape[:-1]) and sin None.
+
+    The launch geometry of a call (grid, sizes, strides, block sizes) is worked out once per shape and stride
+    pattern and cached (``_PLANS``): a decode step pays a dict lookup, not the planning.
     """
     if triton is None:
         raise RuntimeError("triton is not installed")
     if not 1 <= len(xs) <= 2 or len(outs) != len(xs):
         raise ValueError(f"rope_into takes one or two tensors with as many outputs, got {len(xs)} and {len(outs)}")
-    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
-    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
-    if sin.stride() != cos.stride():
-        sin = sin.expand_as(cos).contiguous()
-        cos = cos.expand_as(sin).contiguous()
-    work, writeback, descs = [], [], []
+    angles = cos if isinstance(cos, Angles) else None
+    if angles is None:
+        cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+        sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+        if sin.stride() != cos.stride():
+            sin = sin.expand_as(cos).contiguous()
+            cos = cos.expand_as(sin).contiguous()
+        src, src_a, src_b = cos, cos, sin
+        scaled = False
+    else:
+        src, src_a, src_b = angles.positions, angles.positions, _kernel_freqs(angles)
+        scaled = float(angles.scaling) != 1.0
+    x0, xk, ok = xs[0], xs[-1], outs[-1]
+    aligned = not (x0.data_ptr() | outs[0].data_ptr() | xk.data_ptr() | ok.data_ptr()) % 16
+    key = (layout, rotary_dim, inverse, scaled, angles is None, aligned, src.shape, src.stride(), x0.device,
+           *[(x.shape, x.stride(), o.stride(), x.dtype, x.data_ptr() == o.data_ptr()) for x, o in zip(xs, outs)])
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(xs, outs, src, angles is not None, scaled, aligned, layout, rotary_dim, inverse)
+        if plan is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    if plan is not None:
+        if plan[0]:
+            grid, ints, meta = plan
+            _kernel()[grid](x0, outs[0], xk, ok, src_a, src_b, *ints, **meta)
+        return
+    _rope_general(xs, outs, src, cos, sin, angles, layout, rotary_dim, inverse, scaled)
+
+
+def _rope_general(xs, outs, src, cos, sin, angles, layout, rotary_dim, inverse, scaled):
+    """Inputs the kernel cannot address directly: dense copies written back, or plain torch ops."""
+    work, writeback = [], []
     for x, o in zip(xs, outs):
-        c = cos.expand(*x.shape[:-1], rotary_dim // 2)
+        s_st = _broadcast_strides(src.shape[:-1] if angles is None else src.shape,
+                                  src.stride()[:-1] if angles is None else src.stride(), x.shape[:-1])
         in_place = o.data_ptr() == x.data_ptr()
-        d = _describe(x, o, c) if x.stride(-1) == 1 and o.stride(-1) == 1 else None
-        if d is None:  # unusual strides or > 4 leading dims: rotate a dense copy, then write back
-            xc = x.contiguous()
-            oc = xc if in_place else torch.empty_like(xc)
-            d = _describe(xc, oc, c)
-            if d is None:  # positions with > 4 non-broadcast dims: rare; plain torch ops
-                eager_rope_into(x, cos, sin, o, layout, rotary_dim, inverse)
-                continue
-            writeback.append((o, oc))
-            x, o = xc, oc
-        work.append((x, o, in_place))
-        descs.append(d)
-    if not work:
-        return
-    if len(work) == 1:  # a single tensor: the k branch is never taken
-        work.append(work[0])
-        descs.append(descs[0])
-    dim = xs[0].shape[-1]
-    half = rotary_dim // 2
-    half_pad = triton.next_power_of_2(half)
-    tail_pad = triton.next_power_of_2(max(dim - rotary_dim, 1))
-    block_m = max(1, min(64, 4096 // (2 * half_pad)))
-    nq = descs[0][0]
-    blocks_q = triton.cdiv(nq, block_m)
-    blocks_k = triton.cdiv(descs[1][0], block_m) if work[1] is not work[0] else 0
-    if blocks_q + blocks_k == 0:
-        return
-    copy_tail = rotary_dim < dim and not all(w[2] for w in work)
-    (xq, oq, _), (xk, ok, _) = work[0], work[1]
-    esize = xq.element_size()
-    args = [xq, oq, cos, sin, blocks_q, (xk.data_ptr() - xq.data_ptr()) // esize,
-            (ok.data_ptr() - oq.data_ptr()) // esize, -1.0 if inverse else 1.0]
-    for n, sz, xst, ost, tst in descs:
-        args += [n, *sz, *xst, *ost, *tst]
-    _kernel()[(blocks_q + blocks_k,)](
-        *args, DIM=dim, ROT=rotary_dim, HALF_PAD=half_pad, TAIL_PAD=tail_pad,
-        INTERLEAVED=layout == "interleaved", COPY_TAIL=copy_tail, BLOCK_M=block_m)
+        if x.stride(-1) == 1 and o.stride(-1) == 1 and _split(x.shape[:-1], x.stride()[:-1], o.stride()[:-1], s_st):
+            work.append((x, o))
+            continue
+        xc = x.contiguous()
+        oc = xc if in_place else torch.empty_like(xc)
+        if _split(xc.shape[:-1], xc.stride()[:-1], oc.stride()[:-1], s_st) is None:
+            # positions or a table with > 3 non-broadcast dims: rare; plain torch ops
+            c, s = (cos, sin) if angles is None else angles.table(
+                torch.float64 if x.dtype == torch.float64 else torch.float32)
+            eager_rope_into(x, c, s, o, layout, rotary_dim, inverse)
+            continue
+        writeback.append((o, oc))
+        work.append((xc, oc))
+    if work:
+        plan = _plan([w[0] for w in work], [w[1] for w in work], src, angles is not None, scaled,
+                     False, layout, rotary_dim, inverse)
+        if plan[0]:
+            grid, ints, meta = plan
+            xk, ok = work[-1]
+            _kernel()[grid](work[0][0], work[0][1], xk, ok, src, sin if angles is None else _kernel_freqs(angles),
+                            *ints, **meta)
     for o, oc in writeback:
         o.copy_(oc)
+
+
+def _plan(xs, outs, src, angles: bool, scaled: bool, ptrs_aligned: bool, layout, rotary_dim, inverse):
+    """(grid, integer args, meta-parameters) of the launch; (None, None, None) when there is nothing to do; None
+    when some tensor needs ``_rope_general`` (a non-contiguous head dim or too many leading dims)."""
+    geoms = []
+    for x, o in zip(xs, outs):
+        if x.stride(-1) != 1 or o.stride(-1) != 1:
+            return None
+        lead = x.shape[:-1]
+        s_st = (_broadcast_strides(src.shape, src.stride(), lead) if angles else
+                _broadcast_strides(src.shape[:-1], src.stride()[:-1], lead))
+        g = _split(lead, x.stride()[:-1], o.stride()[:-1], s_st)
+        if g is None:
+            return None
+        geoms.append(g)
+    (tq, hq), (tk, hk), x0 = geoms[0], geoms[-1], xs[0]
+    n_tok = _prod(tq[0])
+    nhq, nhk = _prod(hq[0]), (_prod(hk[0]) if len(xs) == 2 else 0)
+    if n_tok == 0 or nhq + nhk == 0:
+        return None, None, None
+    dim = x0.shape[-1]
+    half_pad = triton.next_power_of_2(rotary_dim // 2)
+    block_t = max(1, min(triton.next_power_of_2(n_tok), _TILE // (2 * half_pad)))
+    blocks = -(-n_tok // block_t)
+    groups = max(1, min(nhq + nhk, -(-_programs_wanted(x0.device) // blocks)))
+    heads_per_prog = -(-(nhq + nhk) // groups)
+    groups = -(-(nhq + nhk) // heads_per_prog)
+    vec = max(1, 16 // x0.element_size())
+    strides = [*tq[1], *tq[2], *hq[1], *hq[2], *tk[1], *tk[2], *hk[1], *hk[2]]
+    ints = [n_tok, heads_per_prog,
+            tq[0][1], tq[0][2], *tq[1], *tq[2], *tq[3],
+            tk[0][1], tk[0][2], *tk[1], *tk[2],
+            nhq, hq[0][1], *hq[1], *hq[2],
+            nhk, hk[0][1], *hk[1], *hk[2]]
+    meta = dict(DIM=dim, ROT=rotary_dim, HALF_PAD=half_pad, TAIL_PAD=triton.next_power_of_2(max(dim - rotary_dim, 1)),
+                BLOCK_T=block_t, ANGLES=angles, SCALED=scaled, MATH64=x0.dtype == torch.float64, INVERSE=inverse,
+                INTERLEAVED=layout == "interleaved",
+                COPY_TAIL=rotary_dim < dim and not all(x.data_ptr() == o.data_ptr() for x, o in zip(xs, outs)),
+                ALIGNED=ptrs_aligned and all(s % vec == 0 for s in strides), VEC=vec,
+                num_warps=max(1, min(8, block_t * 2 * half_pad // 1024)),
+                enable_fp_fusion=True)      # a * c - b * s as one fused multiply-add: one rounding, not two
+    return (blocks, groups), ints, meta

@@ -28,6 +28,7 @@ import torch
 
 from posenc._validate import check_float, even_int, positive_float
 from posenc.errors import PosencError
+from posenc.rope.angles import Angles, angles_cos_sin
 
 LAYOUTS = ("interleaved", "half")
 _INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
@@ -49,16 +50,6 @@ def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str
     return inv if device is None else inv.to(device)
 
 
-def _angles_cos_sin(positions: torch.Tensor, inv64: torch.Tensor, attention_scaling: float,
-                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of positions * inv_freq, the angle formed in float64; arguments already validated."""
-    angle = positions.to(torch.float64).unsqueeze(-1) * inv64                 # [..., R/2]
-    cos, sin = angle.cos(), angle.sin()
-    if attention_scaling != 1.0:
-        cos, sin = cos * attention_scaling, sin * attention_scaling
-    return cos.to(dtype), sin.to(dtype)
-
-
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of positions * inv_freq, each of shape [*positions.shape, len(inv_freq)] in ``dtype``.
@@ -71,7 +62,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     positions = check_position_dtype(as_positions(positions, None))
     attention_scaling = check_float(attention_scaling, "attention_scaling", positive=True)
     inv64 = _checked_inv_freq(inv_freq, positions.device)
-    return _angles_cos_sin(positions, inv64, attention_scaling, dtype)
+    return angles_cos_sin(positions, inv64, attention_scaling, dtype)
 
 
 def check_position_dtype(positions: torch.Tensor) -> torch.Tensor:
@@ -200,16 +191,18 @@ def _check_out(out, xs: Sequence[torch.Tensor], inplace: bool, name: str) -> lis
     return outs
 
 
-def _rotate_fast(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
+def _rotate_fast(xs: Sequence[torch.Tensor], cos, sin: torch.Tensor | None, layout: str, rotary_dim: int,
                  inplace: bool, outs: list[torch.Tensor] | None, names: Sequence[str],
                  index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Rotate each of xs with one table through posenc.kernels (C on CPU, Triton on CUDA, autograd included).
+
+    cos, sin: the table; or cos a posenc.rope.angles.Angles (constant frequencies) and sin None.
 
     Differentiable frequencies (cos/sin requiring grad, e.g. a learned inv_freq) take the readable ``_rotate``,
     which autograd differentiates through the table too.
     """
     rope = _kernel_rope()
-    if not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
+    if sin is None or not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
         out_names = None if outs is None else (("out",) if len(xs) == 1 else tuple(f"out[{i}]" for i in
                                                                                   range(len(xs))))
         return rope(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=outs, index=index,
@@ -230,12 +223,19 @@ def _rotate_fast(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tenso
 class _Table:
     """One frequency set's rows 0..rows-1 of cos/sin (CPU), or just its validated float64 frequencies (elsewhere)."""
 
-    __slots__ = ("inv64", "scaling", "rotary_dim", "dtype", "cos_sin", "ref")
+    __slots__ = ("inv64", "scaling", "rotary_dim", "dtype", "cos_sin", "ref", "_packed")
 
     def __init__(self, inv64: torch.Tensor, scaling: float, dtype: torch.dtype, ref=None):
         self.inv64, self.scaling, self.dtype, self.ref = inv64, scaling, dtype, ref
         self.rotary_dim = 2 * inv64.shape[0]
         self.cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None   # swapped whole: readers see one pair
+        self._packed: torch.Tensor | None = None
+
+    def packed(self) -> torch.Tensor:
+        """[R/2 + 1] float64 on the frequencies' device: inv_freq then the scaling (the GPU kernel's input)."""
+        if self._packed is None:
+            self._packed = torch.cat((self.inv64, self.inv64.new_tensor([float(self.scaling)])))
+        return self._packed
 
     @property
     def rows(self) -> int:
@@ -255,7 +255,8 @@ class RopeTableCache:
     least twice the rows) by computing only the new rows, so earlier rows never change. Bounded: one table never
     exceeds ``max_table_bytes`` (positions past that are computed per call, uncached) and all tables together
     ``max_bytes`` / ``max_entries`` (least recently used dropped first). Tables are kept on CPU only: elsewhere the
-    cos/sin of each call's positions are computed on the device (no host sync to learn the largest position).
+    cos/sin of each call's positions are computed on the device (no host sync to learn the largest position); on
+    CUDA inside the RoPE kernel itself, from the entry's float64 frequencies.
     """
 
     def __init__(self, max_bytes: int = 256 << 20, max_table_bytes: int = 128 << 20, max_entries: int = 32,
@@ -307,7 +308,7 @@ class RopeTableCache:
             if rows <= have:
                 return True
             target = min(cap, max(rows, 2 * have, self.min_rows))
-            cos, sin = _angles_cos_sin(torch.arange(have, target), entry.inv64, entry.scaling, entry.dtype)
+            cos, sin = angles_cos_sin(torch.arange(have, target), entry.inv64, entry.scaling, entry.dtype)
             if have:      # only the new rows are computed: the old ones stay bit for bit
                 cos, sin = torch.cat((entry.cos_sin[0], cos)), torch.cat((entry.cos_sin[1], sin))
             entry.cos_sin = (cos, sin)               # new tensors: a table handed out earlier is never mutated
@@ -405,7 +406,12 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
                 table = entry.cos_sin
                 return _kernel_rope()(xs, table[0], table[1], layout=layout, rotary_dim=rdim, inplace=inplace,
                                       out=outs, index=index, names=names)
-    cos, sin = _angles_cos_sin(p, entry.inv64, entry.scaling, dtype)
+    if x.device.type == "cuda" and not (p.requires_grad and torch.is_grad_enabled()):
+        # the kernel computes cos/sin itself (float64 angles): no table, one launch. (Positions that require grad
+        # take the table below, which autograd differentiates.)
+        return _rotate_fast(xs, Angles(p, entry.inv64, entry.scaling, entry.packed()), None, layout, rdim,
+                            inplace, outs, names)
+    cos, sin = angles_cos_sin(p, entry.inv64, entry.scaling, dtype)
     return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
 
 
@@ -430,8 +436,8 @@ def _kernel_rope():
     """posenc.kernels.rope_dispatch.rope, imported on first use (importing posenc builds nothing)."""
     fn = _lazy.get("rope")
     if fn is None:
-        from posenc.kernels.rope_dispatch import rope as fn
         from posenc.kernels.rope_checks import TableIndexError
+        from posenc.kernels.rope_dispatch import rope as fn
         _lazy.update(rope=fn, TableIndexError=TableIndexError)
     return fn
 
@@ -472,7 +478,8 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
 
     Runs the fused kernel for the device (posenc.kernels: C on CPU, Triton on CUDA): one pass over x, no
     temporaries the size of x, fp32 math for half-precision inputs; ``_rotate`` is the readable equivalent.
-    On CPU the cos/sin of integer positions come from a cached table (``TABLES``), built once per frequency set.
+    On CPU the cos/sin of integer positions come from a cached table (``TABLES``), built once per frequency set;
+    on CUDA the kernel computes them from the positions in float64 (one launch, no table).
     Writes obey torch's rules: overlapping outputs are refused, version counters are bumped
     (posenc.kernels.rope_dispatch).
     """

@@ -30,6 +30,7 @@ from posenc._validate import check_int
 from posenc.errors import PosencError
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
+from posenc.rope.angles import Angles
 from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
@@ -98,6 +99,7 @@ class Rotary(nn.Module):
         self._long = None                                             # longrope: (inv_freq, scaling) for long input
         self.original_max_seq_len = config.max_position_embeddings   # dynamic: Lmax
         self.max_seq_len_cached = config.max_position_embeddings     # dynamic: length the frequencies are for
+        self._kernel_freqs: tuple | None = None    # (inv_freq it was made from, its version, scaling, inv64, packed)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         axes = position_axes(config)
@@ -146,6 +148,18 @@ class Rotary(nn.Module):
             self.inv_freq = inv_freq
             self.attention_scaling = scaling
             self.clear_cache()
+
+    def kernel_angles(self, positions: torch.Tensor) -> Angles:
+        """cos/sin at ``positions`` as the GPU kernel takes them (float64 frequencies and the scaling, no table).
+
+        The float64 copy of ``inv_freq`` is made once per frequency tensor (and its in-place version) and scaling.
+        """
+        inv, scaling, cached = self.inv_freq, self.attention_scaling, self._kernel_freqs
+        if cached is None or cached[0] is not inv or cached[1] != inv._version or cached[2] != scaling:
+            inv64 = inv.detach().to(torch.float64)
+            cached = (inv, inv._version, scaling, inv64, torch.cat((inv64, inv64.new_tensor([float(scaling)]))))
+            self._kernel_freqs = cached
+        return Angles(positions, cached[3], scaling, cached[4])
 
     def clear_cache(self) -> None:
         """Drop the cos/sin table (it is rebuilt on the next call)."""
@@ -237,6 +251,14 @@ class Rotary(nn.Module):
         # the kernel needs (its table is this module's own), so it is called directly: it reads row `position` of
         # the table and range-checks it itself; a position past the table falls through to cos_sin, which grows it.
         # (The buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards.)
+        if (not multi and self.seq_len_rule is None and q.is_cuda and not positions.is_floating_point()
+                and q.dtype == k.dtype and k.device == q.device):
+            # CUDA: the kernel computes cos/sin of these positions in float64 itself: no table, no host sync (so
+            # positions are not range-checked here: a negative one rotates by its negative angle, as the formula
+            # says, where the CPU path refuses it)
+            index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
+            return rotate_kernel((q, k), self.kernel_angles(index), None, layout=self.layout,
+                                 rotary_dim=self.rotary_dim, names=("q", "k"))
         buffers = self._buffers
         cos_cached = buffers["cos_cached"]
         if (not multi and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq

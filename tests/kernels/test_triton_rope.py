@@ -4,16 +4,21 @@ TRITON_INTERPRET must be set when the kernel is jitted; posenc jits it on first 
 below sets the variable only while these tests run (so other tests in the process are unaffected).
 """
 
+import re
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import posenc
 from posenc.kernels import rope_dispatch
+from posenc.rope.angles import Angles
 from posenc.rope.apply import default_inv_freq, rope_cos_sin
 
 from ._oracle import assert_close_to_oracle, reference_rope
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 from posenc.kernels import triton_rope  # noqa: E402  (needs triton)
 
 
@@ -96,6 +101,184 @@ def test_autograd_backward_is_inverse_rotation(interpret):
     assert torch.autograd.gradcheck(f, (q, k), eps=1e-6, atol=1e-8)
 
 
+ANGLE_CASES = [  # (layout, dim, rotary_dim, dtype, positions kind, mode, scaling)
+    ("half", 16, 16, torch.float32, "batch offsets", "new", 1.0),
+    ("interleaved", 16, 16, torch.float32, "seq", "inplace", 1.0),
+    ("interleaved", 20, 12, torch.float64, "expanded", "new", 1.25),    # partial rotary, stride-0 batch positions
+    ("half", 20, 12, torch.float32, "float", "inplace", 0.75),
+    ("half", 16, 16, torch.bfloat16, "int32", "new", 1.0),
+    ("interleaved", 24, 16, torch.float16, "batch offsets", "new", 1.0),
+]
+
+
+def positions_of(kind):
+    seq = torch.arange(5) * 997 + 3                                    # large positions: angle precision matters
+    return {"seq": seq, "batch offsets": torch.stack((seq, seq + 40000))[:, None, :],
+            "expanded": seq.expand(2, 5)[:, None, :], "float": seq.double() + 0.5,
+            "int32": seq.to(torch.int32)}[kind]
+
+
+@pytest.mark.parametrize("layout,dim,rotary_dim,dtype,kind,mode,scaling", ANGLE_CASES)
+def test_angles_computed_in_kernel_match_reference_and_table(interpret, layout, dim, rotary_dim, dtype, kind, mode,
+                                                              scaling):
+    # cos/sin formed inside the kernel from positions and float64 frequencies (the CUDA default path) against the
+    # lesson's loops, and bit for bit against the same kernel reading the float64-built table
+    g = torch.Generator().manual_seed(dim + rotary_dim)
+    q = torch.randn(2, 3, 5, dim, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(2, 5, 2, dim, generator=g, dtype=torch.float64).to(dtype).transpose(1, 2)  # [B, Hk, T, D] view
+    positions = positions_of(kind)
+    inv = default_inv_freq(rotary_dim)
+    angles = Angles(positions, inv.double(), scaling)
+    outs = [q.clone(), k.clone()] if mode == "inplace" else [torch.full_like(q, float("nan")),
+                                                             torch.full_like(k, float("nan"))]
+    triton_rope.rope_into([o if mode == "inplace" else x for o, x in zip(outs, (q, k))], outs, angles, None,
+                          layout=layout, rotary_dim=rotary_dim)
+    for got, x in zip(outs, (q, k)):
+        check(got, reference_rope(x, positions, inv.tolist(), layout, rotary_dim, attention_scaling=scaling), dtype)
+    cos, sin = rope_cos_sin(positions, inv, scaling, torch.float64 if dtype == torch.float64 else torch.float32)
+    via_table = [torch.empty_like(q), torch.empty_like(k)]
+    triton_rope.rope_into([q, k], via_table, cos, sin, layout=layout, rotary_dim=rotary_dim)
+    assert torch.equal(outs[0], via_table[0]) and torch.equal(outs[1], via_table[1])
+
+
+@settings(max_examples=15, deadline=None)
+@given(b=st.integers(1, 2), hq=st.integers(1, 3), hk=st.integers(1, 2), t=st.integers(1, 6),
+       half=st.sampled_from([2, 3, 4]), tail=st.sampled_from([0, 2]), layout=st.sampled_from(["half", "interleaved"]),
+       k_transposed=st.booleans(), per_batch=st.booleans(), inverse=st.booleans())
+def test_angles_any_geometry_matches_reference(b, hq, hk, t, half, tail, layout, k_transposed, per_batch, inverse):
+    # any batch/head/seq sizes, q/k head counts, strides and positions broadcasting, in one launch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        g = torch.Generator().manual_seed(b * 1000 + hq * 100 + t * 10 + half)
+        dim, rdim = 2 * half + tail, 2 * half
+        q = torch.randn(b, hq, t, dim, generator=g, dtype=torch.float64)
+        k = torch.randn(b, t, hk, dim, generator=g, dtype=torch.float64).transpose(1, 2) if k_transposed else \
+            torch.randn(b, hk, t, dim, generator=g, dtype=torch.float64)
+        positions = torch.randint(0, 70000, (b, 1, t) if per_batch else (t,), generator=g)
+        inv = default_inv_freq(rdim)
+        outs = [torch.empty_like(q), torch.empty_like(k)]
+        triton_rope.rope_into([q, k], outs, Angles(positions, inv.double(), 1.0), None,
+                              layout=layout, rotary_dim=rdim, inverse=inverse)
+        for got, x in zip(outs, (q, k)):
+            ref = reference_rope(x, positions, inv.tolist(), layout, rdim, inverse=inverse)
+            assert_close_to_oracle(got, ref, torch.float64)
+
+
+def test_heads_split_into_runs_straddling_q_and_k(interpret):
+    # 40 tokens in 2 blocks of 32; 3 + 2 heads in runs of 2: one program's run is q's last head and k's first
+    q = torch.randn(1, 3, 40, 128, dtype=torch.float64)
+    k = torch.randn(1, 2, 40, 128, dtype=torch.float64)
+    positions = torch.arange(40) * 31
+    inv = default_inv_freq(128)
+    outs = [torch.empty_like(q), torch.empty_like(k)]
+    (grid, ints, meta) = triton_rope._plan([q, k], outs, positions, True, False, True, "interleaved", 128, False)
+    assert grid == (2, 3) and ints[1] == 2 and meta["BLOCK_T"] == 32
+    triton_rope.rope_into([q, k], outs, Angles(positions, inv.double(), 1.0), None, layout="interleaved",
+                          rotary_dim=128)
+    for got, x in zip(outs, (q, k)):
+        assert_close_to_oracle(got, reference_rope(x, positions, inv.tolist(), "interleaved", 128), torch.float64)
+
+
+def test_angles_through_dispatch_autograd_and_other_backends(interpret):
+    # the Angles route of rope_dispatch: gradients (the inverse rotation, itself differentiable), and the CPU and
+    # eager backends, which build the table from the same Angles
+    q = torch.randn(1, 2, 3, 6, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 3, 6, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([5, 8, 70000])
+    angles = Angles(positions, default_inv_freq(4).double(), 1.5)
+
+    def f(a, b):
+        return rope_dispatch.rope((a, b), angles, None, layout="interleaved", rotary_dim=4,
+                                  backend=rope_dispatch._triton_backend)
+
+    assert torch.autograd.gradcheck(f, (q, k), eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradgradcheck(f, (q, k), eps=1e-6, atol=1e-8)
+    got = f(q.detach(), k.detach())
+    for backend in (rope_dispatch._cpu_backend, rope_dispatch._eager_backend):
+        other = rope_dispatch.rope((q.detach(), k.detach()), angles, None, layout="interleaved", rotary_dim=4,
+                                   backend=backend)
+        assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(got, other))
+
+
+def test_cached_plans_follow_every_fact_they_depend_on(interpret):
+    # launch plans are cached per geometry (triton_rope._PLANS): calls with equal shapes that differ in what a plan
+    # depends on (in place or not, pointer alignment, positions strides, scaling, a non-contiguous head dim, more
+    # token dims than the kernel addresses) must each still match the lesson's loops
+    triton_rope._PLANS.clear()
+    g = torch.Generator().manual_seed(5)
+    inv = default_inv_freq(8)
+    base = torch.randn(2, 3, 4, 13, generator=g, dtype=torch.float64)
+    seq = torch.tensor([3, 70, 9000, 123456])
+
+    def run(x, positions, scaling=1.0, inplace=False):
+        out = x if inplace else torch.full_like(x, float("nan"))
+        ref = reference_rope(x, positions, inv.tolist(), "half", 8, attention_scaling=scaling)
+        triton_rope.rope_into([x], [out], Angles(positions, inv.double(), scaling), None,
+                              layout="half", rotary_dim=8)
+        assert_close_to_oracle(out, ref, torch.float64)
+
+    x = base[..., :12]                                   # rows of 13: a 12-dim head (partial rotary: 8 of 12)
+    run(x.clone(), seq, inplace=True)
+    run(x, seq)                                          # out of place: the 4 unrotated dims must be copied
+    run(base[..., 1:], seq)                              # same shapes, pointer off 16-byte alignment
+    run(x, seq.expand(2, 4)[:, None, :])                 # stride-0 batch positions
+    run(x, torch.stack((seq, seq + 1))[:, None, :], scaling=0.5)
+    run(torch.randn(2, 3, 12, 4, generator=g, dtype=torch.float64).transpose(-1, -2), seq)   # head dim strided
+    many = torch.randn(2, 2, 2, 2, 4, 12, generator=g, dtype=torch.float64)
+    run(many, torch.randint(0, 9999, (2, 2, 2, 2, 4), generator=g))                           # > 3 token dims
+    assert len(triton_rope._PLANS) >= 5
+
+
+@pytest.mark.parametrize("rope_type,params", [("default", {}), ("yarn", {
+    "factor": 4.0, "original_max_position_embeddings": 64}), ("llama3", {
+    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64})])
+def test_rotary_module_cuda_route_matches_its_cpu_path(interpret, rope_type, params):
+    # Rotary's CUDA route (kernel_angles: frequencies and scaling, no table) run on the CPU through the interpreter
+    # against the module's own CPU path; the float64 copy it caches follows an in-place change of inv_freq
+    rot = posenc.Rotary(16, rope_type=rope_type, layout="half", max_position_embeddings=256, **params)
+    q = torch.randn(2, 4, 6, 16)
+    k = torch.randn(2, 2, 6, 16)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [700, 701, 9000, 3, 4, 5]])
+
+    def cuda_route():
+        return rope_dispatch.rope((q, k), rot.kernel_angles(positions.unsqueeze(1)), None, layout="half",
+                                  rotary_dim=rot.rotary_dim, backend=rope_dispatch._triton_backend)
+
+    for _ in range(2):
+        for got, want in zip(cuda_route(), rot(q, k, positions)):
+            assert torch.allclose(got, want, atol=1e-6, rtol=1e-6)     # both: float64 formula, float32 table
+        with torch.no_grad():
+            rot.inv_freq.mul_(1.5)
+        rot.clear_cache()
+
+
+def _global_access_bytes(ptx: str, op: str) -> set[int]:
+    return {int(n or 1) * int(bits) // 8 for n, bits in re.findall(rf"{op}\.global(?:\.\w+)*?(?:\.v(\d))?\.b(\d+)",
+                                                                    ptx)}
+
+
+@pytest.mark.parametrize("dtype,layout", [("fp32", "half"), ("bf16", "interleaved")])
+def test_compiled_for_sm90_with_16_byte_accesses(dtype, layout):
+    # compiled ahead of time for an H100/H200 (no GPU needed: triton ships ptxas): aligned rows must be read and
+    # written 16 bytes at a time. The kernel before this one moved one element per access (2-4 bytes), which is
+    # what held it to 8-21% of the copy bandwidth on an H200.
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = triton.jit(triton_rope._rope_kernel, do_not_specialize=triton_rope._INT_ARGS)
+    const = dict(DIM=128, ROT=128, HALF_PAD=64, TAIL_PAD=1, BLOCK_T=32, ANGLES=True, SCALED=False, MATH64=False,
+                 INVERSE=False, INTERLEAVED=layout == "interleaved", COPY_TAIL=False, ALIGNED=True,
+                 VEC=16 // {"fp32": 4, "bf16": 2}[dtype])
+    sig = {a: "i32" for a in fn.arg_names}
+    sig.update({a: "*" + dtype for a in ("XQ", "OQ", "XK", "OK")}, SA="*i64", SB="*fp64")
+    sig.update({a: "constexpr" for a in const})
+    src = ASTSource(fn=fn, signature=sig, constexprs=const,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in range(6)})   # torch allocations: 16-byte aligned
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, enable_fp_fusion=True)).asm["ptx"]
+    assert _global_access_bytes(ptx, "st") == {16}
+    assert _global_access_bytes(ptx, "ld") <= {8, 16}      # x: 16; positions (int64) and frequencies (float64): 8-16
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -117,6 +300,34 @@ def test_gpu_dispatch_matches_cpu(dtype, layout):
     y = posenc.apply_rope(x, positions, layout=layout)
     y.backward(y.detach())                  # gradient of |y|^2 / 2 is R^T y = x
     assert torch.allclose(x.grad, x.detach(), atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_rotary_module_matches_cpu(dtype):
+    rot = posenc.Rotary(128, rope_type="yarn", factor=4.0, original_max_position_embeddings=4096, layout="half",
+                        max_position_embeddings=16384)
+    q = torch.randn(2, 8, 300, 128, dtype=dtype)
+    k = torch.randn(2, 2, 300, 128, dtype=dtype)
+    positions = torch.arange(300)[None] + torch.tensor([[0], [9000]])
+    want = rot(q, k, positions)
+    got = rot.to("cuda")(q.cuda(), k.cuda(), positions.cuda())
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    for g, w in zip(got, want):
+        assert torch.allclose(g.cpu().float(), w.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_positions_that_require_grad_get_their_gradient():
+    x = torch.randn(1, 2, 5, 16, dtype=torch.float64)
+    grads = []
+    for device in ("cpu", "cuda"):
+        p = (torch.arange(5, dtype=torch.float64) * 3.5).to(device).requires_grad_()
+        posenc.apply_rope(x.to(device), p).pow(3).sum().backward()
+        grads.append(p.grad.cpu())
+    assert torch.allclose(grads[0], grads[1], atol=1e-9) and grads[0].abs().sum() > 0
 
 
 @pytest.mark.gpu

@@ -341,7 +341,8 @@ def test_table_grows_on_demand_keeping_earlier_rows_bit_identical():
 
 
 def test_tables_are_keyed_by_dtype_and_bounded():
-    from posenc.rope.apply import RopeTableCache, _angles_cos_sin, _Table
+    from posenc.rope.angles import angles_cos_sin
+    from posenc.rope.apply import RopeTableCache, _Table
     x64 = torch.randn(2, 4, 8, dtype=torch.float64)
     pos = torch.arange(4) + 50_000
     got = apply_rope(x64, pos, base=321.0)                             # float64 activations: a float64 table
@@ -361,7 +362,7 @@ def test_tables_are_keyed_by_dtype_and_bounded():
     assert cache.get(("k", 2), None) is entries[2]                      # ...so ("k", 3) went first
     assert not cache.grow(entries[-1], 1 << 20)                        # past max_table_bytes: refused
     cos, _ = entries[-1].cos_sin
-    want, _ = _angles_cos_sin(torch.arange(cos.shape[0]), entries[-1].inv64, 1.0, torch.float32)
+    want, _ = angles_cos_sin(torch.arange(cos.shape[0]), entries[-1].inv64, 1.0, torch.float32)
     assert torch.equal(cos, want)
 
 

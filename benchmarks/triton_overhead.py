@@ -1,0 +1,74 @@
+"""Host-side cost of one Triton RoPE call, without a GPU: everything posenc does in Python before the launch.
+
+    python benchmarks/triton_overhead.py [--calls 20000]
+
+The kernel launch is replaced by a no-op, and CPU tensors of the decode shape (B1, Hq32, Hk8, T1, D128) are handed
+to the Triton path directly, so the time is planning, checks and dispatch: what a decode step pays on the host
+besides triton's own launch. Two rows:
+  rope_into       posenc.kernels.triton_rope.rope_into with the Angles of one position (the kernel entry point)
+  dispatch        posenc.kernels.rope_dispatch.rope with the Triton backend (adds the write and autograd rules)
+and, for scale, the CPU path's whole public call (posenc.apply_rope_qk with its C kernel) in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+import posenc
+from posenc.kernels import rope_dispatch
+from posenc.rope.angles import Angles
+from posenc.rope.apply import _table_for
+
+
+def per_call_us(fn, calls: int) -> float:
+    for _ in range(min(200, calls)):
+        fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=20000)
+    args = p.parse_args(argv)
+    try:
+        from posenc.kernels import triton_rope
+    except ImportError:
+        print("triton is not installed")
+        return 1
+    torch.set_num_threads(1)
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: None
+
+    q, k, pos = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 1, 128), torch.tensor([1000])
+    entry = _table_for(10000.0, None, None, 1.0, 128, torch.device("cpu"), torch.float32)
+    angles = Angles(pos, entry.inv64, 1.0, entry.packed())
+    outs = [torch.empty_like(q), torch.empty_like(k)]
+    real = triton_rope._kernel
+    triton_rope._kernel = NoLaunch
+    try:
+        rows = [("rope_into (launch stubbed)", per_call_us(
+                    lambda: triton_rope.rope_into([q, k], outs, angles, None, layout="half", rotary_dim=128),
+                    args.calls)),
+                ("dispatch.rope, Triton backend (launch stubbed)", per_call_us(
+                    lambda: rope_dispatch.rope((q, k), angles, None, layout="half", rotary_dim=128,
+                                               backend=rope_dispatch._triton_backend), args.calls))]
+    finally:
+        triton_rope._kernel = real
+    rows.append(("posenc.apply_rope_qk on CPU (C kernel, whole call)",
+                 per_call_us(lambda: posenc.apply_rope_qk(q, k, pos, layout="half"), args.calls)))
+    for name, us in rows:
+        print(f"{name:52s} {us:8.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
