@@ -16,6 +16,7 @@ fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $py -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)"; } 2>&1 | tee "$out/env.txt"
+timeout 30 $py benchmarks/triton_compile.py 2>&1 | tee "$out/compile.txt"      # registers, access widths
 timeout 90 $py -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -15 | tee "$out/tests.txt"
 timeout 180 $py benchmarks/rope.py --device cuda --markdown --out "$out/rope-cuda.json" 2>&1 | tee "$out/rope.txt"
 # ALiBi: the public call (FlexAttention on CUDA) beside flex compiled with static shapes, and the compile counters;
@@ -24,5 +25,5 @@ timeout 100 $py benchmarks/alibi.py --device cuda --threads 1 --no-memory \
   --variants sdpa_no_bias sdpa_prebuilt posenc flex_static --out "$out/alibi-cuda.json" 2>&1 | tee "$out/alibi.txt"
 timeout 60 $py benchmarks/alibi.py --device cuda --threads 1 --no-memory --dtype bf16 --mode causal \
   --variants sdpa_no_bias posenc flex_static --out "$out/alibi-cuda-bf16.json" 2>&1 | tee "$out/alibi-bf16.txt"
-timeout 120 $py -m posenc lab --device cuda --out /tmp/posenc-lab-gpu 2>&1 | tail -25 | tee "$out/lab.txt"
+timeout 90 $py -m posenc lab --device cuda --out /tmp/posenc-lab-gpu 2>&1 | tail -25 | tee "$out/lab.txt"
 cp /tmp/posenc-lab-gpu/results.json "$out/lab-results.json" 2>/dev/null

@@ -95,7 +95,7 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
         except Exception as err:  # noqa: BLE001 - auto falls back whatever broke inside the compiler
             if backend == "flex":
                 raise
-            _warn_fallback(err)
+            _warn_fallback(err)   # (chunked never builds the N^2 bias either)
     return _chunked(q, k, v, slopes, causal, offset, scale, block_size)
 
 
@@ -403,7 +403,32 @@ def _flex(q, k, v, slopes, causal, offset, scale, compiled=None) -> torch.Tensor
 
     block_mask = causal_block_mask(Tq, Tk, offset, str(q.device)) if causal else None
     fn = compiled or _flex_attention_fn(q.device.type)
-    return fn(q, k, v, score_mod=alibi_score, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    # Past torch._dynamo.config.recompile_limit compiled shapes, dynamo would silently run flex_attention unfused,
+    # which builds the [B, H, Tq, Tk] scores: exactly the N^2 memory this module exists to avoid (seen on CPU at
+    # the 9th shape). Make that an error instead; alibi_attention turns it into the chunked path or a PosencError.
+    flag, limit_hit = _recompile_limit_guard()
+    try:
+        with torch._dynamo.config.patch(**{flag: True}):
+            return fn(q, k, v, score_mod=alibi_score, block_mask=block_mask, scale=scale,
+                      enable_gqa=q.shape[1] != k.shape[1])
+    except limit_hit as err:
+        raise FlexRecompileLimit(
+            "backend='flex': torch.compile has compiled flex_attention for as many shapes as "
+            "torch._dynamo.config.recompile_limit allows and would now run it unfused, building the full "
+            "[batch, heads, Tq, Tk] scores; use backend='chunked' (or 'auto'), or raise that limit") from err
+
+
+def _recompile_limit_guard() -> tuple[str, type]:
+    """(dynamo config flag that makes hitting the recompile limit an error, the error) across torch versions
+    (torch 2.5 named them after the 'cache' limit)."""
+    import torch._dynamo
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        return "fail_on_recompile_limit_hit", torch._dynamo.exc.FailOnRecompileLimitHit
+    return "fail_on_cache_limit_hit", torch._dynamo.exc.FailOnCacheLimitHit
+
+
+class FlexRecompileLimit(PosencError):
+    """FlexAttention would fall back to its unfused (N^2 memory) form: too many compiled shapes."""
 
 
 @lru_cache(maxsize=16)
@@ -447,5 +472,5 @@ def _auto_backend(q: torch.Tensor) -> str:
     return "chunked"
 
 
-def _warn_fallback(err: Exception) -> None:  # pragma: no cover - only when compilation fails on a machine
+def _warn_fallback(err: Exception) -> None:
     warnings.warn(f"flex_attention failed ({err}); using the chunked ALiBi path", RuntimeWarning, stacklevel=3)

@@ -5,14 +5,17 @@ The work is split by *tokens* (an element of the positions, or of the cos/sin ta
 then k: it forms the [BLOCK_T, rotary_dim // 2] cos/sin tile once and applies it to every head of the run, each
 head a [BLOCK_T, dim] tile of contiguous rows. Two sources of angles:
 
-- ``Angles`` (positions, float64 frequencies, scaling): cos/sin computed in the kernel in float64, exactly as the
-  CPU table is built (angle = position * inv_freq in float64, cos/sin in float64, times the scaling, rounded to the
-  math dtype), so there is no table to build, cache or read, and no host sync: one launch per call.
+- ``Angles`` (positions, float64 frequencies, scaling): cos/sin computed in the kernel, so there is no table to
+  build, cache or read, and no host sync: one launch per call. The angle position * inv_freq is formed in float64
+  and reduced to [-pi, pi] in float64 (exact to ~1e-16 rad at any position); cos/sin of the reduced angle are
+  float32 (libdevice's accurate cosf/sinf), within 2e-7 of the float64 values the CPU table rounds. float64 inputs
+  get float64 cos/sin. (float64 cos/sin for every input cost 168-255 registers a thread: too few warps resident.)
 - a cos/sin table ([..., rotary_dim // 2] in the math dtype, broadcastable to x.shape[:-1]), read through strides.
 
 Rows are addressed through up to three token dims and two head dims with arbitrary strides (x [B, H, T, D] or a
 transposed [B, T, H, D] view alike); the head dim must be contiguous (copied otherwise). When every stride and
-pointer is a multiple of 16 bytes the kernel is told so (``ALIGNED``), which lets it use 16-byte loads.
+pointer is a multiple of 16 bytes the kernel is told so (``ALIGNED``, ``TABLE_VEC``), which lets it use 16-byte
+loads and stores.
 
 In place: pass the inputs as outputs (each program reads a tile before writing it, and tiles do not overlap).
 Backward: posenc.kernels.rope_dispatch wraps this in an autograd.Function whose backward is this same kernel
@@ -25,6 +28,7 @@ interpreter (TRITON_INTERPRET=1, used by the tests) when ``triton.jit`` runs.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 import torch
@@ -40,7 +44,9 @@ except ImportError:  # pragma: no cover - triton is optional
     tl = None
 
 _TOKEN_DIMS, _HEAD_DIMS = 3, 2     # leading dims the kernel addresses, after merging contiguous ones
-_TILE = 4096                       # elements of one head's [BLOCK_T, dim] tile (about 32 registers a thread)
+# Elements of one head's [BLOCK_T, dim] tile, 16 per thread (8 warps). Register counts from compiling for sm_90
+# here: 64-110 a thread at 16 elements, 126-210 at 32 (fewer resident warps to hide memory latency).
+_TILE = 4096
 _kernels: dict[bool, object] = {}  # interpret mode -> jitted kernel
 
 
@@ -70,6 +76,7 @@ def _rope_kernel(
     DIM: tl.constexpr, ROT: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
     ANGLES: tl.constexpr, SCALED: tl.constexpr, MATH64: tl.constexpr, INVERSE: tl.constexpr,
     INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr,
+    TABLE_VEC: tl.constexpr,
 ):
     # ---- this program's tokens, and their element offsets in q, k (and their outputs) and the angle source
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)           # [T]
@@ -93,16 +100,23 @@ def _rope_kernel(
         pos = tl.load(SA + s_tok, mask=tmask, other=0).to(tl.float64)
         inv = tl.load(SB + j, mask=jmask, other=0.0)
         angle = pos[:, None] * inv[None, :]
-        c = tl.cos(angle)
-        s = tl.sin(angle)
+        if MATH64:
+            c = tl.cos(angle)
+            s = tl.sin(angle)
+        else:
+            # reduce to [-pi, pi] in float64 (2 pi split in two parts: the reduction is exact to ~1e-16 rad at
+            # any position), then float32 cos/sin of the reduced angle
+            turns = tl.floor(angle * 0.15915494309189535 + 0.5)                    # angle / 2 pi, rounded
+            reduced = ((angle - turns * 6.283185307179586) - turns * 2.4492935982947064e-16).to(tl.float32)
+            c = tl.cos(reduced)
+            s = tl.sin(reduced)
         if SCALED:
             scaling = tl.load(SB + ROT // 2)
-            c = c * scaling
-            s = s * scaling
-        if not MATH64:
-            c = c.to(tl.float32)
-            s = s.to(tl.float32)
+            c = (c * scaling).to(c.dtype)
+            s = (s * scaling).to(s.dtype)
     else:        # SA, SB: cos and sin tables in the math dtype, read through the token strides
+        if TABLE_VEC > 1:   # table rows start on 16 bytes
+            s_tok = tl.multiple_of(s_tok, TABLE_VEC)
         c = tl.load(SA + s_tok[:, None] + j[None, :], mask=m, other=0.0)
         s = tl.load(SB + s_tok[:, None] + j[None, :], mask=m, other=0.0)
     if INVERSE:
@@ -239,7 +253,8 @@ def rope_into(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], cos, sin
         src, src_a, src_b = angles.positions, angles.positions, _kernel_freqs(angles)
         scaled = float(angles.scaling) != 1.0
     x0, xk, ok = xs[0], xs[-1], outs[-1]
-    aligned = not (x0.data_ptr() | outs[0].data_ptr() | xk.data_ptr() | ok.data_ptr()) % 16
+    aligned = not (x0.data_ptr() | outs[0].data_ptr() | xk.data_ptr() | ok.data_ptr() |
+                   (0 if angles is not None else cos.data_ptr() | sin.data_ptr())) % 16
     key = (layout, rotary_dim, inverse, scaled, angles is None, aligned, src.shape, src.stride(), x0.device,
            *[(x.shape, x.stride(), o.stride(), x.dtype, x.data_ptr() == o.data_ptr()) for x, o in zip(xs, outs)])
     plan = _PLANS.get(key)
@@ -316,6 +331,7 @@ def _plan(xs, outs, src, angles: bool, scaled: bool, ptrs_aligned: bool, layout,
     heads_per_prog = -(-(nhq + nhk) // groups)
     groups = -(-(nhq + nhk) // heads_per_prog)
     vec = max(1, 16 // x0.element_size())
+    table_vec = 2 if x0.dtype == torch.float64 else 4                 # 16 bytes of the float64 / float32 table
     strides = [*tq[1], *tq[2], *hq[1], *hq[2], *tk[1], *tk[2], *hk[1], *hk[2]]
     ints = [n_tok, heads_per_prog,
             tq[0][1], tq[0][2], *tq[1], *tq[2], *tq[3],
@@ -327,6 +343,38 @@ def _plan(xs, outs, src, angles: bool, scaled: bool, ptrs_aligned: bool, layout,
                 INTERLEAVED=layout == "interleaved",
                 COPY_TAIL=rotary_dim < dim and not all(x.data_ptr() == o.data_ptr() for x, o in zip(xs, outs)),
                 ALIGNED=ptrs_aligned and all(s % vec == 0 for s in strides), VEC=vec,
-                num_warps=max(1, min(8, block_t * 2 * half_pad // 1024)),
+                TABLE_VEC=table_vec if ptrs_aligned and not angles and all(s % table_vec == 0 for s in tq[3]) else 1,
+                num_warps=max(1, min(8, block_t * 2 * half_pad // 512)),   # 16 elements of a row tile a thread
                 enable_fp_fusion=True)      # a * c - b * s as one fused multiply-add: one rounding, not two
     return (blocks, groups), ints, meta
+
+
+# ------------------------------------------------------------------------------- offline compilation (no GPU)
+
+def compile_offline(dtype: str, layout: str, angles: bool, *, arch: int = 90, dim: int = 128, block_t: int = 32,
+                    num_warps: int = 8):
+    """The kernel compiled for sm_<arch> without a GPU (triton ships ptxas), as rope_into launches it with aligned
+    rows: a triton CompiledKernel whose ``asm`` holds "ptx" and "cubin". dtype: "fp32", "bf16" or "fp16".
+    For inspecting what the GPU will run (benchmarks/triton_compile.py, the tests)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = triton.jit(_rope_kernel, do_not_specialize=_INT_ARGS)
+    const = dict(DIM=dim, ROT=dim, HALF_PAD=triton.next_power_of_2(dim // 2), TAIL_PAD=1, BLOCK_T=block_t,
+                 ANGLES=angles, SCALED=False, MATH64=False, INVERSE=False, INTERLEAVED=layout == "interleaved",
+                 COPY_TAIL=False, ALIGNED=True, VEC=16 // {"fp32": 4, "bf16": 2, "fp16": 2}[dtype],
+                 TABLE_VEC=1 if angles else 4)
+    sig = {a: "i32" for a in fn.arg_names}
+    sig.update({a: "*" + dtype for a in ("XQ", "OQ", "XK", "OK")})
+    sig.update({"SA": "*i64", "SB": "*fp64"} if angles else {"SA": "*fp32", "SB": "*fp32"})
+    sig.update({a: "constexpr" for a in const})
+    pointers_aligned = {(i,): [["tt.divisibility", 16]] for i in range(6)}     # as torch's allocations are
+    src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=pointers_aligned)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps, enable_fp_fusion=True))
+
+
+def global_access_bytes(ptx: str, op: str) -> set[int]:
+    """Widths in bytes of the global loads (op "ld") or stores ("st") in PTX text (16: one 16-byte vector)."""
+    pattern = rf"{op}\.global(?:\.\w+)*?(?:\.v(\d))?\.b(\d+)"
+    return {int(n or 1) * int(bits) // 8 for n, bits in re.findall(pattern, ptx)}

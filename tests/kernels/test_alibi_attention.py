@@ -342,6 +342,30 @@ def test_flex_matches_oracle(causal, dtype):
                                    oracle(q, k, v, offset=100), **tol)
 
 
+@flex
+def test_flex_past_the_recompile_limit_never_runs_unfused(monkeypatch):
+    # past torch._dynamo.config.recompile_limit shapes, dynamo would silently run flex_attention unfused, which
+    # builds the full [B, H, Tq, Tk] scores (seen at the 9th shape). Explicit flex must say so instead; auto must
+    # fall back to the chunked path (same answer, no N^2 memory) with a warning. A limit of 1 reaches it fast.
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    shapes = [(37, 37), (41, 41), (43, 43)]             # lengths no other test compiles
+    q, k, v = qkv(1, 2, 2, *shapes[0], D=8)
+    try:
+        alibi_attention(q, k, v, backend="flex")        # compiles, unless flex already holds compiled shapes
+    except module.FlexRecompileLimit:
+        pass
+    q, k, v = qkv(1, 2, 2, *shapes[1], D=8)
+    with pytest.raises(module.FlexRecompileLimit, match="recompile_limit"):
+        alibi_attention(q, k, v, backend="flex")
+    q, k, v = qkv(1, 2, 2, *shapes[2], D=8)
+    monkeypatch.setattr(module, "_auto_backend", lambda q: "flex")           # what CUDA picks
+    with pytest.warns(RuntimeWarning, match="flex_attention failed"):
+        out = alibi_attention(q, k, v)
+    torch.testing.assert_close(out.double(), oracle(q, k, v), atol=2e-5, rtol=1e-4)
+
+
 # ----------------------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("kwargs,shapes,match", [
