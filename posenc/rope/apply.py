@@ -31,6 +31,9 @@ from posenc.errors import PosencError
 from posenc.rope.angles import Angles, angles_cos_sin
 
 LAYOUTS = ("interleaved", "half")
+# devices whose RoPE kernel computes cos/sin itself from an Angles (the Triton kernel); tests add "cpu" to run that
+# route through triton's interpreter
+KERNEL_ANGLE_DEVICES = frozenset({"cuda"})
 _INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 _FLOAT_POSITIONS = frozenset({torch.float32, torch.float64})
 
@@ -391,6 +394,11 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
     rdim = entry.rotary_dim
     if rdim > dim:
         _check_rotary_dim(rdim, dim)
+    if x.device.type in KERNEL_ANGLE_DEVICES and not (p.requires_grad and torch.is_grad_enabled()):
+        # the kernel computes cos/sin itself (from a float64 angle): no table, one launch. (Positions that require grad
+        # take a table, which autograd differentiates.)
+        return _rotate_fast(xs, Angles(p, entry.inv64, entry.scaling, entry.packed()), None, layout, rdim,
+                            inplace, outs, names)
     if p.dtype in _INT_DTYPES and x.is_cpu:
         index = p if p.dtype == torch.int64 and p.is_contiguous() else p.to(torch.int64).contiguous()
         table = entry.cos_sin
@@ -406,11 +414,6 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
                 table = entry.cos_sin
                 return _kernel_rope()(xs, table[0], table[1], layout=layout, rotary_dim=rdim, inplace=inplace,
                                       out=outs, index=index, names=names)
-    if x.device.type == "cuda" and not (p.requires_grad and torch.is_grad_enabled()):
-        # the kernel computes cos/sin itself (float64 angles): no table, one launch. (Positions that require grad
-        # take the table below, which autograd differentiates.)
-        return _rotate_fast(xs, Angles(p, entry.inv64, entry.scaling, entry.packed()), None, layout, rdim,
-                            inplace, outs, names)
     cos, sin = angles_cos_sin(p, entry.inv64, entry.scaling, dtype)
     return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
 

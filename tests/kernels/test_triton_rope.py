@@ -185,6 +185,56 @@ def test_heads_split_into_runs_straddling_q_and_k(interpret):
         assert_close_to_oracle(got, reference_rope(x, positions, inv.tolist(), "interleaved", 128), torch.float64)
 
 
+@pytest.mark.parametrize("case", ["transposed views", "batched decode", "float positions", "scaled"])
+def test_public_cuda_route_through_the_interpreter(interpret, monkeypatch, case):
+    # posenc.apply_rope_qk's CUDA route end to end (Angles from the table cache, dispatch, kernel, in place,
+    # autograd), run on CPU tensors through the interpreter, against the CPU route (C kernel, cached table)
+    g = torch.Generator().manual_seed(1)
+    kw = {}
+    if case == "transposed views":
+        q = torch.randn(2, 7, 3, 16, generator=g).transpose(1, 2)
+        k = torch.randn(2, 7, 2, 16, generator=g).transpose(1, 2)
+        positions = torch.arange(7) + 70000
+    elif case == "batched decode":
+        q, k = torch.randn(3, 4, 1, 16, generator=g), torch.randn(3, 2, 1, 16, generator=g)
+        positions = torch.tensor([5, 4097, 131071])[:, None, None]
+    elif case == "float positions":
+        q, k = torch.randn(1, 4, 6, 12, generator=g), torch.randn(1, 2, 6, 12, generator=g)
+        positions = torch.arange(6, dtype=torch.float64) * 0.37 + 1000.5
+    else:
+        q, k = torch.randn(1, 4, 6, 16, generator=g), torch.randn(1, 2, 6, 16, generator=g)
+        positions = torch.arange(6) * 500
+        kw = dict(inv_freq=default_inv_freq(12, 5e5), attention_scaling=1.2, rotary_dim=12)
+    want = {lay: posenc.apply_rope_qk(q, k, positions, layout=lay, **kw) for lay in ("half", "interleaved")}
+
+    def grad_of_rope():                         # d/dx of |RoPE(x)|^2 / 2 (with a scaling s: s^2 x on rotated dims)
+        x = q.detach().double().requires_grad_()
+        y = posenc.apply_rope(x, positions, **kw)
+        y.backward(y.detach())
+        return x.grad
+
+    want_grad = grad_of_rope()
+    from posenc.rope import apply as apply_module
+    monkeypatch.setattr(apply_module, "KERNEL_ANGLE_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(rope_dispatch, "backend_for", lambda x: rope_dispatch._triton_backend)
+    sources, rope_into = [], triton_rope.rope_into
+
+    def spy(xs, outs, cos, sin, **kwargs):
+        sources.append(type(cos))
+        return rope_into(xs, outs, cos, sin, **kwargs)
+
+    monkeypatch.setattr(triton_rope, "rope_into", spy)
+    for lay in ("half", "interleaved"):
+        got = posenc.apply_rope_qk(q, k, positions, layout=lay, **kw)
+        for a, b in zip(got, want[lay]):
+            assert torch.allclose(a, b, atol=2e-6, rtol=2e-6)
+        q2, k2 = q.clone(), k.clone()
+        posenc.apply_rope_qk(q2, k2, positions, layout=lay, inplace=True, **kw)
+        assert torch.equal(q2, got[0]) and torch.equal(k2, got[1])
+    assert torch.allclose(grad_of_rope(), want_grad, atol=1e-12)
+    assert sources and set(sources) == {Angles}          # every call took the in-kernel cos/sin route
+
+
 def test_angles_through_dispatch_autograd_and_other_backends(interpret):
     # the Angles route of rope_dispatch: gradients (the inverse rotation, itself differentiable), and the CPU and
     # eager backends, which build the table from the same Angles
@@ -309,6 +359,37 @@ def test_gpu_rotary_module_matches_cpu(dtype):
     tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
     for g, w in zip(got, want):
         assert torch.allclose(g.cpu().float(), w.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["transposed views", "batched decode", "float positions", "scaled yarn"])
+def test_gpu_geometries_match_cpu(case):
+    # the shapes a model hands the CUDA path (cos/sin computed in the kernel) against the CPU path
+    g = torch.Generator().manual_seed(0)
+    kw = {}
+    if case == "transposed views":       # [B, T, H, D] projections viewed as [B, H, T, D]
+        q = torch.randn(2, 200, 8, 128, generator=g).transpose(1, 2)
+        k = torch.randn(2, 200, 2, 128, generator=g).transpose(1, 2)
+        positions = torch.arange(200) + 70000
+    elif case == "batched decode":       # one token per sequence, each at its own position
+        q, k = torch.randn(4, 8, 1, 128, generator=g), torch.randn(4, 2, 1, 128, generator=g)
+        positions = torch.tensor([5, 300, 4097, 131071])[:, None, None]
+    elif case == "float positions":
+        q, k = torch.randn(1, 8, 50, 64, generator=g), torch.randn(1, 2, 50, 64, generator=g)
+        positions = torch.arange(50, dtype=torch.float64) * 0.37 + 1000.5
+    else:
+        q, k = torch.randn(1, 8, 64, 128, generator=g), torch.randn(1, 2, 64, 128, generator=g)
+        positions = torch.arange(64) * 500
+        inv, scaling = posenc.rope_parameters({"rope_theta": 500000.0, "head_dim": 128, "rope_scaling": {
+            "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}})
+        assert scaling != 1.0
+        kw = dict(inv_freq=inv, attention_scaling=scaling)
+    for layout in ("half", "interleaved"):
+        want = posenc.apply_rope_qk(q, k, positions, layout=layout, **kw)
+        got = posenc.apply_rope_qk(q.cuda(), k.cuda(), positions.cuda(), layout=layout, **kw)
+        for a, b in zip(got, want):
+            assert torch.allclose(a.cpu(), b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
