@@ -185,26 +185,38 @@ def test_heads_split_into_runs_straddling_q_and_k(interpret):
         assert_close_to_oracle(got, reference_rope(x, positions, inv.tolist(), "interleaved", 128), torch.float64)
 
 
-@pytest.mark.parametrize("case", ["transposed views", "batched decode", "float positions", "scaled"])
+GEOMETRIES = ["transposed views", "batched decode", "float positions", "scaled"]
+
+
+def model_geometry(case: str, seq: int, hq: int, dim: int):
+    """(q, k, positions, apply_rope_qk kwargs) for a shape a model hands RoPE; k has 2 heads (grouped queries)."""
+    g = torch.Generator().manual_seed(1)
+    kw = {}
+    if case == "transposed views":       # [B, T, H, D] projections viewed as [B, H, T, D]
+        q = torch.randn(2, seq, hq, dim, generator=g).transpose(1, 2)
+        k = torch.randn(2, seq, 2, dim, generator=g).transpose(1, 2)
+        positions = torch.arange(seq) + 70000
+    elif case == "batched decode":       # one token per sequence, each at its own position
+        q, k = torch.randn(3, hq, 1, dim, generator=g), torch.randn(3, 2, 1, dim, generator=g)
+        positions = torch.tensor([5, 4097, 131071])[:, None, None]
+    elif case == "float positions":
+        q, k = torch.randn(1, hq, seq, dim, generator=g), torch.randn(1, 2, seq, dim, generator=g)
+        positions = torch.arange(seq, dtype=torch.float64) * 0.37 + 1000.5
+    else:                                # scaled frequencies (YaRN) on part of the head dim
+        q, k = torch.randn(1, hq, seq, dim, generator=g), torch.randn(1, 2, seq, dim, generator=g)
+        positions = torch.arange(seq) * 500
+        inv, scaling = posenc.rope_parameters({"rope_theta": 500000.0, "head_dim": dim * 3 // 4, "rope_scaling": {
+            "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}})
+        assert scaling != 1.0
+        kw = dict(inv_freq=inv, attention_scaling=scaling, rotary_dim=dim * 3 // 4)
+    return q, k, positions, kw
+
+
+@pytest.mark.parametrize("case", GEOMETRIES)
 def test_public_cuda_route_through_the_interpreter(interpret, monkeypatch, case):
     # posenc.apply_rope_qk's CUDA route end to end (Angles from the table cache, dispatch, kernel, in place,
     # autograd), run on CPU tensors through the interpreter, against the CPU route (C kernel, cached table)
-    g = torch.Generator().manual_seed(1)
-    kw = {}
-    if case == "transposed views":
-        q = torch.randn(2, 7, 3, 16, generator=g).transpose(1, 2)
-        k = torch.randn(2, 7, 2, 16, generator=g).transpose(1, 2)
-        positions = torch.arange(7) + 70000
-    elif case == "batched decode":
-        q, k = torch.randn(3, 4, 1, 16, generator=g), torch.randn(3, 2, 1, 16, generator=g)
-        positions = torch.tensor([5, 4097, 131071])[:, None, None]
-    elif case == "float positions":
-        q, k = torch.randn(1, 4, 6, 12, generator=g), torch.randn(1, 2, 6, 12, generator=g)
-        positions = torch.arange(6, dtype=torch.float64) * 0.37 + 1000.5
-    else:
-        q, k = torch.randn(1, 4, 6, 16, generator=g), torch.randn(1, 2, 6, 16, generator=g)
-        positions = torch.arange(6) * 500
-        kw = dict(inv_freq=default_inv_freq(12, 5e5), attention_scaling=1.2, rotary_dim=12)
+    q, k, positions, kw = model_geometry(case, seq=7, hq=4, dim=16)
     want = {lay: posenc.apply_rope_qk(q, k, positions, layout=lay, **kw) for lay in ("half", "interleaved")}
 
     def grad_of_rope():                         # d/dx of |RoPE(x)|^2 / 2 (with a scaling s: s^2 x on rotated dims)
@@ -363,28 +375,10 @@ def test_gpu_rotary_module_matches_cpu(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", ["transposed views", "batched decode", "float positions", "scaled yarn"])
+@pytest.mark.parametrize("case", GEOMETRIES)
 def test_gpu_geometries_match_cpu(case):
     # the shapes a model hands the CUDA path (cos/sin computed in the kernel) against the CPU path
-    g = torch.Generator().manual_seed(0)
-    kw = {}
-    if case == "transposed views":       # [B, T, H, D] projections viewed as [B, H, T, D]
-        q = torch.randn(2, 200, 8, 128, generator=g).transpose(1, 2)
-        k = torch.randn(2, 200, 2, 128, generator=g).transpose(1, 2)
-        positions = torch.arange(200) + 70000
-    elif case == "batched decode":       # one token per sequence, each at its own position
-        q, k = torch.randn(4, 8, 1, 128, generator=g), torch.randn(4, 2, 1, 128, generator=g)
-        positions = torch.tensor([5, 300, 4097, 131071])[:, None, None]
-    elif case == "float positions":
-        q, k = torch.randn(1, 8, 50, 64, generator=g), torch.randn(1, 2, 50, 64, generator=g)
-        positions = torch.arange(50, dtype=torch.float64) * 0.37 + 1000.5
-    else:
-        q, k = torch.randn(1, 8, 64, 128, generator=g), torch.randn(1, 2, 64, 128, generator=g)
-        positions = torch.arange(64) * 500
-        inv, scaling = posenc.rope_parameters({"rope_theta": 500000.0, "head_dim": 128, "rope_scaling": {
-            "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}})
-        assert scaling != 1.0
-        kw = dict(inv_freq=inv, attention_scaling=scaling)
+    q, k, positions, kw = model_geometry(case, seq=200, hq=8, dim=128)
     for layout in ("half", "interleaved"):
         want = posenc.apply_rope_qk(q, k, positions, layout=layout, **kw)
         got = posenc.apply_rope_qk(q.cuda(), k.cuda(), positions.cuda(), layout=layout, **kw)
