@@ -17,9 +17,9 @@ The rules, identical whichever backend runs (a kernel writing through raw pointe
   posenc.kernels.rope_checks.
 
 cos/sin are constants here (never differentiated): posenc.rope.apply routes differentiable frequencies to its
-readable eager formula instead. In place of a cos/sin table, ``cos`` may be a posenc.rope.angles.Angles (positions and
-frequencies, ``sin`` None): the Triton kernel computes cos/sin itself in float64 (no table, one launch); the other
-backends build the table first.
+readable eager formula instead. In place of a cos/sin table, ``cos`` may be a posenc.rope.angles.Angles
+(positions and frequencies, ``sin`` None): the Triton kernel computes cos/sin itself from a float64 angle (no table,
+one launch); the other backends build the table first.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError, check_writes
 from posenc.rope.angles import Angles
 
+
 def _as_table(cos, sin, xs):
+    """(cos, sin) as tables in the math dtype of xs: an Angles is built into one, a table passes through."""
     if isinstance(cos, Angles):
         return cos.table(torch.float64 if xs[0].dtype == torch.float64 else torch.float32)
     return cos, sin

@@ -395,8 +395,8 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
     if rdim > dim:
         _check_rotary_dim(rdim, dim)
     if x.device.type in KERNEL_ANGLE_DEVICES and not (p.requires_grad and torch.is_grad_enabled()):
-        # the kernel computes cos/sin itself (from a float64 angle): no table, one launch. (Positions that require grad
-        # take a table, which autograd differentiates.)
+        # the kernel computes cos/sin itself (from a float64 angle): no table, one launch. (Positions that
+        # require grad take a table, which autograd differentiates.)
         return _rotate_fast(xs, Angles(p, entry.inv64, entry.scaling, entry.packed()), None, layout, rdim,
                             inplace, outs, names)
     if p.dtype in _INT_DTYPES and x.is_cpu:
@@ -482,7 +482,7 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
     Runs the fused kernel for the device (posenc.kernels: C on CPU, Triton on CUDA): one pass over x, no
     temporaries the size of x, fp32 math for half-precision inputs; ``_rotate`` is the readable equivalent.
     On CPU the cos/sin of integer positions come from a cached table (``TABLES``), built once per frequency set;
-    on CUDA the kernel computes them from the positions in float64 (one launch, no table).
+    on CUDA the kernel computes them from a float64 angle (one launch, no table).
     Writes obey torch's rules: overlapping outputs are refused, version counters are bumped
     (posenc.kernels.rope_dispatch).
     """

@@ -247,18 +247,18 @@ class Rotary(nn.Module):
             lead = f"[{self.n_axes}, ...] with ... " if multi else ""
             raise PosencError(f"positions must have shape {lead}[seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                               f"got {list(ps)}")
-        # fast path (CPU, cached table, integer positions, no length rule): everything above is all the checking
-        # the kernel needs (its table is this module's own), so it is called directly: it reads row `position` of
-        # the table and range-checks it itself; a position past the table falls through to cos_sin, which grows it.
-        # (The buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards.)
         if (not multi and self.seq_len_rule is None and q.is_cuda and not positions.is_floating_point()
                 and q.dtype == k.dtype and k.device == q.device):
-            # CUDA: the kernel computes cos/sin of these positions in float64 itself: no table, no host sync (so
+            # CUDA: the kernel computes cos/sin of these positions itself (float64 angles): no table, no host sync (so
             # positions are not range-checked here: a negative one rotates by its negative angle, as the formula
             # says, where the CPU path refuses it)
             index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
             return rotate_kernel((q, k), self.kernel_angles(index), None, layout=self.layout,
                                  rotary_dim=self.rotary_dim, names=("q", "k"))
+        # fast path (CPU, cached table, integer positions, no length rule): everything above is all the checking
+        # the kernel needs (its table is this module's own), so it is called directly: it reads row `position` of
+        # the table and range-checks it itself; a position past the table falls through to cos_sin, which grows it.
+        # (The buffers are read from _buffers: nn.Module's attribute lookup costs more than the check it guards.)
         buffers = self._buffers
         cos_cached = buffers["cos_cached"]
         if (not multi and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
