@@ -19,11 +19,12 @@ fi
 timeout 30 $py benchmarks/triton_compile.py 2>&1 | tee "$out/compile.txt"      # registers, access widths
 timeout 90 $py -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -15 | tee "$out/tests.txt"
 timeout 180 $py benchmarks/rope.py --device cuda --markdown --out "$out/rope-cuda.json" 2>&1 | tee "$out/rope.txt"
+timeout 45 $py benchmarks/triton_sweep.py --layouts half 2>&1 | tee "$out/sweep.txt"      # tile sizes vs the copy
 # ALiBi: the public call (FlexAttention on CUDA) beside flex compiled with static shapes, and the compile counters;
 # no memory subprocesses (each would compile FlexAttention afresh: the first run of this script timed out there)
-timeout 100 $py benchmarks/alibi.py --device cuda --threads 1 --no-memory \
+TORCH_LOGS=recompiles,graph_breaks timeout 100 $py benchmarks/alibi.py --device cuda --threads 1 --no-memory \
   --variants sdpa_no_bias sdpa_prebuilt posenc flex_static --out "$out/alibi-cuda.json" 2>&1 | tee "$out/alibi.txt"
-timeout 60 $py benchmarks/alibi.py --device cuda --threads 1 --no-memory --dtype bf16 --mode causal \
+timeout 45 $py benchmarks/alibi.py --device cuda --threads 1 --no-memory --dtype bf16 --mode causal \
   --variants sdpa_no_bias posenc flex_static --out "$out/alibi-cuda-bf16.json" 2>&1 | tee "$out/alibi-bf16.txt"
 timeout 90 $py -m posenc lab --device cuda --out /tmp/posenc-lab-gpu 2>&1 | tail -25 | tee "$out/lab.txt"
 cp /tmp/posenc-lab-gpu/results.json "$out/lab-results.json" 2>/dev/null

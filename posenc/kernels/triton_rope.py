@@ -44,9 +44,11 @@ except ImportError:  # pragma: no cover - triton is optional
     tl = None
 
 _TOKEN_DIMS, _HEAD_DIMS = 3, 2     # leading dims the kernel addresses, after merging contiguous ones
-# Elements of one head's [BLOCK_T, dim] tile, 16 per thread (8 warps). Register counts from compiling for sm_90
-# here: 64-110 a thread at 16 elements, 126-210 at 32 (fewer resident warps to hide memory latency).
+# Elements of one head's [BLOCK_T, dim] tile, and of that tile a thread holds (8 warps for 4096). Register counts
+# from compiling for sm_90 here: 64-110 a thread at 16 elements, 126-210 at 32 (fewer resident warps to hide
+# memory latency). Chosen without a GPU: benchmarks/triton_sweep.py times the alternatives on one.
 _TILE = 4096
+_THREAD_ELEMS = 16
 _kernels: dict[bool, object] = {}  # interpret mode -> jitted kernel
 
 
@@ -344,7 +346,7 @@ def _plan(xs, outs, src, angles: bool, scaled: bool, ptrs_aligned: bool, layout,
                 COPY_TAIL=rotary_dim < dim and not all(x.data_ptr() == o.data_ptr() for x, o in zip(xs, outs)),
                 ALIGNED=ptrs_aligned and all(s % vec == 0 for s in strides), VEC=vec,
                 TABLE_VEC=table_vec if ptrs_aligned and not angles and all(s % table_vec == 0 for s in tq[3]) else 1,
-                num_warps=max(1, min(8, block_t * 2 * half_pad // 512)),   # 16 elements of a row tile a thread
+                num_warps=max(1, min(16, block_t * 2 * half_pad // (32 * _THREAD_ELEMS))),
                 enable_fp_fusion=True)      # a * c - b * s as one fused multiply-add: one rounding, not two
     return (blocks, groups), ints, meta
 
