@@ -54,6 +54,7 @@ import posenc  # noqa: E402
 from posenc.alibi import MAX_BIAS_ELEMENTS, alibi_bias, alibi_slopes  # noqa: E402
 from posenc.kernels.alibi_attention import _flex as alibi_flex  # noqa: E402
 from posenc.kernels.alibi_attention import causal_blocks, split_causal_attention  # noqa: E402
+from posenc.lab.run import busy_jiffies  # noqa: E402
 
 BASE_VARIANTS = ("sdpa_no_bias", "sdpa_prebuilt", "posenc")
 OPTIONAL_VARIANTS = ("sdpa_rebuilt", "flex", "flex_static")
@@ -154,24 +155,15 @@ def fits_in_memory(n_bytes: int, fraction: float = 0.8) -> bool:
 
 # ------------------------------------------------------------------------------------------- machine load
 
-def _busy_jiffies() -> int | None:
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(fields[:8]) - fields[3] - fields[4]   # all but idle and iowait
-
-
 class LoadProbe:
     """The 1-minute load average at start and end, and the cores other processes kept busy in between."""
 
     def __init__(self):
         self.load0 = os.getloadavg()[0]
-        self.busy0, self.own0, self.t0 = _busy_jiffies(), _own_cpu_s(), time.perf_counter()
+        self.busy0, self.own0, self.t0 = busy_jiffies(), _own_cpu_s(), time.perf_counter()
 
     def finish(self) -> dict:
-        busy1, own1, t1 = _busy_jiffies(), _own_cpu_s(), time.perf_counter()
+        busy1, own1, t1 = busy_jiffies(), _own_cpu_s(), time.perf_counter()
         rec = {"load_1m": [round(self.load0, 2), round(os.getloadavg()[0], 2)]}
         if self.busy0 is not None and busy1 is not None:
             total = (busy1 - self.busy0) / os.sysconf("SC_CLK_TCK")

@@ -125,13 +125,13 @@ def _worker(settings: dict, unit: Unit) -> dict:
     """One unit in a worker process (module-level: spawn pickles it by name)."""
     from posenc.lab.context import Run
     from posenc.lab.data import load_corpus
-    from posenc.lab.tasks import get_task
+    from posenc.lab.tasks import needs_corpus
     from posenc.plugins import load_plugins
 
     torch.set_num_threads(settings["threads"])
     load_plugins(settings["plugins"])
     cfg = settings["cfg"]
-    corpus = load_corpus(cfg.data) if get_task(unit.task).needs_corpus else None
+    corpus = load_corpus(cfg.data) if needs_corpus(cfg.tasks) else None     # what the parent run loads
     run = Run(cfg, corpus, torch.device("cpu"), settings["out"], resume=settings["resume"], progress=False,
               log=lambda *args: None, precision=settings["precision"])
     return settings["run_unit"](run, unit, [], {})

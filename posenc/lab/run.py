@@ -34,7 +34,7 @@ from posenc.lab.precision import autocast, native_bf16, resolve_precision
 from posenc.lab.presets import LabConfig
 from posenc.lab.report import main_table, write_report
 from posenc.lab.tables import model_label
-from posenc.lab.tasks import get_task
+from posenc.lab.tasks import get_task, needs_corpus
 from posenc.lab.train import TrainSettings, checkpoint_step, train
 from posenc.nn.model import TinyLM
 from posenc.randomized import randomized_positions
@@ -50,19 +50,45 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def auto_threads() -> int:
-    """CPU threads to use: torch's default, but no more than the cores other work leaves idle (by the 1-minute
-    load average): both cores of an idle 2-core machine, one while another job keeps one busy.
+def busy_jiffies() -> int | None:
+    """The machine's non-idle CPU time so far, in clock ticks (Linux /proc/stat: all but idle and iowait), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields[:8]) - fields[3] - fields[4]
 
-    Oversubscribed OpenMP threads wait on each other: on a shared 2-core machine 2 threads ran 2-3x slower than 1.
-    The choice changes speed only: training and evaluation give identical numbers at any thread count
-    (posenc.nn.model.LayerNorm; tests/nn/test_model.py).
+
+def busy_cores(window: float = 0.25) -> float | None:
+    """Cores other processes keep busy now: the machine's non-idle CPU time over ``window`` seconds, less this
+    process's own, per second. None where /proc/stat cannot be read."""
+    before, own_before, t0 = busy_jiffies(), time.process_time(), time.perf_counter()
+    if before is None:
+        return None
+    time.sleep(window)
+    after, own_after, t1 = busy_jiffies(), time.process_time(), time.perf_counter()
+    others = (after - before) / os.sysconf("SC_CLK_TCK") - (own_after - own_before)
+    return max(0.0, others / (t1 - t0))
+
+
+def auto_threads() -> int:
+    """CPU threads to use: torch's default, but no more than the cores other work leaves idle: both cores of an
+    idle 2-core machine, one while another job keeps one busy.
+
+    Busy cores are sampled now (``busy_cores``); the 1-minute load average, used where that cannot be read, lags by
+    minutes: right after one lab run it still shows a busy core, and a second run started then trained one model
+    at a time, 156 s instead of 85 s. Oversubscribed OpenMP threads wait on each other: on a shared 2-core machine
+    2 threads ran 2-3x slower than 1. The choice changes speed only: training and evaluation give identical numbers
+    at any thread count (posenc.nn.model.LayerNorm; tests/nn/test_model.py).
     """
     default = torch.get_num_threads()
-    try:
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return default
+    busy = busy_cores()
+    if busy is None:
+        try:
+            busy = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return default
     return max(1, min(default, cpu_cores() - int(round(busy))))
 
 
@@ -90,7 +116,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     if cfg.threads or device.type == "cpu":
         torch.set_num_threads(threads)
     precision = resolve_precision(cfg.precision, device)
-    corpus = load_corpus(cfg.data) if any(get_task(t).needs_corpus for t in cfg.tasks) else None
+    corpus = load_corpus(cfg.data) if needs_corpus(cfg.tasks) else None
     run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log, precision=precision)
     meta = {
         "preset": cfg.preset, "settings": cfg.to_dict(), "device": str(device), "threads": torch.get_num_threads(),

@@ -72,12 +72,14 @@ def test_bad_jobs_is_named(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_two_jobs_give_the_results_of_one(tmp_path):
-    """Spawned workers, two models at once: the same rows, curves and timing keys as one process."""
+    """Spawned workers, two models at once: the same rows, curves and timing keys as one process. LongRoPE's
+    search scores on the text corpus, for the copy task's models too: a worker must load what the run loads."""
     docs = []
     for jobs in (1, 2):
         out = tmp_path / f"j{jobs}"
         assert main(["lab", "--preset", "smoke", "--tasks", "lm,copy", "--schemes", "rope,alibi", "--extensions",
-                     "yarn", "--threads", "1", "--jobs", str(jobs), "--out", str(out), "--quiet"]) == 0
+                     "yarn,longrope-search", "--threads", "1", "--jobs", str(jobs), "--out", str(out),
+                     "--quiet"]) == 0
         docs.append(json.loads((out / "results.json").read_text()))
     one, two = docs
     assert two["meta"]["jobs"] == 2 and one["meta"]["jobs"] == 1

@@ -4,6 +4,8 @@ with the attention kept in fp32 on the CPU, the setting in checkpoints and resul
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -97,12 +99,34 @@ def test_cli_rejects_an_unknown_precision(tmp_path, capsys):
 
 @pytest.mark.parametrize("load,cores,default,want", [(0.0, 2, 2, 2), (0.4, 2, 2, 2), (1.2, 2, 2, 1), (5.0, 2, 2, 1),
                                                      (0.0, 2, 1, 1), (1.0, 8, 8, 7)])
-def test_auto_threads_uses_the_idle_cores(monkeypatch, load, cores, default, want):
-    import os
-
+@pytest.mark.parametrize("source", ["sampled", "load average"])
+def test_auto_threads_uses_the_idle_cores(monkeypatch, load, cores, default, want, source):
+    # busy cores sampled now; the 1-minute load average only where /proc/stat cannot be read
     from posenc.lab import run
 
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    lagging = 9.0 if source == "sampled" else load          # a load average still high from a finished job
+    monkeypatch.setattr(os, "getloadavg", lambda: (lagging, lagging, lagging))
+    monkeypatch.setattr(run, "busy_cores", lambda: load if source == "sampled" else None)
     monkeypatch.setattr(run, "cpu_cores", lambda: cores)
     monkeypatch.setattr(torch, "get_num_threads", lambda: default)
     assert run.auto_threads() == want
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc/stat")
+def test_busy_cores_sees_another_process_and_not_this_one():
+    import subprocess
+    import sys
+    import time
+
+    from posenc.lab import run
+
+    start = time.process_time()
+    while time.process_time() - start < 0.3:                 # this process's own work is not "other" work
+        pass
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.5)                                      # (interpreter start-up)
+        assert run.busy_cores(0.5) >= 0.6
+    finally:
+        spinner.kill()
+        spinner.wait()

@@ -10,7 +10,7 @@ A new task is one module here (registered with ``@register_task``) plus one impo
 
 from __future__ import annotations
 
-from posenc.lab.tasks.registry import TASKS, Task, get_task, register_task, task_names
+from posenc.lab.tasks.registry import TASKS, Task, get_task, needs_corpus, register_task, task_names
 from posenc.lab.tasks import lm, copy, passkey  # noqa: F401,E401  (registers the built-ins, in this order)
 
-__all__ = ["TASKS", "Task", "get_task", "register_task", "task_names"]
+__all__ = ["TASKS", "Task", "get_task", "needs_corpus", "register_task", "task_names"]

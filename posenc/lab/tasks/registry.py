@@ -103,3 +103,9 @@ def task_names() -> tuple[str, ...]:
 def get_task(name, argument: str = "tasks") -> Task:
     """The registered task ``name``, or ConfigError naming ``argument`` and listing the tasks."""
     return TASKS[check_choice(name, argument, TASKS, error=ConfigError)]
+
+
+def needs_corpus(tasks) -> bool:
+    """Whether a run of these task names loads the text corpus: when any of them reads it. The whole run, every
+    worker included, then has it (an extension method's fit, such as LongRoPE's search, scores on it)."""
+    return any(get_task(t).needs_corpus for t in tasks)
