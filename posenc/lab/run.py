@@ -60,7 +60,7 @@ def busy_jiffies() -> int | None:
     return sum(fields[:8]) - fields[3] - fields[4]
 
 
-def busy_cores(window: float = 0.25) -> float | None:
+def busy_cores(window: float = 0.1) -> float | None:
     """Cores other processes keep busy now: the machine's non-idle CPU time over ``window`` seconds, less this
     process's own, per second. None where /proc/stat cannot be read."""
     before, own_before, t0 = busy_jiffies(), time.process_time(), time.perf_counter()
