@@ -4,9 +4,11 @@
 
 The kernel launch is replaced by a no-op, and CPU tensors of the decode shape (B1, Hq32, Hk8, T1, D128) are handed
 to the Triton path directly, so the time is planning, checks and dispatch: what a decode step pays on the host
-besides triton's own launch. Two rows:
+besides triton's own launch. Rows:
   rope_into       posenc.kernels.triton_rope.rope_into with the Angles of one position (the kernel entry point)
   dispatch        posenc.kernels.rope_dispatch.rope with the Triton backend (adds the write and autograd rules)
+  public call     posenc.apply_rope_qk taking its CUDA route (argument checks, the frequencies' cache entry, Angles,
+                  dispatch, rope_into), without and with out=
 and, for scale, the CPU path's whole public call (posenc.apply_rope_qk with its C kernel) in the same process.
 """
 
@@ -52,7 +54,9 @@ def main(argv=None) -> int:
     entry = _table_for(10000.0, None, None, 1.0, 128, torch.device("cpu"), torch.float32)
     angles = Angles(pos, entry.inv64, 1.0, entry.packed())
     outs = [torch.empty_like(q), torch.empty_like(k)]
-    real = triton_rope._kernel
+    from posenc.rope import apply as apply_module
+
+    real = triton_rope._kernel, apply_module.KERNEL_ANGLE_DEVICES, rope_dispatch.backend_for
     triton_rope._kernel = NoLaunch
     try:
         rows = [("rope_into (launch stubbed)", per_call_us(
@@ -61,12 +65,18 @@ def main(argv=None) -> int:
                 ("dispatch.rope, Triton backend (launch stubbed)", per_call_us(
                     lambda: rope_dispatch.rope((q, k), angles, None, layout="half", rotary_dim=128,
                                                backend=rope_dispatch._triton_backend), args.calls))]
+        apply_module.KERNEL_ANGLE_DEVICES = frozenset({"cuda", "cpu"})      # the CUDA route on CPU tensors
+        rope_dispatch.backend_for = lambda x: rope_dispatch._triton_backend
+        rows.append(("posenc.apply_rope_qk, CUDA route (launch stubbed)",
+                     per_call_us(lambda: posenc.apply_rope_qk(q, k, pos, layout="half"), args.calls)))
+        rows.append(("posenc.apply_rope_qk out=, CUDA route (launch stubbed)",
+                     per_call_us(lambda: posenc.apply_rope_qk(q, k, pos, layout="half", out=outs), args.calls)))
     finally:
-        triton_rope._kernel = real
+        triton_rope._kernel, apply_module.KERNEL_ANGLE_DEVICES, rope_dispatch.backend_for = real
     rows.append(("posenc.apply_rope_qk on CPU (C kernel, whole call)",
                  per_call_us(lambda: posenc.apply_rope_qk(q, k, pos, layout="half"), args.calls)))
     for name, us in rows:
-        print(f"{name:52s} {us:8.1f} us")
+        print(f"{name:56s} {us:8.1f} us")
     return 0
 
 
