@@ -9,6 +9,8 @@ besides triton's own launch. Rows:
   dispatch        posenc.kernels.rope_dispatch.rope with the Triton backend (adds the write and autograd rules)
   public call     posenc.apply_rope_qk taking its CUDA route (argument checks, the frequencies' cache entry, Angles,
                   dispatch, rope_into), without and with out=
+  triton binder   triton's own argument binding and kernel-cache key for this call's arguments (the Python part of
+                  its launch; internal triton API, for an sm_90 target; "unavailable" where that API differs)
 and, for scale, the CPU path's whole public call (posenc.apply_rope_qk with its C kernel) in the same process.
 """
 
@@ -33,6 +35,31 @@ def per_call_us(fn, calls: int) -> float:
     for _ in range(calls):
         fn()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def binder_us(q, k, pos, outs, calls: int) -> float | str:
+    """Per call: triton binding this call's kernel arguments and computing its cache key (no launch)."""
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+        from triton.runtime.jit import compute_cache_key, create_function_from_signature
+
+        from posenc.kernels import triton_rope
+        fn = triton.jit(triton_rope._rope_kernel, do_not_specialize=triton_rope._INT_ARGS)
+        binder = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
+        packed = torch.cat((torch.ones(64, dtype=torch.float64), torch.ones(1, dtype=torch.float64)))
+        _, ints, meta = triton_rope._plan([q, k], outs, pos, True, False, True, "half", 128, False)
+        call_args = (q, outs[0], k, outs[1], pos, packed, *ints)
+        kwargs = dict(meta, debug=False, instrumentation_mode="", fpsan_homomorphic_casts=False)
+        cache: dict = {}
+
+        def bind():
+            _, specialization, options = binder(*call_args, **kwargs)
+            compute_cache_key(cache, specialization, options)
+        return per_call_us(bind, calls)
+    except Exception as err:  # noqa: BLE001 - internal API: report, do not fail the other rows
+        return f"unavailable ({type(err).__name__})"
 
 
 def main(argv=None) -> int:
@@ -73,10 +100,11 @@ def main(argv=None) -> int:
                      per_call_us(lambda: posenc.apply_rope_qk(q, k, pos, layout="half", out=outs), args.calls)))
     finally:
         triton_rope._kernel, apply_module.KERNEL_ANGLE_DEVICES, rope_dispatch.backend_for = real
+    rows.append(("triton's argument binder + cache key (internal API)", binder_us(q, k, pos, outs, args.calls)))
     rows.append(("posenc.apply_rope_qk on CPU (C kernel, whole call)",
                  per_call_us(lambda: posenc.apply_rope_qk(q, k, pos, layout="half"), args.calls)))
     for name, us in rows:
-        print(f"{name:56s} {us:8.1f} us")
+        print(f"{name:56s} {us:8.1f} us" if isinstance(us, float) else f"{name:56s} {us}")
     return 0
 
 
