@@ -209,14 +209,6 @@ def _programs_wanted(device: torch.device) -> int:
     return _SMS[key]
 
 
-def _kernel_freqs(angles: Angles) -> torch.Tensor:
-    """[R/2 + 1] float64: the frequencies then the scaling (the kernel reads the scaling in float64)."""
-    if angles.packed is not None:
-        return angles.packed
-    inv = angles.inv_freq.reshape(-1)
-    return torch.cat((inv, inv.new_tensor([float(angles.scaling)])))
-
-
 def _broadcast_strides(shape, stride, target) -> list[int]:
     """Strides of a tensor of ``shape``/``stride`` expanded to ``target`` (0 where it broadcasts): torch's expand."""
     n, m = len(target), len(shape)
@@ -252,7 +244,7 @@ def rope_into(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], cos, sin
         src, src_a, src_b = cos, cos, sin
         scaled = False
     else:
-        src, src_a, src_b = angles.positions, angles.positions, _kernel_freqs(angles)
+        src, src_a, src_b = angles.positions, angles.positions, angles.packed_frequencies()
         scaled = float(angles.scaling) != 1.0
     x0, xk, ok = xs[0], xs[-1], outs[-1]
     aligned = not (x0.data_ptr() | outs[0].data_ptr() | xk.data_ptr() | ok.data_ptr() |
@@ -271,10 +263,10 @@ def rope_into(xs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], cos, sin
             grid, ints, meta = plan
             _kernel()[grid](x0, outs[0], xk, ok, src_a, src_b, *ints, **meta)
         return
-    _rope_general(xs, outs, src, cos, sin, angles, layout, rotary_dim, inverse, scaled)
+    _rope_general(xs, outs, src, src_b, cos, sin, angles, layout, rotary_dim, inverse, scaled)
 
 
-def _rope_general(xs, outs, src, cos, sin, angles, layout, rotary_dim, inverse, scaled):
+def _rope_general(xs, outs, src, src_b, cos, sin, angles, layout, rotary_dim, inverse, scaled):
     """Inputs the kernel cannot address directly: dense copies written back, or plain torch ops."""
     work, writeback = [], []
     for x, o in zip(xs, outs):
@@ -300,8 +292,7 @@ def _rope_general(xs, outs, src, cos, sin, angles, layout, rotary_dim, inverse, 
         if plan[0]:
             grid, ints, meta = plan
             xk, ok = work[-1]
-            _kernel()[grid](work[0][0], work[0][1], xk, ok, src, sin if angles is None else _kernel_freqs(angles),
-                            *ints, **meta)
+            _kernel()[grid](work[0][0], work[0][1], xk, ok, src, src_b, *ints, **meta)
     for o, oc in writeback:
         o.copy_(oc)
 

@@ -26,6 +26,13 @@ def angles_cos_sin(positions: torch.Tensor, inv64: torch.Tensor, attention_scali
     return cos.to(dtype), sin.to(dtype)
 
 
+def pack_frequencies(inv64: torch.Tensor, scaling: float) -> torch.Tensor:
+    """[R/2 + 1] float64 on inv64's device: the frequencies, then the scaling (what the Triton kernel reads, so
+    that it multiplies by the scaling in float64)."""
+    inv64 = inv64.reshape(-1)
+    return torch.cat((inv64, inv64.new_tensor([float(scaling)])))
+
+
 class Angles(NamedTuple):
     """cos/sin given as what they are made of: cos = cos(positions * inv_freq) * scaling (sin alike).
 
@@ -37,6 +44,10 @@ class Angles(NamedTuple):
     inv_freq: torch.Tensor
     scaling: float
     packed: torch.Tensor | None = None
+
+    def packed_frequencies(self) -> torch.Tensor:
+        """``packed`` if given, else built (``pack_frequencies``)."""
+        return self.packed if self.packed is not None else pack_frequencies(self.inv_freq, self.scaling)
 
     def table(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The cos/sin table [*positions.shape, R/2] in ``dtype``."""

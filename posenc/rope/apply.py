@@ -28,7 +28,7 @@ import torch
 
 from posenc._validate import check_float, even_int, positive_float
 from posenc.errors import PosencError
-from posenc.rope.angles import Angles, angles_cos_sin
+from posenc.rope.angles import Angles, angles_cos_sin, pack_frequencies
 
 LAYOUTS = ("interleaved", "half")
 # devices whose RoPE kernel computes cos/sin itself from an Angles (the Triton kernel); tests add "cpu" to run that
@@ -237,7 +237,7 @@ class _Table:
     def packed(self) -> torch.Tensor:
         """[R/2 + 1] float64 on the frequencies' device: inv_freq then the scaling (the GPU kernel's input)."""
         if self._packed is None:
-            self._packed = torch.cat((self.inv64, self.inv64.new_tensor([float(self.scaling)])))
+            self._packed = pack_frequencies(self.inv64, self.scaling)
         return self._packed
 
     @property

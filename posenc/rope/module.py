@@ -30,7 +30,7 @@ from posenc._validate import check_int
 from posenc.errors import PosencError
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
-from posenc.rope.angles import Angles
+from posenc.rope.angles import Angles, pack_frequencies
 from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
@@ -157,7 +157,7 @@ class Rotary(nn.Module):
         inv, scaling, cached = self.inv_freq, self.attention_scaling, self._kernel_freqs
         if cached is None or cached[0] is not inv or cached[1] != inv._version or cached[2] != scaling:
             inv64 = inv.detach().to(torch.float64)
-            cached = (inv, inv._version, scaling, inv64, torch.cat((inv64, inv64.new_tensor([float(scaling)]))))
+            cached = (inv, inv._version, scaling, inv64, pack_frequencies(inv64, scaling))
             self._kernel_freqs = cached
         return Angles(positions, cached[3], scaling, cached[4])
 
