@@ -52,6 +52,13 @@ def check_float(value, name: str, *, min: float | None = None, max: float | None
     return v
 
 
+def check_bool(value, name: str, *, error: type[PosencError] = PosencError) -> bool:
+    """``value`` if it is True or False, else ``error``: a truthy string or number must not silently mean True."""
+    if not isinstance(value, bool):
+        raise error(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_choice(value, name: str, choices: Iterable, *, error: type[PosencError] = PosencError):
     """``value`` if it is one of ``choices``, else ``error`` listing them."""
     choices = list(choices)

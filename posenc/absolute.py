@@ -10,7 +10,7 @@ from torch import nn
 
 from posenc._validate import positive_float, positive_int
 from posenc.errors import PosencError
-from posenc.rope.apply import check_position_dtype
+from posenc.rope.apply import as_positions
 
 
 def sinusoidal_at(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -26,6 +26,7 @@ def sinusoidal_at(positions: torch.Tensor, dim: int, base: float = 10000.0) -> t
     if dim % 2:
         raise PosencError(f"dim must be even for sinusoidal encodings (sin/cos pairs), got {dim}")
     base = positive_float(base, "base")
+    positions = as_positions(positions)                 # integers or float32/64 only: bf16 would round 257 to 256
     pos = positions.to(torch.float64).unsqueeze(-1)                         # [..., 1]
     i = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)
     angle = pos / base ** (i / dim)                                          # [..., dim/2]
@@ -48,7 +49,7 @@ def _positions_for(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Ten
     seq = x.shape[-2]
     if positions is None:
         return torch.arange(seq, device=x.device)
-    positions = check_position_dtype(torch.as_tensor(positions, device=x.device))
+    positions = as_positions(positions, x.device)
     if positions.shape[-1:] != (seq,):
         raise PosencError(f"positions must have shape [seq] or [batch, seq] with seq={seq}, "
                           f"got {tuple(positions.shape)}")

@@ -4,6 +4,7 @@
     the environment refused (OSError: read-only or missing --out, no space)  one line naming the path, exit 2
     a closed pipe (``posenc pick ... | head``)                              quiet, exit 141 (128 + SIGPIPE)
     Ctrl-C                                                                   one line, exit 130
+    an optional package missing (transformers for export / eval)            one line naming the extra, exit 2
     out of memory                                                            one line, exit 1
     anything else is a bug in posenc: one line saying so, the traceback saved to a file to attach to a report, exit 1
 
@@ -24,6 +25,8 @@ ISSUES_HINT = "please report it (the command line and the saved traceback) to th
 EXIT_USER = 2
 EXIT_BUG = 1
 EXIT_PIPE = 141
+# optional packages -> the pyproject extra that installs them (a command needing one says how to get it)
+OPTIONAL_PACKAGES = {"transformers": "hf", "tokenizers": "hf", "rotary_embedding_torch": "bench", "torchtune": "bench"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,13 +89,25 @@ def run_reporting_faults(command: str, fn: Callable[[], int | None]) -> int:
     except OSError as exc:  # the environment: permissions, missing folders, a file where a folder should be
         print(f"{prefix}: error: {describe_os_error(exc)}", file=sys.stderr)
         return EXIT_USER
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").split(".")[0]
+        if package not in OPTIONAL_PACKAGES:
+            return _report_bug(prefix, exc)
+        extra = OPTIONAL_PACKAGES[package]
+        print(f"{prefix}: error: this command needs the optional package {package!r}, which is not installed: "
+              f"pip install -e \".[{extra}]\" in the checkout (or bash scripts/setup.sh {extra})", file=sys.stderr)
+        return EXIT_USER
     except MemoryError:
         print(f"{prefix}: error: out of memory (use smaller sizes or lengths)", file=sys.stderr)
         return EXIT_BUG
     except Exception as exc:  # a bug: say so, and keep the traceback for the report
-        path = save_traceback(exc)
-        saved = f"; traceback saved to {path}" if path else ""
-        text = " ".join(str(exc).split())[:300]
-        print(f"{prefix}: internal error (a bug in posenc, not in your input): {type(exc).__name__}: {text}"
-              f"{saved}; {ISSUES_HINT}", file=sys.stderr)
-        return EXIT_BUG
+        return _report_bug(prefix, exc)
+
+
+def _report_bug(prefix: str, exc: BaseException) -> int:
+    path = save_traceback(exc)
+    saved = f"; traceback saved to {path}" if path else ""
+    text = " ".join(str(exc).split())[:300]
+    print(f"{prefix}: internal error (a bug in posenc, not in your input): {type(exc).__name__}: {text}"
+          f"{saved}; {ISSUES_HINT}", file=sys.stderr)
+    return EXIT_BUG

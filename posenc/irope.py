@@ -22,7 +22,7 @@ from torch import nn
 
 from posenc._validate import check_float, positive_int
 from posenc.errors import PosencError
-from posenc.rope.apply import check_position_dtype
+from posenc.rope.apply import as_positions
 
 
 def irope_rope_layers(n_layers: int, nope_interval: int = 4) -> list[int]:
@@ -44,7 +44,7 @@ def attention_temperature(positions, *, floor_scale: float = 8192, attn_scale: f
     """
     floor_scale = check_float(floor_scale, "floor_scale", positive=True)
     attn_scale = check_float(attn_scale, "attn_scale")
-    positions = check_position_dtype(torch.as_tensor(positions))
+    positions = as_positions(positions)
     return torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
 
 
@@ -55,10 +55,19 @@ def apply_attention_temperature(q: torch.Tensor, positions, *, floor_scale: floa
     if not isinstance(q, torch.Tensor) or q.dim() < 2 or not q.is_floating_point():
         raise PosencError(f"q must be a floating-point tensor [..., seq, head_dim], got "
                           f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
-    positions = torch.as_tensor(positions, device=q.device)
-    if positions.dim() == 0 or positions.shape[-1] not in (1, q.shape[-2]):
-        raise PosencError(f"positions must have shape [seq] = [{q.shape[-2]}] or be broadcastable to "
-                          f"{list(q.shape[:-1])}, got {list(positions.shape)}")
+    positions = as_positions(positions, q.device)
+    lead = tuple(q.shape[:-1])
+    # [seq], or q's own rank ([B, 1, T] for q [B, H, T, D]): a [B, T] tensor would broadcast B against the heads
+    fits = positions.dim() in (1, len(lead)) and positions.shape[-1] in (1, lead[-1])
+    if fits:
+        try:
+            fits = torch.broadcast_shapes(positions.shape, lead) == lead
+        except RuntimeError:
+            fits = False
+    if not fits:
+        raise PosencError(f"positions must have shape [seq] = [{lead[-1]}] or q's leading rank, broadcastable to "
+                          f"{list(lead)} (e.g. [batch, 1, seq] for q [batch, heads, seq, head_dim]); "
+                          f"got {list(positions.shape)}")
     tau = attention_temperature(positions, floor_scale=floor_scale, attn_scale=attn_scale)
     return (q * tau.unsqueeze(-1)).to(q.dtype)
 

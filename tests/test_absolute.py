@@ -78,7 +78,7 @@ def test_bad_input_names_the_argument(call, match):
 def test_learned_table_refuses_non_integer_positions(bad):
     emb = posenc.LearnedPositionalEmbedding(8, 4)
     x = torch.zeros(1, 2, 4)
-    with pytest.raises(PosencError, match="positions must be integers"):
+    with pytest.raises(PosencError, match="positions must be (integers|finite)"):
         emb(x, positions=torch.tensor([0.0, bad]))
     # integral floats are rows: same as the integer positions
     torch.testing.assert_close(emb(x, positions=torch.tensor([0.0, 1.0])), emb(x, positions=torch.tensor([0, 1])))
@@ -90,3 +90,11 @@ def test_sinusoidal_base_must_be_a_number(base):
         posenc.sinusoidal(4, 4, base=base)
     with pytest.raises(PosencError, match="base must be"):
         posenc.SinusoidalPositionalEncoding(4, base=base)
+
+
+def test_positions_that_are_not_exact_numbers_are_refused():
+    x = torch.zeros(1, 3, 8)
+    with pytest.raises(PosencError, match="finite"):
+        SinusoidalPositionalEncoding(8)(x, torch.tensor([0.0, float("nan"), 2.0]))
+    with pytest.raises(PosencError, match="half precision"):
+        sinusoidal_at(torch.tensor([257.0], dtype=torch.bfloat16), 8)      # bf16 holds 257 as 256

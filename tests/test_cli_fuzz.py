@@ -94,3 +94,20 @@ def test_pick_flags(argv, capsys):
 def test_plot_flags(kind, data, tmp_path, capsys):
     argv = data.draw(flags(PLOT_FLAGS[kind]))
     check(capsys, "plot", main(["plot", kind, *argv, "--out", str(tmp_path / "x.png")]))
+
+
+def test_a_missing_optional_package_is_one_line_naming_the_extra(monkeypatch, capsys, tmp_path):
+    """posenc export without transformers installed: exit 2 and how to install it, not 'a bug in posenc'."""
+    import sys as _sys
+
+    from posenc.cli import main as cli_main
+
+    from posenc.hf.lab_bridge import build_lab_model, save_lab_model
+
+    ckpt = save_lab_model(tmp_path / "m.safetensors", build_lab_model(scheme="rope", d_model=16, n_layers=1,
+                                                                       n_heads=2, max_len=16))
+    monkeypatch.setitem(_sys.modules, "transformers", None)            # import transformers -> ModuleNotFoundError
+    status = cli_main(["export", str(ckpt), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "optional package 'transformers'" in err and ".[hf]" in err and "bug" not in err

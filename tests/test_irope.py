@@ -98,3 +98,14 @@ def test_dtype_and_batched_positions():
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):
         call()
+
+
+def test_temperature_positions_must_not_broadcast_batch_against_heads():
+    q = torch.randn(2, 2, 5, 8)                       # B == H: a [B, T] tensor would silently scale per head
+    with pytest.raises(PosencError, match="positions must have shape"):
+        apply_attention_temperature(q, torch.arange(10).view(2, 5))
+    with pytest.raises(PosencError, match="positions must have shape"):
+        apply_attention_temperature(torch.randn(3, 2, 5, 8), torch.arange(10).view(2, 1, 5))
+    out = apply_attention_temperature(q, torch.arange(10).view(2, 1, 5) * 4000, floor_scale=8, attn_scale=0.1)
+    tau = attention_temperature(torch.arange(10).view(2, 1, 5) * 4000, floor_scale=8, attn_scale=0.1)
+    torch.testing.assert_close(out, q * tau.unsqueeze(-1))

@@ -157,3 +157,23 @@ def test_module_plugins_and_missing_ones(tmp_path, monkeypatch, clean_registries
         load_plugin("no_such_module_here")
     assert main(["lab", "--plugin", str(tmp_path / "absent.py"), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"posenc lab: error: plugin {tmp_path / 'absent.py'}: no such file"
+
+
+def test_the_example_scheme_biases_per_row_positions_per_head(clean_registries):
+    """The README's scheme under randomized positions ([B, T] per row): one penalty per (row, head), never the
+    batch broadcast against the heads."""
+    from posenc.schemes import AttentionContext, make_scheme
+
+    exec(EXAMPLE.read_text(), {})
+    heads = 2
+    scheme = make_scheme("mine", d_model=8, n_heads=heads, max_len=16)
+    with torch.no_grad():
+        scheme.slope.copy_(torch.tensor([0.5, 2.0]).view(heads, 1, 1))
+    pos = torch.tensor([[0, 3, 7], [1, 2, 9]])                      # batch 2 == heads 2: a wrong broadcast fits
+    bias = scheme.bias(None, None, AttentionContext(pos, pos, contiguous=False))
+    assert bias.shape == (2, heads, 3, 3)
+    for b in range(2):
+        for h, slope in enumerate((0.5, 2.0)):
+            want = -slope * (pos[b][:, None] - pos[b][None, :]).abs().float()
+            torch.testing.assert_close(bias[b, h], want)
+    assert scheme.bias(None, None, AttentionContext(pos[0], pos[0])).shape == (heads, 3, 3)

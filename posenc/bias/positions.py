@@ -12,7 +12,7 @@ import torch
 
 from posenc._validate import check_int, positive_int
 from posenc.errors import PosencError
-from posenc.rope.apply import check_position_dtype
+from posenc.rope.apply import as_positions
 
 
 def end_aligned_positions(q_len: int, k_len: int | None = None, *, offset: int = 0,
@@ -39,8 +39,8 @@ def check_positions(query_positions, key_positions, *, integer: bool = False,
 
     ``integer``: require integer dtypes (bucketed biases have no meaning between integers).
     """
-    q = check_position_dtype(torch.as_tensor(query_positions, device=device))
-    k = check_position_dtype(torch.as_tensor(key_positions, device=q.device))
+    q = as_positions(query_positions, device)
+    k = as_positions(key_positions, q.device)
     for name, t in (("query_positions", q), ("key_positions", k)):
         if t.dim() < 1:
             raise PosencError(f"{name} must have shape [..., seq] (at least 1-D), got a scalar")
@@ -57,9 +57,17 @@ def check_positions(query_positions, key_positions, *, integer: bool = False,
 
 def relative_positions(query_positions, key_positions, *, dtype: torch.dtype | None = None,
                        device: torch.device | str | None = None) -> torch.Tensor:
-    """r = key - query, [..., Tq, Tk], on ``device`` (default: the query positions') in ``dtype`` (default: the
-    positions' own; converted before subtracting, so float64 keeps large positions exact)."""
+    """r = key - query, [..., Tq, Tk], on ``device`` (default: the query positions') in ``dtype`` (default: int64
+    for integer positions, else the wider float of the two).
+
+    The difference is exact before any conversion: integer positions subtract in int64 (uint8 or int16 positions
+    cannot wrap around), float ones in float64 (a distance of 1 at position 1e8 survives a float32 result).
+    """
     q, k = check_positions(query_positions, key_positions, device=device)
-    if dtype is not None:
-        q, k = q.to(dtype), k.to(dtype)
-    return k.unsqueeze(-2) - q.unsqueeze(-1)
+    if q.is_floating_point() or k.is_floating_point():
+        work = torch.float64
+        dtype = dtype or torch.promote_types(q.dtype, k.dtype)
+    else:
+        work = torch.int64
+    r = k.to(work).unsqueeze(-2) - q.to(work).unsqueeze(-1)
+    return r if dtype is None or dtype == work else r.to(dtype)

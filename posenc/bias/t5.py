@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from posenc._validate import check_int, positive_int
+from posenc._validate import check_bool, check_int, positive_int
 from posenc.bias.positions import check_positions, relative_positions
 from posenc.errors import PosencError
 
@@ -29,8 +29,7 @@ def t5_relative_bucket(relative_position: torch.Tensor, *, bidirectional: bool, 
     Returns exactly what transformers' ``T5Attention._relative_position_bucket`` returns (same float32 log
     arithmetic and truncation), so a T5 checkpoint's table can be used as is.
     """
-    if not isinstance(bidirectional, bool):
-        raise PosencError(f"bidirectional must be True or False, got {bidirectional!r}")
+    check_bool(bidirectional, "bidirectional")
     num_buckets = positive_int(num_buckets, "num_buckets")
     max_distance = positive_int(max_distance, "max_distance")
     r = torch.as_tensor(relative_position)

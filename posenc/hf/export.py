@@ -201,8 +201,7 @@ def _prepare_out(out_dir: Path, overwrite: bool) -> None:
         raise ConfigError(f"out {out_dir}: exists and is not a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise ConfigError(f"out {out_dir}: folder exists and is not empty; pass overwrite=True (--overwrite)")
-    if not out_dir.parent.exists():
-        raise FileNotFoundError(f"out {out_dir}: parent folder {out_dir.parent} does not exist")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)     # like posenc eval --out: missing parents are made
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:

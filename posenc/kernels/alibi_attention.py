@@ -35,7 +35,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from posenc._validate import check_choice, check_float, check_int
+from posenc._validate import check_bool, check_choice, check_float, check_int
 from posenc.alibi import alibi_slopes, check_slopes
 from posenc.errors import PosencError
 
@@ -80,8 +80,7 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
     backend: "auto", "chunked" or "flex". Returns [B, H, Tq, Dv] in q's dtype.
     """
     check_choice(backend, "backend", BACKENDS)
-    if not isinstance(causal, bool):   # a truthy string or number would silently mean causal
-        raise PosencError(f"causal must be True or False, got {causal!r}")
+    check_bool(causal, "causal")
     offset = _check_inputs(q, k, v, q_offset)
     H = q.shape[1]
     slopes = alibi_slopes(H).to(q.device) if slopes is None else check_slopes(slopes, H, q.device, what="H")

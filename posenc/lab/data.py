@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import random
 import sys
 import sysconfig
 from dataclasses import dataclass, field

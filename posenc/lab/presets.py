@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from posenc._validate import check_choice, check_float, check_int, even_int
+from posenc._validate import check_bool, check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
 from posenc.lab.curriculum import check_length_warmup
@@ -149,8 +149,7 @@ class LabConfig:
         fewest_steps = min([self.train.steps, *map(self.steps_for, self.scheme_step_scale)])
         self.length_warmup = check_length_warmup(self.length_warmup, train_len=self.train_len,
                                                  batch_size=self.batch_size, steps=fewest_steps)
-        if not isinstance(self.copy_distinct, bool):
-            raise ConfigError(f"copy_distinct must be True or False, got {self.copy_distinct!r}")
+        check_bool(self.copy_distinct, "copy_distinct", error=ConfigError)
         if 0 < self.ext_factor < 1:
             raise ConfigError(f"ext_factor: expected 0 (auto) or a factor >= 1, got {self.ext_factor}")
         if not self.seeds:

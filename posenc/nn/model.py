@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc._validate import check_choice, check_int, heads_divide
+from posenc._validate import check_bool, check_choice, check_int, heads_divide
 from posenc.errors import ConfigError
 from posenc.nn.attention import CausalSelfAttention, KVCache
 from posenc.rope.apply import LAYOUTS
@@ -57,8 +57,7 @@ class ModelConfig:
         heads_divide(self.d_model, self.n_heads, error=ConfigError)
         check_choice(self.rope_layout, "rope_layout", LAYOUTS, error=ConfigError)
         for name in ("scale_embeddings", "bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            check_bool(getattr(self, name), name, error=ConfigError)
         if not isinstance(self.scheme_options, dict):
             raise ConfigError(f"scheme_options must be a dict of scheme settings, got {self.scheme_options!r}")
         return self

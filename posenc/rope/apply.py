@@ -9,8 +9,8 @@ Layouts (same math up to a permutation of the head dimension, see ``interleaved_
     "interleaved": pair j = (2j, 2j+1)       the lesson, GPT-J, Meta's original Llama, torchtune
     "half":        pair j = (j, j + d/2)     GPT-NeoX, Hugging Face ``rotate_half``, vLLM neox
 
-Angles are computed in float64 and cos/sin tables kept in float32 whatever the activation dtype: bf16 cannot
-even hold position 257, and fp32 angles drift by ~pos * 6e-8 rad.
+Angles are computed in float64 and cos/sin tables kept in float32 for every activation dtype but float64 (which
+gets float64 tables and math): bf16 cannot even hold position 257, and fp32 angles drift by ~pos * 6e-8 rad.
 
 Call cost: the functional API keeps one cos/sin table per frequency set (``TABLES``) and the CPU kernel reads row
 ``position`` of it directly, range-checking positions itself; argument checks run once per frequency set, so a
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._validate import check_float, even_int, positive_float
+from posenc._validate import check_bool, check_float, even_int, positive_float
 from posenc.errors import PosencError
 from posenc.rope.angles import Angles, angles_cos_sin, pack_frequencies
 
@@ -36,6 +36,7 @@ LAYOUTS = ("interleaved", "half")
 KERNEL_ANGLE_DEVICES = frozenset({"cuda"})
 _INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 _FLOAT_POSITIONS = frozenset({torch.float32, torch.float64})
+_WIDE_UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})   # converted to int64 (few ops take them)
 
 
 def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str | None = None) -> torch.Tensor:
@@ -46,11 +47,23 @@ def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str
     moved to ``device``: CUDA's float32 pow can differ by 1-2 ulp, and one ulp of inv_freq times position 5000 is
     a 3e-4 rad angle error.
     """
+    inv = 1.0 / base_powers(dim, base)
+    return inv if device is None else inv.to(device)
+
+
+def base_powers(dim: int, base: float = 10000.0, pairs: int | None = None) -> torch.Tensor:
+    """base^(2j/dim) for j < pairs (default dim/2), float32 [pairs], on the CPU: plain RoPE's wavelengths / (2 pi).
+
+    The one owner of transformers' float32 exponent and power. The scaled types divide 1 by a product with it, in
+    transformers' order (YaRN 1 / (s * powers), LongRoPE 1 / (ext * powers)), so they match it bit for bit too.
+    ``pairs`` computes only the first pairs (Gemma 4's proportional RoPE): the same length as transformers matters,
+    since torch's vectorised pow can round an element differently from its scalar tail loop.
+    """
     even_int(dim, "dim")
     base = positive_float(base, "base")
-    exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
-    inv = 1.0 / (base ** exponent)
-    return inv if device is None else inv.to(device)
+    pairs = dim // 2 if pairs is None else pairs
+    exponent = torch.arange(0, 2 * pairs, 2, dtype=torch.int64).to(torch.float32) / dim
+    return base ** exponent
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
@@ -69,12 +82,21 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
 
 
 def check_position_dtype(positions: torch.Tensor) -> torch.Tensor:
-    """Reject position dtypes that cannot hold positions exactly (bf16 rounds 257 to 256; fp16 stops at 65504)."""
+    """Reject position dtypes that cannot hold positions exactly (bf16 rounds 257 to 256; fp16 stops at 65504).
+
+    uint16 / uint32 / uint64 positions (which most torch ops do not implement) come back as int64; a uint64 value
+    past int64's range is refused rather than wrapped to a negative position.
+    """
     if positions.is_complex() or positions.dtype == torch.bool:
         raise PosencError(f"positions must be integers or real numbers, got dtype {positions.dtype}")
     if positions.dtype in (torch.float16, torch.bfloat16):
         raise PosencError(f"positions must be integers, float32 or float64, got {positions.dtype}: half precision "
                           "cannot represent positions exactly (bf16 rounds 257 to 256)")
+    if positions.dtype in _WIDE_UNSIGNED:
+        wide = positions.dtype == torch.uint64
+        positions = positions.to(torch.int64)
+        if wide and positions.device.type != "meta" and bool((positions < 0).any()):
+            raise PosencError("positions must fit in int64, got a uint64 value of 2**63 or more")
     return positions
 
 
@@ -99,7 +121,7 @@ def as_positions(positions, device=None) -> torch.Tensor:
             raise PosencError(f"positions must be integers (a tensor, an int or a sequence of ints), got "
                               f"{type(positions).__name__} {str(positions)[:60]!r} ({exc})") from None
     if p.dtype not in _INT_DTYPES:
-        check_position_dtype(p)
+        p = check_position_dtype(p)
         if p.dtype in _FLOAT_POSITIONS and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
             raise PosencError("positions must be finite numbers, got NaN or inf")
     if device is not None and p.device != device:
@@ -338,16 +360,17 @@ def _table_for(base, inv_freq, rotary_dim, attention_scaling, dim: int, device: 
                attention_scaling, device, dtype)
     elif isinstance(inv_freq, torch.Tensor):
         if inv_freq.device.type == "cpu":
-            t = inv_freq.detach() if inv_freq.requires_grad else inv_freq
+            t = (inv_freq.detach() if inv_freq.requires_grad else inv_freq).resolve_neg()
             vals = (t if t.dtype in _FLOAT_POSITIONS else t.double()).numpy().tobytes() if t.dim() == 1 else id(t)
             key = ("values", t.dtype, vals, rotary_dim, type(attention_scaling), attention_scaling, device, dtype)
         else:      # no device->host copy per call: identity + version counter (an in-place change bumps it)
             key = ("tensor", id(inv_freq), inv_freq._version, rotary_dim, type(attention_scaling),
                    attention_scaling, device, dtype)
     else:
-        try:
-            key = ("seq", tuple(inv_freq), rotary_dim, type(attention_scaling), attention_scaling, device, dtype)
-        except TypeError:
+        try:     # by value: a 0-d tensor element hashes by identity and would miss an in-place change
+            key = ("seq", tuple(map(float, inv_freq)), rotary_dim, type(attention_scaling), attention_scaling,
+                   device, dtype)
+        except (TypeError, ValueError, RuntimeError):
             raise PosencError(f"inv_freq must be a 1-D tensor or sequence of numbers, got "
                               f"{type(inv_freq).__name__}") from None
 
@@ -377,6 +400,8 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
     The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call."""
     if layout not in LAYOUTS:
         _check_layout(layout)
+    if inplace is not False and inplace is not True:
+        check_bool(inplace, "inplace")
     x = xs[0]
     device = x.device
     p = as_positions(positions, device)
@@ -465,7 +490,7 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
     """Rotate x by RoPE at the given positions.
 
     Args:
-        x: [..., seq, dim] queries or keys (any float dtype; math runs in float32, output in x.dtype).
+        x: [..., seq, dim] queries or keys (any float dtype; math in float32, float64 for float64 x; output in x.dtype).
         positions: [seq] or broadcastable to x.shape[:-1] (e.g. [batch, 1, seq] for x [batch, heads, seq, dim]);
             integers (any offset: KV-cache continuation, packed sequences) or finite float32/float64 numbers.
         base: RoPE theta, used when ``inv_freq`` is not given.
@@ -518,6 +543,8 @@ def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotar
     """The shared body of apply_rope_table / apply_rope_table_qk (xs already checked as float tensors)."""
     if layout not in LAYOUTS:
         _check_layout(layout)
+    if inplace is not False and inplace is not True:
+        check_bool(inplace, "inplace")
     x = xs[0]
     if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor):
         raise PosencError(f"cos and sin must be tensors [..., seq, rotary_dim // 2], got {type(cos).__name__} and "

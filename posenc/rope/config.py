@@ -45,7 +45,7 @@ from typing import Any
 
 from posenc._validate import check_float, check_int, heads_divide
 from posenc.errors import ConfigError
-from posenc.rope.registry import MULTI_AXIS_KEYS, rope_type_function
+from posenc.rope.registry import MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, rope_type_function
 
 # keys of the scaling dict that become RopeConfig fields rather than entries of ``params``
 _FIELD_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
@@ -143,7 +143,10 @@ class RopeConfig:
     def __post_init__(self):
         _check_fields(self)
         if self.rotary_dim is None:
-            object.__setattr__(self, "rotary_dim", int(self.head_dim * self.partial_rotary_factor))
+            rotary_dim = int(self.head_dim * self.partial_rotary_factor)
+            if getattr(ROPE_SCALING_FUNCTIONS.get(self.rope_type), "whole_head", False):
+                rotary_dim = 2 * int(self.partial_rotary_factor * self.head_dim // 2)    # the rotated pairs, as HF
+            object.__setattr__(self, "rotary_dim", rotary_dim)
         if self.rotary_dim <= 0 or self.rotary_dim % 2:
             raise ConfigError(
                 f"rotary dim must be a positive even number (RoPE rotates pairs), got int(head_dim * "

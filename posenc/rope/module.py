@@ -24,8 +24,8 @@ interleaved order with ``mrope_interleaved``) take positions [3, batch, seq] (t,
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
 from posenc.kernels.rope_checks import TableIndexError
@@ -34,7 +34,12 @@ from posenc.rope.angles import Angles, pack_frequencies
 from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
-from posenc.rope.multiaxis import MROPE_AXES, as_axis_positions, position_axes, select_axes
+from posenc.rope.multiaxis import (
+    MROPE_AXES,
+    as_axis_positions,
+    position_axes,
+    select_axes,
+)
 from posenc.rope.registry import rope_type_function
 from posenc.rope.scaling import rope_frequencies
 
@@ -42,7 +47,7 @@ from posenc.rope.scaling import rope_frequencies
 _MAX_CACHED_POSITIONS = 1 << 20
 
 
-class Rotary(nn.Module):
+class Rotary(Float32Buffers):
     """Rotary position embedding for q and k, configured by any rope type of ``posenc.ROPE_SCALING_FUNCTIONS``.
 
     Args:
@@ -59,7 +64,10 @@ class Rotary(nn.Module):
     Attributes beyond the frequencies: ``axes`` (per-pair position axis, None for 1-D positions), ``n_axes``
     (1, 3 for M-RoPE, 2 for axial), ``softmax_scale_multiplier`` (DeepSeek's g(factor, mscale_all_dim)^2, 1
     elsewhere; ``softmax_scale(qk_head_dim)`` applies it).
+    Frequencies and cos/sin tables stay float32 through ``.half()`` / ``.to(dtype)``.
     """
+
+    float32_buffers = ("inv_freq", "original_inv_freq", "cos_cached", "sin_cached")
 
     def __init__(self, head_dim: int | None = None, theta: float = 10000.0, *, rope_type: str = "default",
                  partial_rotary_factor: float = 1.0, max_position_embeddings: int | None = None,
@@ -102,6 +110,7 @@ class Rotary(nn.Module):
         self._kernel_freqs: tuple | None = None    # (inv_freq it was made from, its version, scaling, inv64, packed)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
+        self._table_source: tuple = (None, -1, None)   # (inv_freq the table was made from, its version, scaling)
         axes = position_axes(config)
         if axes is not None and axes.numel() != len(inv_freq):
             raise PosencError(f"the position axes cover {axes.numel()} pairs but rope_type {config.rope_type!r} "
@@ -129,17 +138,9 @@ class Rotary(nn.Module):
         ``attention_scaling`` on top). qk_head_dim: the full q/k width (DeepSeek MLA: nope + rope dims)."""
         return check_int(qk_head_dim, "qk_head_dim", min=1) ** -0.5 * self.softmax_scale_multiplier
 
-    def _apply(self, fn, recurse=True):
-        """Follow device moves but keep frequencies and cos/sin tables in float32 through .half() / .to(dtype)."""
-        names = ("inv_freq", "original_inv_freq", "cos_cached", "sin_cached", "axes")
-        saved = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
-        super()._apply(fn, recurse)
-        for name, old in saved.items():
-            setattr(self, name, old.to(getattr(self, name).device))
-        return self
-
     def _frequencies(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
-        return rope_frequencies(self.config, seq_len)
+        # a length rule re-evaluates the type as transformers does during a forward (runtime=True)
+        return rope_frequencies(self.config, seq_len, runtime=seq_len is not None)
 
     def _set(self, inv_freq: torch.Tensor, scaling: float) -> None:
         """Switch frequencies; the cos/sin table is dropped only if they really changed."""
@@ -165,6 +166,13 @@ class Rotary(nn.Module):
         """Drop the cos/sin table (it is rebuilt on the next call)."""
         self.cos_cached = self.cos_cached.new_empty(0, self.rotary_dim // 2)
         self.sin_cached = self.sin_cached.new_empty(0, self.rotary_dim // 2)
+        self._table_source = (None, -1, None)
+
+    def _table_is_current(self) -> bool:
+        """Whether the cos/sin table was made from the current ``inv_freq`` (same tensor, not modified in place
+        since) and ``attention_scaling``: assigning either, or editing inv_freq in place, invalidates it."""
+        inv, source = self._buffers["inv_freq"], self._table_source
+        return source[0] is inv and source[1] == inv._version and source[2] == self.attention_scaling
 
     def update(self, seq_len: int) -> None:
         """Apply the type's length rule for a call whose largest position is seq_len - 1 (transformers' rule)."""
@@ -211,10 +219,13 @@ class Rotary(nn.Module):
         if not self.use_cache or positions.is_floating_point() or seq_len > _MAX_CACHED_POSITIONS:
             cos, sin = rope_cos_sin(positions, self.inv_freq, self.attention_scaling)
         else:
-            if seq_len > self.cos_cached.shape[0]:
-                n = max(seq_len, 2 * self.cos_cached.shape[0])
-                table = torch.arange(n, device=self.inv_freq.device)
-                self.cos_cached, self.sin_cached = rope_cos_sin(table, self.inv_freq, self.attention_scaling)
+            rows = self.cos_cached.shape[0] if self._table_is_current() else 0
+            if seq_len > rows:
+                n = max(seq_len, 2 * rows)
+                inv = self.inv_freq
+                table = torch.arange(n, device=inv.device)
+                self.cos_cached, self.sin_cached = rope_cos_sin(table, inv, self.attention_scaling)
+                self._table_source = (inv, inv._version, self.attention_scaling)
             positions = positions.long()
             cos, sin = self.cos_cached[positions], self.sin_cached[positions]
         if self.axes is not None:
@@ -222,8 +233,9 @@ class Rotary(nn.Module):
         return cos, sin
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q [B, Hq, T, D] and k [B, Hk, T, D] (any float dtype; math in float32) at positions [T] or [B, T]
-        (multi-axis types: [A, T] / [A, B, T] with the axis dim first, see ``cos_sin``).
+        """Rotate q [B, Hq, T, D] and k [B, Hk, T, D] at positions [T] or [B, T] (multi-axis types: [A, T] /
+        [A, B, T] with the axis dim first, see ``cos_sin``). Any float dtype: math in float32 (float64 inputs: float64
+        math over the float32 table).
 
         Returns (q, k) rotated, in their input dtypes. Only the first rotary_dim dims are rotated.
         """
@@ -263,7 +275,7 @@ class Rotary(nn.Module):
         cos_cached = buffers["cos_cached"]
         if (not multi and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
                 and cos_cached.shape[0] and not positions.is_floating_point() and q.dtype == k.dtype
-                and q.dtype != torch.float64 and k.is_cpu and q.is_cpu):
+                and q.dtype != torch.float64 and k.is_cpu and q.is_cpu and self._table_is_current()):
             index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
             if index.dtype != torch.int64 or not index.is_contiguous():
                 index = index.to(torch.int64).contiguous()

@@ -27,7 +27,7 @@ import torch
 
 from posenc._validate import check_int
 from posenc.errors import ConfigError, PosencError
-from posenc.rope.apply import apply_rope_table, check_position_dtype, default_inv_freq, math_dtype, rope_cos_sin
+from posenc.rope.apply import apply_rope_table, as_positions, default_inv_freq, math_dtype, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.registry import rope_type_function
 
@@ -93,7 +93,7 @@ def as_axis_positions(positions, n_axes: int) -> torch.Tensor:
     ([seq] / [batch, seq]), the same on every axis. Axial (n_axes 2) positions must carry the axis dim: [2, seq]
     or [2, batch, seq] (``vision_position_ids`` builds them).
     """
-    positions = check_position_dtype(torch.as_tensor(positions))
+    positions = as_positions(positions)
     if n_axes == MROPE_AXES and positions.dim() < 3:
         return positions.unsqueeze(0).expand(MROPE_AXES, *positions.shape)
     if positions.dim() < 2 or positions.shape[0] != n_axes:

@@ -29,15 +29,22 @@ Add a type:
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from posenc._validate import check_float, check_int, even_int
 from posenc.errors import ConfigError
-from posenc.rope.apply import default_inv_freq
+from posenc.rope.apply import base_powers, default_inv_freq
 from posenc.rope.config import MAX_THETA, RopeConfig, load_rope_config
 from posenc.rope.registry import (  # noqa: F401  (re-exported: the registry's public names live here too)
-    MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, SEQ_LEN_RULES, ScalingFn, register_rope_type, rope_type_function)
+    MULTI_AXIS_KEYS,
+    ROPE_SCALING_FUNCTIONS,
+    SEQ_LEN_RULES,
+    ScalingFn,
+    register_rope_type,
+    rope_type_function,
+)
 
 BAND_NAMES = ("kept", "blended", "interpolated", "removed")
 # scaling factors (factor, alpha, low/high_freq_factor) outside [1 / MAX_FACTOR, MAX_FACTOR] are refused: a
@@ -58,18 +65,26 @@ def rope_parameters(config, seq_len: int | None = None, *, layer_type: str | Non
     or an attention scaling that is not a positive finite number.
     """
     cfg = load_rope_config(config, layer_type)
+    runtime = isinstance(seq_len, torch.Tensor)     # a tensor length is how a forward passes it (transformers too)
     if seq_len is not None:
-        if isinstance(seq_len, torch.Tensor):
+        if runtime:
             seq_len = int(seq_len.max())
         seq_len = check_int(seq_len, "seq_len", min=1, error=ConfigError)
-    return rope_frequencies(cfg, seq_len)
+    return rope_frequencies(cfg, seq_len, runtime=runtime)
 
 
-def rope_frequencies(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+def rope_frequencies(cfg: RopeConfig, seq_len: int | None = None, *,
+                     runtime: bool = False) -> tuple[torch.Tensor, float]:
     """The registered function of ``cfg.rope_type`` evaluated at ``seq_len``, checked: (inv_freq float32 1-D,
     attention_scaling float). ConfigError for non-finite or negative frequencies or an attention scaling that is not
-    a positive finite number (the owner of that check: ``rope_parameters`` and ``Rotary`` both come here)."""
-    inv_freq, scaling = rope_type_function(cfg.rope_type)(cfg, seq_len)
+    a positive finite number (the owner of that check: ``rope_parameters`` and ``Rotary`` both come here).
+
+    ``runtime``: evaluate as transformers does during a forward (the type's ``runtime`` function where it has one).
+    """
+    fn = rope_type_function(cfg.rope_type)
+    if runtime and getattr(fn, "runtime", None) is not None:
+        fn = fn.runtime
+    inv_freq, scaling = fn(cfg, seq_len)
     inv_freq = torch.as_tensor(inv_freq, dtype=torch.float32)
     if inv_freq.dim() != 1:
         raise ConfigError(f"rope_type {cfg.rope_type!r} returned inv_freq of shape {tuple(inv_freq.shape)}, "
@@ -190,7 +205,24 @@ def linear_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tens
     return default_inv_freq(cfg.rotary_dim, cfg.theta) / _factor(cfg), 1.0
 
 
-@register_rope_type("dynamic", required=("factor", "max_position_embeddings"), seq_len_rule="dynamic")
+def _dynamic_rope_runtime(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """``dynamic_rope`` as transformers' ``dynamic_rope_update`` evaluates it during a forward: the length arrives
+    as an int64 tensor, so theta' = theta * (s * L / Lmax - (s - 1))^(d/(d-2)) is formed in float32 tensor
+    arithmetic (at init, and in ``rope_parameters`` with an int length, in Python floats). Up to 3e-7 apart in
+    inv_freq, which at position 1e5 is 1e-2 rad: matched here so a patched model is bit-identical."""
+    s, lmax, d = _factor(cfg), cfg.max_position_embeddings, cfg.rotary_dim
+    if seq_len is None or d <= 2:
+        return dynamic_rope(cfg, seq_len)
+    length = torch.maximum(torch.tensor(int(seq_len)), torch.tensor(lmax))
+    base = cfg.theta * ((s * length / lmax) - (s - 1)) ** (d / (d - 2))             # float32, transformers' order
+    base = float(base)
+    if not base <= MAX_THETA:
+        return dynamic_rope(cfg, seq_len)             # (its check raises the ConfigError that names the overflow)
+    return default_inv_freq(d, base), 1.0
+
+
+@register_rope_type("dynamic", required=("factor", "max_position_embeddings"), seq_len_rule="dynamic",
+                    runtime=_dynamic_rope_runtime)
 def dynamic_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Dynamic NTK (transformers semantics): theta' = theta * (s*L/Lmax - (s-1))^(d/(d-2)), L = max(seq_len, Lmax).
 
@@ -210,8 +242,13 @@ def yarn_mscale(s: float, m: float = 1.0) -> float:
 
 def _yarn_betas(cfg: RopeConfig) -> tuple[float, float]:
     """(beta_fast, beta_slow), rotations over L0; transformers treats 0 / null as the defaults 32 and 1."""
-    return (_number(cfg, "beta_fast", cfg.params.get("beta_fast") or 32, positive=True),
-            _number(cfg, "beta_slow", cfg.params.get("beta_slow") or 1, positive=True))
+    def beta(key: str, default: float) -> float:
+        value = cfg.params.get(key)
+        if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0):
+            return default
+        return _number(cfg, key, positive=True)
+
+    return beta("beta_fast", 32.0), beta("beta_slow", 1.0)
 
 
 def _yarn_ramp(cfg: RopeConfig) -> torch.Tensor:
@@ -277,8 +314,8 @@ def yarn_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor
     else:
         attention = _number(cfg, "attention_factor", positive=True)
     keep = 1 - _yarn_ramp(cfg)
-    extrapolated = default_inv_freq(cfg.rotary_dim, cfg.theta)
-    interpolated = extrapolated / s
+    powers = base_powers(cfg.rotary_dim, cfg.theta)
+    extrapolated, interpolated = 1.0 / powers, 1.0 / (s * powers)      # transformers' operation order
     return interpolated * (1 - keep) + extrapolated * keep, float(attention)
 
 
@@ -337,7 +374,7 @@ def longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Te
     given = cfg.params.get("attention_factor") is not None
     attention = _number(cfg, "attention_factor", positive=True) if given else _longrope_mscale(cfg, s)
     ext = _longrope_ext(cfg, "long_factor" if seq_len and seq_len > orig else "short_factor")
-    return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(attention)
+    return 1.0 / (ext * base_powers(cfg.rotary_dim, cfg.theta)), float(attention)
 
 
 def _llama3_check(cfg: RopeConfig) -> list[str]:
@@ -387,7 +424,7 @@ def llama3_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tens
     return torch.where(middle, blended, out), 1.0
 
 
-@register_rope_type("proportional", optional=("factor",))
+@register_rope_type("proportional", optional=("factor",), whole_head=True)
 def proportional_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Proportional RoPE (Gemma 4): the first n = int(partial_rotary_factor * head_dim // 2) pairs get
     theta^(-2j/head_dim) (note: head_dim, not the rotary dim), the rest zero (not rotated); all / factor (default 1).
@@ -397,7 +434,7 @@ def proportional_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torc
     head_dim = cfg.head_dim
     rotated = int(cfg.partial_rotary_factor * head_dim // 2)
     inv = torch.zeros(head_dim // 2, dtype=torch.float32)
-    inv[:rotated] = default_inv_freq(head_dim, cfg.theta)[:rotated]
+    inv[:rotated] = 1.0 / base_powers(head_dim, cfg.theta, pairs=rotated)     # transformers' length (see there)
     return inv / _factor(cfg, default=1.0), 1.0
 
 
@@ -475,7 +512,7 @@ def vllm_longrope_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[tor
     key = "long_mscale" if use_long else "short_mscale"
     mscale = _longrope_mscale(cfg, lmax / orig) if cfg.params.get(key) is None else _number(cfg, key, positive=True)
     ext = _longrope_ext(cfg, "long_factor" if use_long else "short_factor")
-    return default_inv_freq(cfg.rotary_dim, cfg.theta) / ext, float(mscale)
+    return 1.0 / (ext * base_powers(cfg.rotary_dim, cfg.theta)), float(mscale)     # vLLM's order too
 
 
 # ------------------------------------------------------------------------------------ 2-D vision RoPE

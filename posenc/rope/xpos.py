@@ -21,12 +21,18 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
+from posenc._fp32 import Float32Buffers
 from posenc._validate import check_choice, check_float, even_int
 from posenc.errors import PosencError
-from posenc.rope.apply import (LAYOUTS, apply_rope_table, check_position_dtype, default_inv_freq, math_dtype,
-                               rope_cos_sin)
+from posenc.rope.apply import (
+    LAYOUTS,
+    apply_rope_table,
+    as_positions,
+    default_inv_freq,
+    math_dtype,
+    rope_cos_sin,
+)
 
 
 def xpos_zeta(dim: int, gamma: float = 0.4) -> torch.Tensor:
@@ -53,7 +59,7 @@ def xpos_scale(positions, dim: int, *, gamma: float = 0.4, scale_base: float = 5
 
     ``scale_base`` = inf gives all ones (plain RoPE).
     """
-    positions = check_position_dtype(torch.as_tensor(positions))
+    positions = as_positions(positions)
     scale_base = check_float(scale_base, "scale_base", positive=True, finite=False)
     log_zeta = xpos_zeta(dim, gamma).log().to(positions.device)
     exponent = positions.to(torch.float64).unsqueeze(-1) / scale_base * log_zeta
@@ -88,7 +94,7 @@ def apply_xpos(x: torch.Tensor, positions, *, key: bool = False, base: float = 1
     """
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         raise PosencError(f"x must be a tensor [..., seq, dim], got {getattr(x, 'shape', type(x).__name__)}")
-    positions = check_position_dtype(torch.as_tensor(positions, device=x.device))
+    positions = as_positions(positions, x.device)
     if inv_freq is None:
         inv_freq = default_inv_freq(x.shape[-1], base, device=x.device)
     inv_freq = torch.as_tensor(inv_freq, device=x.device)
@@ -105,12 +111,14 @@ def apply_xpos_qk(q: torch.Tensor, k: torch.Tensor, positions, **kwargs) -> tupl
     return apply_xpos(q, positions, **kwargs), apply_xpos(k, positions, key=True, **kwargs)
 
 
-class XPos(nn.Module):
+class XPos(Float32Buffers):
     """xPos for q and k: forward(q, k, positions, key_positions=None) -> (q', k').
 
     q [..., Tq, head_dim], k [..., Tk, head_dim]; ``key_positions`` defaults to ``positions`` (Tq == Tk).
     Keys carry their own scale, so cached keys stay valid: rotate new keys once and cache them.
     """
+
+    float32_buffers = ("inv_freq",)        # kept float32 through .half() / .to(dtype)
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, gamma: float = 0.4, scale_base: float = 512.0,
                  layout: str = "interleaved"):

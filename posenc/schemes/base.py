@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+
+from posenc._fp32 import Float32Buffers
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,12 @@ class AttentionContext:
         return (self.q_positions[..., :, None] - self.k_positions[..., None, :]).to(torch.float32)
 
 
-class Scheme(nn.Module):
+class Scheme(Float32Buffers):
     """Base class of every scheme: no position signal at all (NoPE behaves exactly like this).
 
     Subclasses set the capability attributes that apply and override the hooks they use. The factory registered
     for a scheme receives the model's description as keyword arguments (see ``posenc.schemes.registry``).
+    Buffers named in ``float32_buffers`` (frequencies, slopes) keep their dtype when the model is cast to bf16.
     """
 
     name = "nope"

@@ -127,22 +127,26 @@ class ALiBiScheme(Scheme):
 
     name = "alibi"
     biases = True
+    float32_buffers = ("slopes",)
 
     def __init__(self, n_heads: int):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
-        self._bias_cache: tuple | None = None
+        self._bias_cache: tuple | None = None      # (key, slopes tensor it was made from, bias)
 
     def bias(self, q, k, ctx: AttentionContext):
         q_len, k_len = ctx.q_positions.shape[-1], ctx.k_positions.shape[-1]
+        slopes = self.slopes
         if not ctx.contiguous:  # positions that are not past..past+T-1 (randomized, PoSE): distances from them
             d = ctx.distance().abs()
-            return -self.slopes.view(-1, 1, 1) * (d[:, None] if d.dim() == 3 else d)
-        key = (q_len, k_len, str(q.device))
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            b = alibi_bias(len(self.slopes), q_len, k_len, slopes=self.slopes.to(q.device), device=q.device)
-            self._bias_cache = (key, b)
-        return self._bias_cache[1]
+            return -slopes.view(-1, 1, 1) * (d[:, None] if d.dim() == 3 else d)
+        # the cached bias is valid for these lengths and device, and for these slopes unmodified since
+        key = (q_len, k_len, str(q.device), slopes._version)
+        cache = self._bias_cache
+        if cache is None or cache[0] != key or cache[1] is not slopes:
+            b = alibi_bias(len(slopes), q_len, k_len, slopes=slopes.to(q.device), device=q.device)
+            self._bias_cache = cache = (key, slopes, b)
+        return cache[2]
 
 
 @register_scheme("rope+alibi")

@@ -33,6 +33,7 @@ class XPosScheme(Scheme):
     """RoPE with xPos's per-pair exponential scale: queries scaled up, keys down by position (Sun et al. 2022)."""
 
     rotates = True
+    float32_buffers = ("inv_freq",)
 
     def __init__(self, head_dim: int, *, rope_base: float = 10000.0, rope_layout: str = "half",
                  xpos_gamma: float = 0.4, xpos_scale_base: float = 512.0):

@@ -106,6 +106,7 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, mul
     from posenc.rope.config import load_rope_config
     from posenc.rope.layers import rope_layout
     from posenc.rope.multiaxis import axis_count
+    from posenc.rope.registry import rope_type_function
     from posenc.rope.scaling import frequency_bands, rope_parameters
 
     with warnings.catch_warnings(record=True) as record:
@@ -120,7 +121,8 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, mul
     caught = [str(w.message) for w in record]
 
     inv = inv.double()
-    if rc.rope_type == "proportional":
+    whole_head = rope_type_function(rc.rope_type).whole_head
+    if whole_head:
         # Gemma 4: head_dim // 2 frequencies theta^(-2j/head_dim), zeros past the rotated pairs
         base = default_inv_freq(rc.head_dim, rc.theta).double()[: inv.numel()]
     else:
@@ -129,7 +131,7 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, mul
         raise ConfigError(f"rope_type {rc.rope_type!r} gave {inv.numel()} frequencies for rotary_dim "
                           f"{rc.rotary_dim} (expected {base.numel()})")
     rotated = inv > 0                               # removed / unrotated pairs have inv 0: no wavelength
-    base_rot = base[: rc.rotary_dim // 2] if rc.rope_type == "proportional" else base
+    base_rot = base[: rc.rotary_dim // 2] if whole_head else base
     longest_default = _finite(2 * math.pi / base_rot.min()) if base_rot.numel() else None
     if rotated.any():
         longest = _finite(2 * math.pi / inv[rotated].min())

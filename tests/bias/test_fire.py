@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.bias.fire import FIREBias, fire_bias, fire_bias_contiguous, fire_inputs
+from posenc.bias.fire import FIREBias, fire_bias, fire_inputs
 from posenc.bias.positions import end_aligned_positions
 from posenc.errors import PosencError
 

@@ -1,8 +1,11 @@
 """The shared position helpers of posenc.bias: KV-cache alignment and the relative-position sign convention."""
 
+import math
+
 import pytest
 import torch
 
+import posenc
 from posenc.bias.positions import end_aligned_positions, relative_positions
 from posenc.errors import PosencError
 
@@ -33,3 +36,25 @@ def test_batched_positions_broadcast():
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):
         call()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.uint32])
+def test_narrow_integer_positions_subtract_without_wrapping(dtype):
+    """uint8 10 - 12 must be -2, not 254: integer positions subtract in int64 (and T5's buckets follow)."""
+    q, k = torch.tensor([10], dtype=dtype), torch.arange(12).to(dtype)
+    r = relative_positions(q, k)
+    assert r.dtype == torch.int64 and r.tolist() == [[j - 10 for j in range(12)]]
+    table = torch.randn(32, 2)
+    assert torch.equal(posenc.t5_bias(table, q, k), posenc.t5_bias(table, q.long(), k.long()))
+
+
+def test_a_distance_of_one_survives_a_float32_result_at_large_positions():
+    q, k = torch.tensor([100_000_001]), torch.tensor([100_000_000, 100_000_001])
+    assert relative_positions(q, k, dtype=torch.float32).tolist() == [[-1.0, 0.0]]
+    bias = posenc.kerple_bias(torch.ones(1), torch.ones(1), q, k)          # -r1 log(1 + r2 |d|)
+    torch.testing.assert_close(bias[0, 0], torch.tensor([-math.log(2.0), 0.0]))
+
+
+def test_non_finite_positions_are_refused():
+    with pytest.raises(PosencError, match="finite"):
+        relative_positions(torch.tensor([0.0, float("nan")]), torch.arange(2.0))

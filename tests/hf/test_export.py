@@ -143,6 +143,8 @@ def test_output_folder_rules(tmp_path):
     export_lab_model(path, out, overwrite=True, check=False)
     assert not (out / "keep.txt").exists() and (out / "config.json").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporaries left behind
+    export_lab_model(path, tmp_path / "new" / "deeper" / "out", check=False)    # missing parents are made
+    assert (tmp_path / "new" / "deeper" / "out" / "config.json").exists()
 
 
 def test_run_folder_and_scheme_pick_the_lowest_seed(tmp_path):
@@ -228,7 +230,6 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes(byte_tok, text):
 
 
 def test_byte_tokenizer_is_recognised(byte_tok):
-    from transformers import AutoTokenizer
 
     from posenc.hf.tokenizer import is_byte_tokenizer
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.errors import CheckpointError, DataError
+from posenc.errors import DataError
 from posenc.lab import lock as L
 from posenc.lab.checkpoint import load_checkpoint, save_checkpoint
 from posenc.lab.data import check_text, load_corpus

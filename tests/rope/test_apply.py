@@ -396,3 +396,49 @@ def test_apply_rope_table_with_index_reads_table_rows(layout):
             apply_rope_table(q, cos, sin, index=bad, layout=layout)
     with pytest.raises(PosencError, match="integer row numbers"):
         apply_rope_table(q, cos, sin, index=torch.arange(5.0))
+
+
+def test_a_list_of_scalar_tensors_as_inv_freq_is_read_by_value_every_call():
+    """The table cache keys a sequence by its values: a 0-d tensor element edited in place is a new key."""
+    x, pos = torch.randn(1, 4, 8), torch.arange(4)
+    inv = [torch.tensor(v) for v in default_inv_freq(8).tolist()]
+    apply_rope(x, pos, inv_freq=inv)
+    inv[0].fill_(0.5)
+    want = apply_rope(x, pos, inv_freq=torch.stack(inv))
+    torch.testing.assert_close(apply_rope(x, pos, inv_freq=inv), want, rtol=0, atol=0)
+
+
+def test_negative_view_inv_freq_is_read_as_its_values():
+    x, pos = torch.randn(1, 4, 8), torch.arange(4)
+    neg = (-default_inv_freq(8))._neg_view()                      # values +inv_freq, stored negated
+    torch.testing.assert_close(apply_rope(x, pos, inv_freq=neg), apply_rope(x, pos), rtol=0, atol=0)
+
+
+def test_inplace_must_be_a_bool():
+    x = torch.randn(1, 4, 8)
+    before = x.clone()
+    with pytest.raises(PosencError, match="inplace must be True or False"):
+        apply_rope(x, torch.arange(4), inplace="no")
+    assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_wide_unsigned_positions_equal_int64(dtype):
+    from posenc import Rotary
+    from posenc.absolute import LearnedPositionalEmbedding
+
+    torch.manual_seed(0)
+    q, k, pos = torch.randn(1, 2, 5, 8), torch.randn(1, 1, 5, 8), torch.tensor([0, 3, 1, 7, 2])
+    want = apply_rope_qk(q, k, pos)
+    for got, ref in zip(apply_rope_qk(q, k, pos.to(dtype)), want):
+        assert torch.equal(got, ref)
+    for got, ref in zip(Rotary(8)(q, k, pos.to(dtype)), Rotary(8)(q, k, pos)):
+        assert torch.equal(got, ref)
+    table = LearnedPositionalEmbedding(8, 4)
+    e = torch.zeros(1, 5, 4)
+    assert torch.equal(table(e, pos.to(dtype)), table(e, pos))
+
+
+def test_uint64_positions_past_int64_are_refused():
+    with pytest.raises(PosencError, match="fit in int64"):
+        apply_rope(torch.randn(1, 1, 8), torch.tensor([2**63], dtype=torch.uint64))

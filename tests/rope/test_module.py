@@ -109,13 +109,15 @@ def test_dynamic_follows_transformers_rule():
         rot.cos_sin(torch.arange(n))
         return rot.inv_freq.clone(), rot.max_seq_len_cached
 
+    # a forward re-evaluates the type as transformers' dynamic_rope_update does: with a tensor length
+    at_40 = rope_parameters(config, torch.tensor(40))[0]
     assert torch.equal(after(10)[0], default) and rot.max_seq_len_cached == 16
     inv, cached = after(40)
-    assert cached == 40 and torch.equal(inv, rope_parameters(config, 40)[0]) and not torch.equal(inv, default)
+    assert cached == 40 and torch.equal(inv, at_40) and not torch.equal(inv, default)
     inv, cached = after(30)                                    # Lmax < 30 < 40: keep the 40-length scale
-    assert cached == 40 and torch.equal(inv, rope_parameters(config, 40)[0])
+    assert cached == 40 and torch.equal(inv, at_40)
     inv, cached = after(16)                                    # == Lmax: not below, keep
-    assert cached == 40 and torch.equal(inv, rope_parameters(config, 40)[0])
+    assert cached == 40 and torch.equal(inv, at_40)
     inv, cached = after(15)                                    # below Lmax: restore the originals
     assert cached == 16 and torch.equal(inv, default)
     assert rot.cos_cached.shape[0] >= 15 and torch.allclose(
@@ -210,3 +212,27 @@ def test_bad_construction():
         Rotary()
     with pytest.raises(ValueError, match="missing required keys"):
         Rotary(16, rope_type="dynamic", factor=2.0)             # no max_position_embeddings
+
+
+@pytest.mark.parametrize("change", ["in-place inv_freq", "assigned inv_freq", "attention_scaling"])
+def test_the_cached_table_follows_the_frequencies_it_was_made_from(change):
+    """Editing inv_freq in place, assigning it, or setting attention_scaling after a call must not leave the cached
+    cos/sin table (and the CPU fast path that reads it) behind: the result equals a fresh apply_rope_qk."""
+    torch.manual_seed(0)
+    q, k, pos = torch.randn(1, 2, 6, 16), torch.randn(1, 1, 6, 16), torch.arange(6)
+    rot = Rotary(16)
+    rot(q, k, pos)                                                # builds and caches the table
+    if change == "in-place inv_freq":
+        with torch.no_grad():
+            rot.inv_freq.mul_(0.5)
+    elif change == "assigned inv_freq":
+        rot.inv_freq = rot.inv_freq * 0.25
+    else:
+        rot.attention_scaling = 2.0
+    got_q, got_k = rot(q, k, pos)
+    want_q, want_k = apply_rope_qk(q, k, pos, inv_freq=rot.inv_freq, attention_scaling=rot.attention_scaling)
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=1e-6)
+    cos, _ = rot.cos_sin(pos)
+    want_cos = (pos[:, None].double() * rot.inv_freq.double()).cos() * rot.attention_scaling
+    torch.testing.assert_close(cos.double(), want_cos, rtol=0, atol=1e-6)

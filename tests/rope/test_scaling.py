@@ -435,3 +435,21 @@ def test_any_malformed_value_is_a_config_error(rope_type, junk, seq_len):
         except ConfigError:
             return
     assert bool(inv.isfinite().all()) and bool((inv >= 0).all()) and math.isfinite(attention), (inv, attention)
+
+
+def test_a_taken_rope_type_name_needs_replace():
+    """As the scheme, method and task registries: a plug-in cannot silently replace "yarn"."""
+    with pytest.raises(ConfigError, match="'yarn' is already registered"):
+        register_rope_type("yarn")
+    original = ROPE_SCALING_FUNCTIONS["linear"]
+    try:
+        @register_rope_type("linear", required=("factor",), replace=True)
+        def halved(c, seq_len=None):
+            return posenc.default_inv_freq(c.rotary_dim, c.theta) / (2 * c.params["factor"]), 1.0
+
+        inv, _ = rope_parameters(cfg("linear", head_dim=8, factor=2.0))
+        close(inv, [x / 4 for x in default_list(8, 1e4)])
+    finally:
+        ROPE_SCALING_FUNCTIONS["linear"] = original
+    with pytest.raises(ConfigError, match="name must be a non-empty string"):
+        register_rope_type("")

@@ -97,7 +97,7 @@ def assert_same(raw: dict, rope_type: str, seq_len, config_class=LlamaConfig, la
         inv, scaling = rope_parameters(copy.deepcopy(raw), seq_len, layer_type=layer_type)
     assert inv.dtype == torch.float32
     assert inv.shape == expected_inv.shape, (inv.shape, expected_inv.shape)
-    torch.testing.assert_close(inv, expected_inv.float(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(inv, expected_inv.float(), rtol=0, atol=0)
     assert math.isclose(scaling, float(expected_scaling), rel_tol=1e-6), (scaling, expected_scaling)
 
 
@@ -129,6 +129,17 @@ def test_dynamic_matches_transformers(data):
 
 @SETTINGS
 @given(st.data())
+def test_dynamic_at_run_time_matches_transformers(data):
+    """A tensor length (how transformers' dynamic_rope_update passes it during a forward) forms the base in float32;
+    posenc's rope_parameters follows the same semantics for a tensor, bit for bit."""
+    raw, prf, _ = data.draw(base_config(needs_min_dim=2))
+    raw = attach(data.draw, raw, {"rope_type": "dynamic", "factor": data.draw(factors)}, data.draw(thetas), prf)
+    seq_len = data.draw(st.integers(1, 8 * raw["max_position_embeddings"]))
+    assert_same(raw, "dynamic", torch.tensor(seq_len))
+
+
+@SETTINGS
+@given(st.data())
 def test_yarn_matches_transformers(data):
     raw, prf, rotary = data.draw(base_config())
     lmax = raw["max_position_embeddings"]
@@ -136,8 +147,9 @@ def test_yarn_matches_transformers(data):
     optional = st.one_of(st.none(), st.floats(0.05, 4.0))
     rope = {"rope_type": "yarn", "factor": data.draw(st.one_of(factors, st.none())),
             "original_max_position_embeddings": orig,
-            "beta_fast": data.draw(st.one_of(st.none(), st.floats(1.0, 128.0), st.integers(1, 64))),
-            "beta_slow": data.draw(st.one_of(st.none(), st.floats(0.01, 4.0), st.integers(1, 3))),
+            # 0 means the default in transformers (`x or 32`), as null does
+            "beta_fast": data.draw(st.one_of(st.none(), st.just(0), st.floats(1.0, 128.0), st.integers(1, 64))),
+            "beta_slow": data.draw(st.one_of(st.none(), st.just(0.0), st.floats(0.01, 4.0), st.integers(1, 3))),
             "mscale": data.draw(optional), "mscale_all_dim": data.draw(optional),
             "attention_factor": data.draw(st.one_of(st.none(), st.none(), st.floats(0.5, 2.0))),
             "truncate": data.draw(st.sampled_from([None, True, False]))}
@@ -189,9 +201,10 @@ def test_llama3_matches_transformers(data):
 @given(st.data())
 def test_proportional_matches_transformers(data):
     raw, _, _ = data.draw(base_config())
-    prf = data.draw(st.sampled_from([1.0, 0.5, 0.25, 0.75, 0.125]))
+    # any fraction: int(head_dim * prf) may be odd (head_dim 64, prf 0.3: 9 rotated pairs), which only this type allows
+    prf = data.draw(st.one_of(st.sampled_from([1.0, 0.5, 0.25, 0.75, 0.125, 0.3]), st.floats(0.05, 1.0)))
     head_dim = raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
-    assume(int(head_dim * prf) % 2 == 0 and int(head_dim * prf) > 0)
+    assume(int(prf * head_dim // 2) > 0)
     rope = {"rope_type": "proportional"}
     if data.draw(st.booleans()):
         rope["factor"] = data.draw(factors)
@@ -222,7 +235,7 @@ def test_per_layer_type_config_matches_transformers(data):
         config = Gemma3TextConfig(**copy.deepcopy(raw))
         expected, _ = Gemma3RotaryEmbedding.compute_default_rope_parameters(config, layer_type=layer_type)
         inv, scaling = rope_parameters(raw, layer_type=layer_type)
-        torch.testing.assert_close(inv, expected, rtol=1e-6, atol=0)
+        torch.testing.assert_close(inv, expected, rtol=0, atol=0)
         assert scaling == 1.0
     else:
         assert_same(raw, rope_type, seq_lens(data.draw, raw["max_position_embeddings"]), Gemma3TextConfig,
@@ -237,5 +250,5 @@ def test_transformers_config_object_is_accepted():
     config = LlamaConfig(**copy.deepcopy(raw))
     inv, scaling = rope_parameters(config)
     expected, expected_scaling = ROPE_INIT_FUNCTIONS["yarn"](config, None)
-    torch.testing.assert_close(inv, expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(inv, expected, rtol=0, atol=0)
     assert math.isclose(scaling, expected_scaling, rel_tol=1e-6)

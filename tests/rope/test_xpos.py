@@ -126,3 +126,9 @@ def test_float32_range_limit_is_enforced_and_centering_works():
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):
         call()
+
+
+def test_xpos_keeps_float32_frequencies_when_cast():
+    x = XPos(64).to(torch.bfloat16)
+    assert x.inv_freq.dtype == torch.float32
+    torch.testing.assert_close(x.inv_freq, default_inv_freq(64), rtol=0, atol=0)

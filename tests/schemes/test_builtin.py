@@ -178,3 +178,31 @@ def test_length_dependence_comes_from_the_registry():
         assert not _scheme("rope").length_dependent
     finally:
         del ROPE_SCALING_FUNCTIONS["test_grows_with_length"]
+
+
+def test_a_bf16_model_keeps_its_frequencies_and_slopes_in_float32():
+    """model.to(bf16) must not round RoPE / xPos frequencies or ALiBi slopes (bf16 inv_freq is off by up to 0.4%:
+    radians at position 1500). Every scheme with such a buffer is built inside a TinyLM and cast."""
+    from posenc.nn.model import ModelConfig, TinyLM
+
+    for scheme in ("rope", "xpos", "alibi", "rope+alibi", "p-rope"):
+        model = TinyLM(ModelConfig(scheme=scheme, d_model=32, n_layers=1, n_heads=2)).to(torch.bfloat16)
+        buffers = {name: b for name, b in model.named_buffers()
+                   if name.rsplit(".", 1)[-1] in ("inv_freq", "original_inv_freq", "slopes")}
+        assert buffers, scheme
+        for name, b in buffers.items():
+            assert b.dtype == torch.float32, (scheme, name, b.dtype)
+        logits = model(torch.zeros(1, 8, dtype=torch.long))
+        assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+
+
+def test_the_cached_alibi_bias_follows_its_slopes():
+    s = _scheme("alibi")
+    q = k = torch.zeros(1, HEADS, 5, D_MODEL // HEADS)
+    ctx = _ctx(torch.arange(5))
+    first = s.bias(q, k, ctx).clone()
+    with torch.no_grad():
+        s.slopes.mul_(2)                                             # edited in place
+    torch.testing.assert_close(s.bias(q, k, ctx), 2 * first)
+    s.slopes = s.slopes / 4                                          # or replaced
+    torch.testing.assert_close(s.bias(q, k, ctx), first / 2)
