@@ -7,9 +7,11 @@ process umask (mkstemp alone would leave them 0600).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,13 +52,34 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _regular_target(path: Path) -> Path:
+    """The file a write to ``path`` replaces: a symlink's target (the link stays a link), never a folder, FIFO,
+    device or socket (``os.replace`` would silently swap such a node for a plain file: ``--out /dev/null`` as root
+    would replace the device)."""
+    if path.is_symlink():
+        path = path.resolve()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a folder; give a file name")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device")
+        raise OSError(errno.EINVAL, f"cannot write {path}: it is {kind}, not a regular file; give a file path")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, make_parents: bool = True, mode: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success move it into place, on error delete it.
 
     For writers that need a file name (matplotlib's savefig, safetensors). ``mode`` defaults to 0644 & ~umask.
     """
-    path = Path(path)
+    path = _regular_target(Path(path))
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="posenc", description="Positional encodings for transformers.")
     parser.add_argument("--version", action="version", version=f"posenc {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = {}        # name -> its parser: errors about its arguments carry its name
     for name, module_name in COMMANDS.items():
         try:
             module = importlib.import_module(module_name)
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        parser.commands[name] = p
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
@@ -53,7 +55,9 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:   # "posenc check: error: unrecognized arguments: x", not the top-level "posenc: error"
+            parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, --version, or a malformed flag (one line printed): the status, not a raise
         return exc.code if isinstance(exc.code, int) else 2
     # the raw command line, for subcommands that re-launch themselves (posenc lab --nproc N under torchrun)

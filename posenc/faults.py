@@ -5,6 +5,7 @@
     a closed pipe (``posenc pick ... | head``)                              quiet, exit 141 (128 + SIGPIPE)
     Ctrl-C                                                                   one line, exit 130
     an optional package missing (transformers for export / eval)            one line naming the extra, exit 2
+    a warning (a suspicious but usable value)                                one line "posenc CMD: warning: ...", once
     out of memory                                                            one line, exit 1
     anything else is a bug in posenc: one line saying so, the traceback saved to a file to attach to a report, exit 1
 
@@ -19,6 +20,7 @@ import os
 import sys
 import tempfile
 import traceback
+import warnings
 from typing import Callable
 
 ISSUES_HINT = "please report it (the command line and the saved traceback) to the posenc maintainers"
@@ -70,9 +72,32 @@ def _quiet_stdout() -> None:
 
 def run_reporting_faults(command: str, fn: Callable[[], int | None]) -> int:
     """Run ``fn()`` for ``posenc COMMAND`` and turn every fault into its one-line message and exit status."""
+    prefix = f"posenc {command}"
+    shown_warning = warnings.showwarning
+    warnings.showwarning = _one_line_warnings(prefix)
+    try:
+        return _run(prefix, fn)
+    finally:
+        warnings.showwarning = shown_warning
+
+
+def _one_line_warnings(prefix: str):
+    """A ``warnings.showwarning`` printing "posenc CMD: warning: text" once per text (no file path or source line:
+    the user did not write the line that warned)."""
+    seen: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = " ".join(str(message).split())
+        if text not in seen:
+            seen.add(text)
+            print(f"{prefix}: warning: {text}", file=sys.stderr if file is None else file)
+
+    return show
+
+
+def _run(prefix: str, fn: Callable[[], int | None]) -> int:
     from posenc.errors import PosencError
 
-    prefix = f"posenc {command}"
     try:
         status = int(fn() or 0)
         sys.stdout.flush()  # a closed pipe shows up here for short outputs

@@ -111,3 +111,10 @@ def test_a_missing_optional_package_is_one_line_naming_the_extra(monkeypatch, ca
     err = capsys.readouterr().err
     assert status == 2, err
     assert "optional package 'transformers'" in err and ".[hf]" in err and "bug" not in err
+
+
+def test_an_extra_argument_is_named_under_its_subcommand(capsys):
+    from posenc.cli import main as cli_main
+
+    assert cli_main(["check", "extra"]) == 2
+    assert capsys.readouterr().err == "posenc check: error: unrecognized arguments: extra (see posenc check --help)\n"

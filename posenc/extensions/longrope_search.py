@@ -60,8 +60,8 @@ def search_splits(text: torch.Tensor, *, reserved: int, length: int, windows: in
     end = reserved + 2 * need
     if len(text) < end:
         raise DataError(f"longrope-search needs {end} validation tokens ({reserved} reported on, then 2 splits of "
-                        f"{windows} x {length} + 1), the text has {len(text)}: lower --search-windows or "
-                        "--eval-tokens")
+                        f"{windows} x {length} + 1), the text has {len(text)}: lower search_windows or eval_tokens "
+                        "(the text reserved for the reported evaluation)")
     a, b = reserved, reserved + need
     where = {"search": [a, a + need], "heldout": [b, b + need], "reserved": reserved}
     return text[a:a + need], text[b:b + need], where

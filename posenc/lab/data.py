@@ -79,8 +79,16 @@ def check_text(data: bytes, where) -> bytes:
     return data
 
 
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of ``path``, or DataError naming it (an unreadable file is the data setting's fault)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"data: cannot read {path}: {exc.strerror or exc}") from None
+
+
 def _read(root: Path, rel: Path, check: bool) -> bytes:
-    data = (root / rel).read_bytes()
+    data = _read_bytes(root / rel)
     return check_text(data, root / rel) if check else data
 
 
@@ -104,7 +112,7 @@ def load_corpus(data: str | None = None) -> Corpus:
         if not p.exists():
             raise DataError(f"data: {path} does not exist (expected a text file or a folder of text files)")
         if p.is_file():
-            data = p.read_bytes()
+            data = _read_bytes(p)
             if not data.strip():
                 raise DataError(f"data: {path} is empty")
             check_text(data, path)

@@ -146,12 +146,20 @@ def resolve_device(device: str | torch.device) -> torch.device:
     name = str(device)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device: {name} requested but CUDA is not available (use auto or cpu)")
+    expected = f"device: expected auto, cpu, cuda or cuda:N (the lab runs on CPUs and CUDA GPUs), got {name!r}"
     try:
-        return torch.device(name)
+        dev = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"device: expected auto, cpu, cuda or cuda:N, got {name!r}") from None
+        raise ConfigError(expected) from None
+    if dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise ConfigError(expected)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device: {name} requested but CUDA is not available (use auto or cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device: {name} requested but this machine has {torch.cuda.device_count()} CUDA "
+                              "device(s), cuda:0 upwards")
+    return dev
 
 
 def is_main_process() -> bool:

@@ -67,7 +67,7 @@ class LabConfig:
     eval_tokens: int = 49152  # tokens scored per LM eval length
     sliding_stride: int = -1  # -1: half the sliding length; 0: no sliding eval; S: stride (context = L - S)
     sliding_lens: list = field(default_factory=list)  # lengths for the sliding eval (empty: the longest eval length)
-    sliding_tokens: int = 49152  # = eval_tokens: both protocols score the same text
+    sliding_tokens: int = 49152  # = eval_tokens (get_preset keeps them equal): both protocols score one text
     extensions: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "llama3"])
     extended_schemes: list = field(default_factory=lambda: ["rope"])  # models evaluated under the extensions
     # randomized positions (Ruoss et al. 2023): train on a sorted random subset of 0..N-1 (0: off)
@@ -108,6 +108,9 @@ class LabConfig:
             self.tasks = list(task_names())
         if self.schemes == ALL:
             self.schemes = list(scheme_names())
+        for name in ("tasks", "schemes", "extended_schemes", "extensions", "seeds", "eval_lens", "sliding_lens",
+                     "randomized_schemes", "passkey_depths"):
+            _check_distinct(getattr(self, name), name)
         for t in self.tasks:
             get_task(t, "tasks")
         for s in list(self.schemes) + list(self.extended_schemes):
@@ -160,7 +163,8 @@ class LabConfig:
             check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
         check_choice(self.precision, "precision", PRECISIONS, error=ConfigError)
-        resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
+        device = resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
+        check_fits_in_memory(self.model, device)
         self._check_randomized()
         for t in self.tasks:
             get_task(t).check(self)
@@ -227,7 +231,48 @@ class LabConfig:
 SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
                "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "jobs": 4096, "eval_tokens": 2**30,
                "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31,
-               "check_every": 2**31}
+               "check_every": 2**31, "mlp_ratio": 256}
+
+
+def _check_distinct(values, name: str) -> None:
+    """A list setting may not repeat an entry: a repeated seed would count twice in mean ± std, a repeated scheme
+    or length would be trained or evaluated twice under one name."""
+    if isinstance(values, (list, tuple)):
+        seen = set()
+        for v in values:
+            if v in seen:
+                raise ConfigError(f"{name}: {v!r} appears more than once; give each entry once")
+            seen.add(v)
+
+
+# weights, gradients and Adam's two moments, all float32: what training holds per weight before any activation
+TRAINING_BYTES_PER_WEIGHT = 16
+
+
+def check_fits_in_memory(model: ModelConfig, device) -> None:
+    """ConfigError when the model's weights, gradients and optimizer state alone exceed the device's memory (a lower
+    bound: activations come on top), instead of a process killed mid-run by the out-of-memory killer."""
+    need = TRAINING_BYTES_PER_WEIGHT * model.matmul_weights()
+    have = device_memory_bytes(device)
+    if have and need > have:
+        raise ConfigError(
+            f"d_model {model.d_model}, n_layers {model.n_layers}, mlp_ratio {model.mlp_ratio}: "
+            f"{model.matmul_weights() / 1e9:.2f}B weights need at least {need / 2**30:.1f} GiB for weights, "
+            f"gradients and Adam state, more than this {device.type} device's {have / 2**30:.1f} GiB")
+
+
+def device_memory_bytes(device) -> int | None:
+    """Total memory of ``device`` (physical RAM for the CPU), or None when it cannot be read."""
+    import os
+
+    import torch
+
+    try:
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device.index or 0).total_memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        return None
 
 
 # flat setting name -> the section of LabConfig that owns it (None: LabConfig itself)
@@ -308,4 +353,6 @@ def get_preset(name: str, **overrides) -> LabConfig:
     """LabConfig for preset ``name`` with flat ``overrides`` (None values are ignored) applied, validated."""
     check_choice(name, "preset", PRESETS, error=ConfigError)
     cfg = apply_settings(LabConfig(preset=name), PRESETS[name])
+    if overrides.get("eval_tokens") is not None and overrides.get("sliding_tokens") is None:
+        overrides = {**overrides, "sliding_tokens": overrides["eval_tokens"]}   # both protocols score one text
     return apply_settings(cfg, overrides).validate()

@@ -10,6 +10,7 @@ from posenc._atomic import atomic_write_text
 from posenc.lab.presets import scaled_steps
 from posenc.lab.tables import markdown
 from posenc.lab.tasks import TASKS
+from posenc.lab.tasks.lm import scored_tokens
 
 
 def _tasks_in(results: list[dict]):
@@ -55,9 +56,12 @@ def write_report(doc: dict, out: Path) -> Path:
     m, t = s["model"], s["train"]
     plots = make_plots(doc, out)
     data = meta.get("data") or {}
+    incomplete = meta.get("incomplete")
     lines = [
         f"# posenc lab: preset `{meta['preset']}`",
         "",
+        *([f"**Incomplete run** ({incomplete}): only the models that finished are reported below; "
+           "`posenc lab --resume` with the same settings and --out completes it.", ""] if incomplete else []),
         f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time {meta.get('cpu_s', '?')} s, workers included) on "
         f"{meta['device']} ({_threads(meta['threads'])}{_jobs(meta.get('jobs', 1))}) in "
         f"{meta.get('precision', 'fp32')}, "
@@ -84,7 +88,9 @@ def write_report(doc: dict, out: Path) -> Path:
            f"{', '.join(f'{a} x {b}' for a, b in s['length_warmup'])}" if s.get("length_warmup") else "")
         + (f"; each model trained until its criterion at the training length reached {s['train_until']:g} "
            f"(checked every {s['check_every']} steps; the step count is the cap)" if s.get("train_until") else ""),
-        f"- evaluation lengths: {s['eval_lens']}; LM tokens scored per length: {s['eval_tokens']}",
+        f"- evaluation lengths: {s['eval_lens']}; LM tokens scored per length: "
+        + ", ".join(f"{scored_tokens(s['eval_tokens'], L)} at {L}" for L in s["eval_lens"])
+        + " (whole windows of each length)",
         f"- extension methods on the {', '.join(s['extended_schemes'])} model: {', '.join(s['extensions']) or 'none'} "
         f"with factor {meta['extension_factor']:g} and original length = train length {s['train_len']}"
         + (f"; fine-tuned {s['finetune_steps']} steps at {s['finetune_len'] or max(s['eval_lens'])}"

@@ -449,6 +449,10 @@ def aggregate(rows: list[dict]) -> list[dict]:
             first["std"] = statistics.stdev(ok) if len(ok) == len(vals) else None
             first["seed"] = seeds
             first["values"] = vals
+            missing = [r for r in group if r["value"] is None]
+            if ok and missing:  # some seeds have no value: say which and why (not "n/a", which means no encoding)
+                note = missing[0].get("note") or "no value"
+                first["note"] = f"{note} on seed {', '.join(str(r['seed']) for r in missing)}"
         else:
             first["std"] = None
         out.append(first)

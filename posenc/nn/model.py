@@ -11,6 +11,7 @@ frequencies exist once per model); each layer asks it for its view (``scheme.for
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -22,6 +23,7 @@ from posenc._validate import check_bool, check_choice, check_int, heads_divide
 from posenc.errors import ConfigError
 from posenc.nn.attention import CausalSelfAttention, KVCache
 from posenc.rope.apply import LAYOUTS
+from posenc.rope.config import check_theta
 from posenc.schemes import check_scheme, make_scheme
 
 # positions for a training batch: (batch, seq_len, device) -> LongTensor [T] or [B, T]
@@ -56,6 +58,9 @@ class ModelConfig:
             check_int(getattr(self, name), name, min=1, error=ConfigError)
         heads_divide(self.d_model, self.n_heads, error=ConfigError)
         check_choice(self.rope_layout, "rope_layout", LAYOUTS, error=ConfigError)
+        with warnings.catch_warnings():    # the range, named as set; the RoPE scheme's config warns about a base <= 1
+            warnings.simplefilter("ignore")
+            check_theta(self.rope_base, "rope_base")
         for name in ("scale_embeddings", "bias"):
             check_bool(getattr(self, name), name, error=ConfigError)
         if not isinstance(self.scheme_options, dict):
@@ -75,9 +80,14 @@ class ModelConfig:
         et al. 2020) counts every key; elementwise ops (norms, GELU, softmax, RoPE) are not counted.
         """
         d, L = self.d_model, self.n_layers
-        per_layer = 2 * (4 + 2 * self.mlp_ratio) * d * d + 2 * d * (seq_len + 1)
-        forward = L * per_layer + 2 * d * self.vocab_size
+        forward = 2 * self.matmul_weights() + L * 2 * d * (seq_len + 1)
         return float(3 * forward if training else forward)
+
+    def matmul_weights(self) -> int:
+        """Weights of the matrices: per layer (4 + 2 * mlp_ratio) d^2 (q, k, v, output, the MLP's two), plus the
+        tied embedding d V. Norms and biases (a few d per layer) and scheme parameters are not counted."""
+        d = self.d_model
+        return self.n_layers * (4 + 2 * self.mlp_ratio) * d * d + d * self.vocab_size
 
     def scheme_arguments(self) -> dict:
         """The model description every scheme factory is offered (registry.make_scheme's keywords)."""

@@ -22,6 +22,7 @@ the first ``--reserved`` tokens (the text the lab reports on). DIR receives:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 HELP = ("LongRoPE's evolutionary factor search on a lab model or a transformers model folder; writes a Hugging "
@@ -85,15 +86,15 @@ def _reserved(source: Path, given: int | None) -> int:
 
 
 def run(args) -> int:
-    import argparse
-
     if is_model_folder(Path(args.source)):
         from posenc.hf import search as hf_search
 
         add, go = hf_search.add_arguments, hf_search.run
     else:
         add, go = lab_arguments, run_lab_search
-    parser = argparse.ArgumentParser(prog="posenc search", description=HELP)
+    from posenc.faults import Parser
+
+    parser = Parser(prog="posenc search", description=HELP)
     add(parser)
     try:
         inner = parser.parse_args([args.source, *args.options])
@@ -102,11 +103,31 @@ def run(args) -> int:
     return go(inner)
 
 
+# the lab's setting names in library messages -> this command's flags
+_FLAGS = {"search_population": "--population", "search_generations": "--generations", "search_windows": "--windows",
+          "eval_tokens": "--reserved"}
+
+
+def _to_flags(message: str) -> str:
+    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
+
+
 def run_lab_search(args) -> int:
+    from posenc.errors import PosencError
+
+    try:
+        return _run_lab_search(args)
+    except PosencError as exc:
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (_to_flags(exc.args[0]), *exc.args[1:])
+        raise
+
+
+def _run_lab_search(args) -> int:
     import torch
 
     from posenc._validate import check_int
-    from posenc.errors import ConfigError
+    from posenc.errors import ConfigError, PosencError
     from posenc.extensions import ExtensionSpec
     from posenc.extensions.longrope_search import SearchBudget, search_lab_model
     from posenc.hf.lab_bridge import find_run_checkpoint, load_lab_model, validation_bytes
@@ -114,6 +135,25 @@ def run_lab_search(args) -> int:
     from posenc.tools._io import write_json_atomic
 
     torch.set_num_threads(check_int(args.threads, "--threads", min=1, error=ConfigError))
+    # every option is checked before the model loads and the search runs (0 is a value here, not "the default")
+    paper = (64, 40) if args.paper else (32, 10)
+    budget = SearchBudget(
+        population=paper[0] if args.population is None else check_int(args.population, "--population", min=4,
+                                                                           error=ConfigError),
+        generations=paper[1] if args.generations is None else check_int(args.generations, "--generations", min=0,
+                                                                            error=ConfigError),
+        windows=4 if args.windows is None else check_int(args.windows, "--windows", min=1, error=ConfigError))
+    if args.reserved is not None:
+        check_int(args.reserved, "--reserved", min=0, error=ConfigError)
+    if args.config:
+        try:
+            load_rope_config(args.config)
+        except PosencError as exc:
+            raise ConfigError(f"--config {args.config}: {exc}") from None
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
     source = Path(args.source)
     path = find_run_checkpoint(source, args.scheme, task=args.task, seed=args.seed) if source.is_dir() else source
     model, model_settings = load_lab_model(path)
@@ -124,11 +164,7 @@ def run_lab_search(args) -> int:
     rc = load_rope_config(model.scheme.rope_config)
     spec = ExtensionSpec(original=original, factor=target / original, rotary_dim=rc.rotary_dim, theta=rc.theta,
                          target=target, head_dim=rc.head_dim)
-    paper = (64, 40) if args.paper else (32, 10)
-    budget = SearchBudget(population=args.population or paper[0], generations=args.generations or paper[1],
-                          windows=args.windows or 4)
     text, _ = validation_bytes(args.data)
-    out = Path(args.out)
     result, where = search_lab_model(model, text, spec, reserved=_reserved(source, args.reserved), budget=budget,
                                  seed=args.search_seed, checkpoint=out / "search.json", resume=not args.fresh,
                                  progress=not args.quiet)

@@ -103,6 +103,7 @@ def test_a_failure_keeps_the_finished_rows_and_is_reported_as_a_bug(tmp_path, ca
     assert "KeyError" in doc["meta"]["incomplete"]
     assert {r["scheme"] for r in doc["results"]} == {"learned", "rope"}  # learned finished; rope evaluated
     assert (tmp_path / "report.md").exists() and not (tmp_path / L.LOCK_NAME).exists()
+    assert "**Incomplete run** (ended early by KeyError" in (tmp_path / "report.md").read_text()
     monkeypatch.setattr(R, "evaluate_extensions", real)
 
 
@@ -228,3 +229,56 @@ def test_validation_happens_before_relaunch(tmp_path, capsys, monkeypatch):
 def test_sizes_that_would_exhaust_memory_are_refused(tmp_path, capsys, argv, word):
     assert main(["lab", *TINY, "--out", str(tmp_path / "o"), *argv]) == 2
     assert word in one_line_error(capsys, "lab")
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--seeds", "0,0"], "--seeds: 0 appears more than once"),
+    (["--schemes", "rope,rope"], "--schemes: 'rope' appears more than once"),
+    (["--mlp-ratio", "100000"], "--mlp-ratio must be at most 256"),
+    (["--d-model", "65536", "--heads", "4"], "GiB for weights, gradients and Adam state"),
+    (["--device", "mps"], "--device: expected auto, cpu, cuda or cuda:N"),
+    (["--device", "cpu:5"], "--device: expected auto, cpu, cuda or cuda:N"),
+    (["--rope-base", "1e39"], "--rope-base must be at most"),
+])
+def test_settings_that_cannot_run_are_refused_before_any_work(flags, match, tmp_path, capsys):
+    assert main(["lab", *TINY, *flags, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unreadable_data_is_named(tmp_path, capsys):
+    assert main(["lab", *TINY, "--data", "/proc/self/mem", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--data: cannot read /proc/self/mem" in err, err
+
+
+def test_a_suspicious_base_warns_in_one_line(tmp_path, capsys):
+    assert main(["lab", *TINY, "--schemes", "rope", "--rope-base", "0.5", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "warning:" in line]
+    assert len(warned) == 1 and warned[0].startswith("posenc lab: warning: rope_theta 0.5 <= 1"), err
+
+
+def test_a_seed_that_diverged_is_named_in_the_merged_row():
+    """Seed 0 fine, seed 1 diverged: the merged cell says so (and which seed), not "n/a" (no encoding)."""
+    from posenc.lab.context import DIVERGED
+    from posenc.lab.run import aggregate
+    from posenc.lab.tables import fmt
+
+    base = {"task": "lm", "scheme": "rope", "method": "none", "eval_len": 64, "metric": "ppl"}
+    for order in ((0, 1), (1, 0)):
+        rows = [{**base, "seed": s, "value": 9.1 if s == 0 else None, **({"note": DIVERGED} if s else {})}
+                for s in order]
+        (merged,) = aggregate(rows)
+        assert merged["value"] is None and merged["note"] == f"{DIVERGED} on seed 1"
+        assert fmt(merged) == f"{DIVERGED} on seed 1"
+
+
+def test_the_sliding_protocol_follows_eval_tokens_and_the_report_counts_whole_windows():
+    from posenc.lab.presets import get_preset
+    from posenc.lab.tasks.lm import scored_tokens
+
+    assert get_preset("default", eval_tokens=8192).sliding_tokens == 8192
+    assert get_preset("default", eval_tokens=8192, sliding_tokens=4096).sliding_tokens == 4096
+    assert scored_tokens(1024, 96) == 960 and scored_tokens(1024, 128) == 1024 and scored_tokens(10, 96) == 96

@@ -83,6 +83,43 @@ def test_bad_input_is_one_line(searched, tmp_path, capsys):
     assert f"--target-length must be an integer >= {L0 + 1}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, match", [
+    (["--population", "0"], "--population must be an integer >= 4, got 0"),
+    (["--generations", "-1"], "--generations must be a non-negative integer, got -1"),
+    (["--windows", "0"], "--windows must be a positive integer, got 0"),
+    (["--reserved", "-5"], "--reserved must be a non-negative integer, got -5"),
+    (["--target-length", "abc"], "argument --target-length: invalid int value: 'abc'"),
+])
+def test_options_are_checked_before_the_search_and_named_as_flags(searched, tmp_path, capsys, flags, match):
+    """0 is a value, not "the default"; a usage error is one line; nothing is written."""
+    argv, _, _ = searched
+    base = {"--target-length": str(TARGET), "--out": str(tmp_path / "o")}
+    for flag, value in zip(flags[::2], flags[1::2]):
+        base[flag] = value
+    assert main(["search", argv[1], *[x for kv in base.items() for x in kv], "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o" / "search.json").exists()
+
+
+def test_a_bad_config_fails_before_the_search(searched, tmp_path, capsys):
+    argv, _, _ = searched
+    bad = tmp_path / "alibi.json"
+    bad.write_text(json.dumps({"model_type": "mpt", "d_model": 32, "n_heads": 2}))
+    assert main(["search", argv[1], "--target-length", str(TARGET), "--out", str(tmp_path / "o"), "--config",
+                 str(bad), "--quiet"]) == 2
+    assert "--config " in capsys.readouterr().err
+    assert not (tmp_path / "o" / "search.json").exists()
+
+
+def test_the_text_budget_message_names_this_commands_flags(searched, tmp_path, capsys):
+    argv, _, _ = searched
+    assert main(["search", argv[1], "--target-length", str(TARGET), "--out", str(tmp_path / "o"), "--data",
+                 argv[argv.index("--data") + 1], "--windows", "1000", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "lower --windows or --reserved" in err, err
+
+
 def test_a_transformers_model_folder_goes_to_the_hf_search(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert main(["search", str(tmp_path), "--help"]) == 0

@@ -108,7 +108,9 @@ def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu", d
     """
     if not supports_length(model, length):
         return None
-    rng = random.Random(seed * 7919 + length)
+    # a string-seeded stream, disjoint from the integer-seeded training batches (seed * 7919 + length made seed 0's
+    # test strings at length L the strings of training step L's batch)
+    rng = random.Random(f"copy-test:{seed}:{length}")
     rows = [copy_example(copy_len(length), length, rng, distinct=distinct) for _ in range(n_examples)]
     exact, correct, scored = 0, 0, 0
     per_batch = max(1, batch_tokens // length)

@@ -20,6 +20,12 @@ from posenc.perplexity import window_losses
 EVAL_BATCH_TOKENS = 16384  # tokens per evaluation forward (rows = EVAL_BATCH_TOKENS // eval_len)
 
 
+def scored_tokens(n_tokens: int, eval_len: int) -> int:
+    """Tokens the non-overlapping protocol scores for a budget of ``n_tokens``: whole windows of ``eval_len``, at
+    least one (1024 tokens at length 96 score 960)."""
+    return max(1, n_tokens // eval_len) * eval_len
+
+
 @torch.no_grad()
 def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride: int | None = None,
             device="cpu", batch_tokens: int = EVAL_BATCH_TOKENS) -> dict | None:
@@ -35,7 +41,7 @@ def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride
     if not supports_length(model, eval_len):
         return None
     if stride is None:
-        n_win = max(1, min(n_tokens, len(tokens) - 1) // eval_len)
+        n_win = scored_tokens(min(n_tokens, len(tokens) - 1), eval_len) // eval_len
         spans = [(w * eval_len, 0) for w in range(n_win)]  # (window start, first scored position)
     else:
         check_int(stride, "stride", min=1, max=eval_len, error=ConfigError)

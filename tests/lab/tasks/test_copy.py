@@ -200,3 +200,27 @@ def test_a_hopeless_check_scores_one_batch():
     model = _PartlyWrong(range(1, 256))                              # every string wrong
     check = copy_eval(model, 24, n_examples=128, seed=0, distinct=True, need=0.98)
     assert model.rows == 32 and check["exact_match"] == 96 / 128 and check["token_accuracy"] == 10 / 11
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+def test_test_strings_share_no_run_with_training_batches(distinct):
+    """No test string shares a run of 8 bytes with the first training batches (by chance: ~1e-14 per pair of
+    positions): seed 0's test strings at length L used to be training step L's strings, one draw later."""
+    L, steps, run = 64, 160, 8
+
+    class Recorder(_Copier):
+        def forward(self, tokens):
+            self.seen.extend(tokens.tolist())
+            return super().forward(tokens)
+
+    def grams(row):
+        return {tuple(row[i:i + run]) for i in range(len(row) - run + 1)}
+
+    for seed in (0, 1):
+        sampler = CopySampler(L, 8, seed, distinct=distinct)
+        trained = set().union(*(grams(row) for step in range(steps) for row in sampler.batch(step)[0].tolist()))
+        model = Recorder()
+        model.seen = []
+        assert copy_eval(model, L, n_examples=32, seed=seed, distinct=distinct)["exact_match"] == 1.0
+        copies = [row[1:row.index(COPY_SEP, 1)] for row in model.seen]          # the bytes to copy
+        assert len(copies) == 32 and not any(grams(c) & trained for c in copies)
