@@ -96,10 +96,11 @@ _NEED_BATCH = 32
 
 @torch.no_grad()
 def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu", distinct: bool = False,
-              batch_tokens: int = 16384, need: float | None = None) -> dict | None:
+              batch_tokens: int = 16384, need: float | None = None, held_out: bool = False) -> dict | None:
     """Copy task at sequence ``length`` (copy of copy_len(length) random bytes; ``distinct``: without repeats),
     teacher-forced.
 
+    ``held_out``: the strings of a training criterion (seed >= HELD_OUT), else the test strings of model ``seed``.
     ``need``: a pass/fail check against this exact-match fraction. Batches of 32 strings, stopping as soon as
     too many strings have failed for the fraction to reach ``need``; the pass/fail answer is the full count's,
     and an early stop returns exact_match = the most it could still have been (< need) and the token accuracy
@@ -108,9 +109,9 @@ def copy_eval(model, length: int, *, n_examples: int, seed: int, device="cpu", d
     """
     if not supports_length(model, length):
         return None
-    # a string-seeded stream, disjoint from the integer-seeded training batches (seed * 7919 + length made seed 0's
-    # test strings at length L the strings of training step L's batch)
-    rng = random.Random(f"copy-test:{seed}:{length}")
+    # test strings: a string-seeded stream, disjoint from the integer-seeded training batches (seed * 7919 + length,
+    # kept for the held-out criterion strings, made seed 0's test strings at length L those of training step L)
+    rng = random.Random(seed * 7919 + length if held_out else f"copy-test:{seed}:{length}")
     rows = [copy_example(copy_len(length), length, rng, distinct=distinct) for _ in range(n_examples)]
     exact, correct, scored = 0, 0, 0
     per_batch = max(1, batch_tokens // length)
@@ -155,7 +156,8 @@ class Copy(Task):
 
         def exact(offset: int) -> float:  # a failing set stops at the batch that decides it (copy_eval's need)
             return copy_eval(model, cfg.train_len, n_examples=cfg.copy_examples, seed=HELD_OUT + offset + seed,
-                             device=run.device, distinct=cfg.copy_distinct, need=cfg.train_until)["exact_match"]
+                             device=run.device, distinct=cfg.copy_distinct, need=cfg.train_until,
+                             held_out=True)["exact_match"]
 
         first = exact(0)
         if cfg.train_until is None or first < cfg.train_until:

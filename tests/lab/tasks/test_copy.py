@@ -13,6 +13,7 @@ import torch
 from posenc.lab.data import IGNORE
 from posenc.errors import ConfigError, DataError
 from posenc.lab.presets import get_preset
+from posenc.lab.tasks.registry import HELD_OUT
 from posenc.lab.tasks.copy import COPY_SEP, CopySampler, copy_eval, copy_example, copy_len, shortest_copy
 from posenc.nn.model import ModelConfig, TinyLM
 from posenc.schemes import NoPEScheme
@@ -219,8 +220,9 @@ def test_test_strings_share_no_run_with_training_batches(distinct):
     for seed in (0, 1):
         sampler = CopySampler(L, 8, seed, distinct=distinct)
         trained = set().union(*(grams(row) for step in range(steps) for row in sampler.batch(step)[0].tolist()))
-        model = Recorder()
-        model.seen = []
-        assert copy_eval(model, L, n_examples=32, seed=seed, distinct=distinct)["exact_match"] == 1.0
-        copies = [row[1:row.index(COPY_SEP, 1)] for row in model.seen]          # the bytes to copy
-        assert len(copies) == 32 and not any(grams(c) & trained for c in copies)
+        for kwargs in ({"seed": seed}, {"seed": HELD_OUT + seed, "held_out": True}):   # test and criterion strings
+            model = Recorder()
+            model.seen = []
+            assert copy_eval(model, L, n_examples=32, distinct=distinct, **kwargs)["exact_match"] == 1.0
+            copies = [row[1:row.index(COPY_SEP, 1)] for row in model.seen]          # the bytes to copy
+            assert len(copies) == 32 and not any(grams(c) & trained for c in copies)
