@@ -55,6 +55,8 @@ _ALIASES = {"su": "longrope", "mrope": "default"}
 # GPT-J / CodeGen spell three config keys the GPT-2 way (transformers' attribute_map); the usual name wins if both
 KEY_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
 DEFAULT_THETA = 10000.0
+# per-head widths past this are no model's (the largest published is 512): refused before arange(head_dim) overflows
+MAX_HEAD_DIM = 1 << 16
 # the largest base float32 holds: transformers (and posenc) raise theta to a power in float32
 MAX_THETA = 3.4028234663852886e38
 
@@ -165,7 +167,7 @@ class RopeConfig:
 def _check_fields(cfg: RopeConfig) -> None:
     if not isinstance(cfg.rope_type, str) or not cfg.rope_type:
         raise ConfigError(f"rope_type must be a non-empty string, got {cfg.rope_type!r}")
-    check_int(cfg.head_dim, "head_dim", min=1, error=ConfigError)
+    check_int(cfg.head_dim, "head_dim", min=1, max=MAX_HEAD_DIM, error=ConfigError)
     object.__setattr__(cfg, "theta", check_theta(cfg.theta))
     check_float(cfg.partial_rotary_factor, "partial_rotary_factor", positive=True, max=1.0, error=ConfigError)
     if cfg.rotary_dim is not None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import warnings
 
+from posenc._validate import check_int
+from posenc.errors import ConfigError
 from posenc.rope.scaling import rope_parameters
 
 # The longest context the tools accept (2^30 tokens, ~100x the longest published context windows): past it, a
@@ -14,9 +16,19 @@ from posenc.rope.scaling import rope_parameters
 MAX_CONTEXT = 2**30
 
 
+def context_length(value, name: str) -> int:
+    """``value`` as a context length the tools accept (an int in [1, MAX_CONTEXT]), or ConfigError naming ``name``
+    (a config key such as "n_positions", or an argument such as "seq_len"). Strings and floats are refused."""
+    return check_int(value, name, min=1, max=MAX_CONTEXT, error=ConfigError)
+
+
 def check_rope_values(rc) -> None:
-    """Raise ConfigError (naming the key) for malformed parameters, e.g. a non-numeric factor, before any
-    arithmetic here touches them; the registry's own validation runs, its warnings are left to the real call."""
+    """Raise ConfigError (naming the key) for malformed parameters, e.g. a non-numeric factor, or a context length
+    past MAX_CONTEXT, before any arithmetic here touches them; the registry's own validation runs, its warnings are
+    left to the real call."""
+    for name in ("max_position_embeddings", "original_max_position_embeddings"):
+        if getattr(rc, name) is not None:
+            context_length(getattr(rc, name), name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rope_parameters(rc, None)

@@ -115,6 +115,14 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         raise ConfigError(f"target_length ({target_length}) must be longer than the original context ({original})")
     s = (float(target_length / original) if factor is None
          else check_float(factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError))
+    if s == 1 and not m.keeps_original_length:
+        # factor 1 leaves every frequency as it was, yet the written max_position_embeddings would claim the target:
+        # a longer context on paper only. Dynamic NTK is the exception: it keeps max_position_embeddings at L0 and
+        # still rescales past it (factor 1 is transformers' rule at its gentlest; see the note below).
+        raise ConfigError(f"factor must be > 1 for method {method!r}: factor 1 changes no frequency while "
+                          f"max_position_embeddings would claim {target_length} ({target_length / original:g}x "
+                          f"the original context {original}); leave --factor out for target / original = "
+                          f"{target_length / original:g}")
 
     spec = ExtensionSpec(original=original, factor=s, rotary_dim=rc.rotary_dim, theta=rc.theta,
                          target=target_length, head_dim=rc.head_dim)
@@ -225,7 +233,7 @@ def add_arguments(parser) -> None:
     where.add_argument("--out", help="file to write the new config.json to ('-' prints it)")
     where.add_argument("--in-place", action="store_true", help="overwrite the input config (atomically)")
     parser.add_argument("--factor", type=float, default=None,
-                        help="scaling factor (default target / original context)")
+                        help="scaling factor (default target / original context); > 1, or >= 1 for dynamic")
     parser.add_argument("--short-factor", help="longrope: JSON file with rotary_dim/2 short factors")
     parser.add_argument("--long-factor", help="longrope: JSON file with rotary_dim/2 long factors")
     parser.add_argument("--longrope", metavar="FILE",
@@ -238,7 +246,10 @@ def add_arguments(parser) -> None:
 def longrope_factors(path: str | os.PathLike) -> tuple[list, list]:
     """(short_factor, long_factor) from a JSON file holding a longrope dict, or a config whose rope_scaling /
     rope_parameters holds one (``posenc search`` writes rope_scaling.json)."""
-    data = read_config(path)
+    try:
+        data = read_config(path)
+    except ConfigError as exc:
+        raise ConfigError(f"--longrope {path}: {exc}") from None
     for candidate in (data, data.get("rope_scaling"), data.get("rope_parameters")):
         if isinstance(candidate, Mapping) and "long_factor" in candidate and "short_factor" in candidate:
             return candidate["short_factor"], candidate["long_factor"]

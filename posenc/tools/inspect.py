@@ -21,10 +21,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from posenc._validate import check_int
+from posenc._validate import check_float, check_int
 from posenc.errors import ConfigError
 from posenc.tools._io import read_config
-from posenc.tools.contexts import claimed_context, original_context
+from posenc.tools.contexts import claimed_context, context_length, original_context
 
 HELP = "Describe the positional encoding of a Hugging Face config.json (RoPE scaling, ALiBi, learned...)."
 
@@ -46,15 +46,22 @@ _ROPE_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qw
 
 # ------------------------------------------------------------------------------------------ scheme detection
 
-def _get(cfg: Mapping, *keys, default=None):
+def _first(cfg: Mapping, *keys) -> tuple[str | None, Any]:
+    """(key, value) of the first of ``keys`` holding a non-null value, or (None, None)."""
     for key in keys:
         if cfg.get(key) is not None:
-            return cfg[key]
-    return default
+            return key, cfg[key]
+    return None, None
 
 
-def _n_heads(cfg: Mapping) -> int | None:
-    return _get(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
+def _length(cfg: Mapping, *keys) -> int | None:
+    """The first of ``keys`` the config gives, checked as a context length (ConfigError naming the key for a
+    string, a float, a non-positive value or one past MAX_CONTEXT); None when none is given."""
+    key, value = _first(cfg, *keys)
+    return None if key is None else context_length(value, key)
+
+
+_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 
 
 def detect_scheme(cfg: Mapping, _nested: bool = False) -> tuple[str, str]:
@@ -94,8 +101,30 @@ def detect_scheme(cfg: Mapping, _nested: bool = False) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------------------------------- RoPE
 
-def _pos_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+# Families whose transformers attention reads `getattr(config, "head_dim", None) or hidden_size //
+# num_attention_heads` (modeling_mistral / mixtral / ministral3 / starcoder2 / minimax / voxtral_realtime, 5.x): for
+# them head_dim 0 means "derive it", as posenc.rope.config reads it. Every other family's attention takes head_dim
+# as given (`getattr(config, "head_dim", hidden // heads)`: Llama, Qwen, Gemma... ~160 modeling files), so 0 there
+# builds no model (Llama's attention fails on head_dim ** -0.5) although its rotary alone would derive the ratio:
+# refused like any other non-positive head_dim.
+# null / absent head_dim is "derive it" in every family (the config classes fill it in).
+_HEAD_DIM_ZERO_DERIVES = {"mistral", "mixtral", "ministral3", "starcoder2", "minimax", "voxtral_realtime"}
+
+
+def _check_head_dim(cfg: Mapping) -> None:
+    from posenc.rope.config import model_type_of
+
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        return
+    model_type = model_type_of(cfg)
+    if head_dim == 0 and not isinstance(head_dim, bool):
+        if model_type in _HEAD_DIM_ZERO_DERIVES:
+            return
+        raise ConfigError(f"head_dim must be a positive integer, got 0: transformers' {model_type or 'model'} "
+                          "attention takes head_dim as given and cannot build 0-wide heads; omit it or set it to "
+                          "null to derive hidden_size // num_attention_heads")
+    check_int(head_dim, "head_dim", min=1, error=ConfigError)
 
 
 def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, multiplier: float,
@@ -299,22 +328,24 @@ def _rope_consistency(cfg, rc, claimed, original, longest, at, reach=None) -> li
 # ----------------------------------------------------------------------------------------- non-RoPE schemes
 
 def _inspect_alibi(cfg: Mapping) -> dict[str, Any]:
-    from posenc.alibi import alibi_slopes
+    from posenc.alibi import MAX_HEADS, alibi_slopes
 
     attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), Mapping) else {}
-    n = _n_heads(cfg)
-    info: dict[str, Any] = {"n_heads": n, "context": _get(cfg, "max_seq_len", "seq_length", "max_position_embeddings",
-                                                          "model_max_length"), "warnings": []}
-    if not _pos_int(n):
-        info["n_heads"] = None
-        info["warnings"].append(f"no usable head count (num_attention_heads / n_head / n_heads = {n!r}): "
-                                "slopes unknown")
+    key, n = _first(cfg, *_HEAD_KEYS)
+    info: dict[str, Any] = {"n_heads": None, "warnings": [],
+                            "context": _length(cfg, "max_seq_len", "seq_length", "max_position_embeddings",
+                                               "model_max_length")}
+    if key is None:
+        info["warnings"].append(f"no head count ({' / '.join(_HEAD_KEYS)}) in the config: slopes unknown")
     else:
-        info["slopes"] = [float(x) for x in alibi_slopes(n)]
+        info["n_heads"] = check_int(n, key, min=1, max=MAX_HEADS, error=ConfigError)
+        info["slopes"] = [float(x) for x in alibi_slopes(info["n_heads"])]
     bias_max = attn.get("alibi_bias_max")
-    if bias_max is not None and bias_max != 8:
-        info["warnings"].append(f"alibi_bias_max={bias_max} (not 8): slopes are 2^(-{bias_max}h/H), not the "
-                                "paper's 2^(-8h/H) listed here")
+    if bias_max is not None:
+        bias_max = check_float(bias_max, "attn_config.alibi_bias_max", positive=True, error=ConfigError)
+        if bias_max != 8:
+            info["warnings"].append(f"alibi_bias_max={bias_max:g} (not 8): slopes are 2^(-{bias_max:g}h/H), not "
+                                    "the paper's 2^(-8h/H) listed here")
     if info["context"] is None:
         info["context_note"] = "no length in the config: ALiBi has no position table, so no hard limit"
     else:
@@ -323,7 +354,7 @@ def _inspect_alibi(cfg: Mapping) -> dict[str, Any]:
 
 
 def _inspect_learned(cfg: Mapping) -> dict[str, Any]:
-    n = _get(cfg, "n_positions", "max_position_embeddings", "n_ctx")
+    n = _length(cfg, "n_positions", "max_position_embeddings", "n_ctx")
     info = {"table_size": n, "warnings": []}
     if str(cfg.get("model_type")) == "opt":
         info["note"] = "OPT offsets positions by 2, so its table holds max_position_embeddings + 2 rows"
@@ -339,7 +370,7 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
     length instead of the claimed context. Returns a JSON-serialisable dict; see format_report for the text form.
     """
     if seq_len is not None:
-        check_int(seq_len, "seq_len", min=1, error=ConfigError)
+        context_length(seq_len, "seq_len")
     try:
         cfg = read_config(config)
     except RecursionError:
@@ -363,6 +394,7 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
             report["rope"], report["layers"], report["warnings"] = [], None, []
         else:
             rope_cfg = rope_section(cfg)
+            _check_head_dim(rope_cfg)
             layer_types = rope_layer_types(rope_cfg)
             if layer_types == []:
                 raise ConfigError("every layer type has null RoPE parameters: nothing uses RoPE")
@@ -385,12 +417,17 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
         report["claimed_context"] = report["learned"]["table_size"]
         report["warnings"] = report["learned"].pop("warnings")
     elif scheme == "relative_bias":
-        report["relative_bias"] = {"num_buckets": cfg.get("relative_attention_num_buckets", 32),
-                                   "max_distance": cfg.get("relative_attention_max_distance", 128)}
+        # transformers' T5Config defaults: 32 buckets, max distance 128
+        buckets = _first(cfg, "relative_attention_num_buckets")[1]
+        report["relative_bias"] = {
+            "num_buckets": 32 if buckets is None else check_int(buckets, "relative_attention_num_buckets", min=1,
+                                                                error=ConfigError),
+            "max_distance": _length(cfg, "relative_attention_max_distance") or 128}
         report["warnings"] = []
     elif scheme == "sinusoidal":
-        report["sinusoidal"] = {"table_size": _get(cfg, "max_position_embeddings", "max_source_positions"),
-                                "dim": _get(cfg, "d_model", "hidden_size")}
+        dim_key, dim = _first(cfg, "d_model", "hidden_size")
+        report["sinusoidal"] = {"table_size": _length(cfg, "max_position_embeddings", "max_source_positions"),
+                                "dim": None if dim_key is None else check_int(dim, dim_key, min=1, error=ConfigError)}
         report["warnings"] = []
     else:
         report["warnings"] = ["positional encoding not recognised; nothing to describe"]
@@ -402,7 +439,8 @@ def _describe(report: dict[str, Any]) -> str:
     scheme = report["scheme"]
     if scheme == "alibi":
         a = report["alibi"]
-        return (f"ALiBi: no position embedding; each of the {a['n_heads']} heads adds -m_h*distance to its scores. "
+        heads = "each head" if a["n_heads"] is None else f"each of the {a['n_heads']} heads"
+        return (f"ALiBi: no position embedding; {heads} adds -m_h*distance to its scores. "
                 "Extrapolates past the trained length without changes (Press et al. 2022, Table 2), but far tokens "
                 "are penalised linearly.")
     if scheme == "learned":
@@ -515,7 +553,7 @@ def format_report(report: dict[str, Any]) -> str:
     if "alibi" in report:
         a = report["alibi"]
         slopes = a.get("slopes")
-        lines.append(f"  heads                {a['n_heads']}")
+        lines.append(f"  heads                {_fmt_len(a['n_heads'])}")
         if slopes:
             lines.append(f"  slopes               {slopes[0]:.4g} ... {slopes[-1]:.4g} "
                          f"(2^{math.log2(slopes[0]):.3g} ... 2^{math.log2(slopes[-1]):.3g})")
@@ -529,7 +567,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  buckets              {r['num_buckets']} (max distance {r['max_distance']})")
     if "sinusoidal" in report:
         s = report["sinusoidal"]
-        lines.append(f"  table size           {_fmt_len(s['table_size'])}  dim {s['dim']}")
+        lines.append(f"  table size           {_fmt_len(s['table_size'])}  dim {_fmt_len(s['dim'])}")
     if report["warnings"]:
         lines.append("warnings:")
         lines += [f"  ! {w}" for w in report["warnings"]]
@@ -539,7 +577,8 @@ def format_report(report: dict[str, Any]) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("config", help="a Hugging Face config.json (or a folder holding one)")
     parser.add_argument("--seq-len", type=int, default=None,
-                        help="evaluate length-dependent values at this length (default: the claimed context)")
+                        help="evaluate length-dependent values at this length (default: the claimed context; "
+                             "at most 2^30)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 

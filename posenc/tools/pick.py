@@ -130,12 +130,13 @@ def _check_inputs(target_context, train_context, budget, task, rope_theta):
             raise PosencError(f"rope_theta must be a number > 1, got {rope_theta!r}")
 
 
-def _snippet(method: str, train: int, target: int, theta: float) -> dict[str, Any]:
-    """The config keys ``method`` writes (from the extension-method registry), transformers 5.x form."""
+def _snippet(method: str, train: int, target: int, theta: float, lmax: int | None = None) -> dict[str, Any]:
+    """The config keys ``method`` writes (from the extension-method registry), transformers 5.x form.
+    lmax: the config's current max_position_embeddings (default ``train``): the snippet sets it when it differs."""
     written = method_config(method, ExtensionSpec(original=train, factor=_factor(target, train), rotary_dim=None,
                                                   theta=theta, target=target))
     snippet: dict[str, Any] = {}
-    if written.max_position_embeddings != train:
+    if written.max_position_embeddings != (train if lmax is None else lmax):
         snippet["max_position_embeddings"] = written.max_position_embeddings
     snippet["rope_parameters"] = {**written.scaling, "rope_theta": theta}
     return snippet
@@ -151,10 +152,9 @@ def _factor(target: int, train: int) -> float:
     return target / train  # exact: transformers warns when a yarn factor differs from Lmax / L0
 
 
-def config_context(config) -> tuple[float, int]:
-    """(rope_theta, trained context) of an existing model's config, read as ``posenc inspect`` reads them: the
-    global (full-attention) layer type's base and the original, pre-extension context. PosencError for a config
-    without language-model RoPE (ALiBi, learned positions, a vision tower)."""
+def _config_rope(config) -> dict[str, Any]:
+    """The RoPE entry ``posenc inspect`` reports for the global (full-attention) layer type of a config. PosencError
+    for a config without language-model RoPE (ALiBi, learned positions, a vision tower)."""
     from posenc.tools.inspect import inspect_config
 
     report = inspect_config(config)
@@ -162,11 +162,39 @@ def config_context(config) -> tuple[float, int]:
     if not entries:
         raise PosencError(f"pick reads rope_theta and the trained context from a RoPE language-model config; this "
                           f"one is {report['scheme']}" + (" (a vision tower)" if "vision" in report else ""))
-    entry = next((e for e in entries if e["layer_type"] in (None, "full_attention")), entries[0])
-    context = entry["original_context"] or entry["max_position_embeddings"]
-    if context is None:
+    return next((e for e in entries if e["layer_type"] in (None, "full_attention")), entries[0])
+
+
+def _entry_context(entry: dict[str, Any]) -> int | None:
+    return entry["original_context"] or entry["max_position_embeddings"]
+
+
+def config_context(config) -> tuple[float, int]:
+    """(rope_theta, trained context) of an existing model's config, read as ``posenc inspect`` reads them: the
+    global (full-attention) layer type's base and the original, pre-extension context. PosencError for a config
+    without language-model RoPE (ALiBi, learned positions, a vision tower)."""
+    entry = _config_rope(config)
+    if _entry_context(entry) is None:
         raise PosencError("the config states no context length (max_position_embeddings): give --train-context")
-    return entry["rope_theta"], context
+    return entry["rope_theta"], _entry_context(entry)
+
+
+def _existing_scaling(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """What a config's own (non-default) RoPE scaling already does, from its inspect entry; None for plain RoPE."""
+    if entry["rope_type"] == "default":
+        return None
+    factor = entry["parameters"].get("factor")
+    return {"rope_type": entry["rope_type"], "factor": factor if isinstance(factor, (int, float)) else None,
+            "original_context": entry["original_context"], "claimed_context": entry["claimed_context"],
+            "claimed_from": entry["claimed_context_from"], "max_position_embeddings": entry["max_position_embeddings"]}
+
+
+def _describe_existing(ex: dict[str, Any]) -> str:
+    factor = f" (factor {ex['factor']:g})" if ex["factor"] is not None else ""
+    claims = (f"claims {ex['claimed_context']:,} tokens" if ex["claimed_context"] is not None
+              else "claims no fixed limit")
+    original = f"from an original {ex['original_context']:,}" if ex["original_context"] else "original unknown"
+    return f"the config's {ex['rope_type']} scaling{factor}, {original}, {claims}"
 
 
 def pick(target_context: int, train_context: int | None = None, budget: str = "none", task: str = "lm",
@@ -181,20 +209,45 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
     string, never a made-up number); config: an existing model's config.json (path or mapping): rope_theta and
     train_context default to what it says (``config_context``).
     """
-    if config is not None:
-        theta, context = config_context(config)
-        rope_theta = theta if rope_theta is None else rope_theta
-        train_context = context if train_context is None else train_context
+    existing, theta_from = None, "given"
+    if config is not None:   # explicit arguments win over what the config says
+        entry = _config_rope(config)
+        if rope_theta is None:
+            rope_theta, theta_from = entry["rope_theta"], "read from the config"
+        if train_context is None:
+            train_context = _entry_context(entry)
+            if train_context is None:
+                raise PosencError("the config states no context length (max_position_embeddings): give "
+                                  "--train-context")
+        existing = _existing_scaling(entry)
     if train_context is None:
         raise PosencError("train_context is required (or give config= to read it from a model config)")
     _check_inputs(target_context, train_context, budget, task, rope_theta)
     inputs = {"target_context": target_context, "train_context": train_context, "budget": budget, "task": task,
-              "extrapolation_needed": bool(extrapolation_needed), "rope_theta": rope_theta}
+              "extrapolation_needed": bool(extrapolation_needed), "rope_theta": rope_theta,
+              "existing_scaling": existing}
     if budget == "pretrain":
-        rec = _pick_pretrain(target_context, train_context, task, extrapolation_needed)
+        rec = _pick_pretrain(target_context, train_context, task, extrapolation_needed,
+                             None if rope_theta is None else float(rope_theta), theta_from)
+        if existing is not None:
+            rec.notes.append(f"{_describe_existing(existing)}: a new model is pretrained from scratch, so the "
+                             "recommendation above does not build on it")
+    elif existing is not None and _covers(existing, target_context, budget):
+        rec = _keep_existing(existing, target_context, budget)
     else:
         rec = _pick_existing(target_context, train_context, budget, task, extrapolation_needed,
-                             10_000.0 if rope_theta is None else float(rope_theta))
+                             10_000.0 if rope_theta is None else float(rope_theta),
+                             lmax=None if config is None else entry["max_position_embeddings"],
+                             known_rope=config is not None, replacing=existing is not None)
+        if existing is not None and rec.config_snippet:
+            rec.method += f", replacing the config's {existing['rope_type']} scaling"
+            short = (f"short of the target {target_context:,}" if existing["claimed_context"] is not None else
+                     "whose frequencies move with the length (a moving target to fine-tune on)")
+            rec.notes.insert(0, f"{_describe_existing(existing)}, {short}: the snippet replaces that scaling "
+                                "(its rope_parameters take the place of the config's rope_scaling / "
+                                f"rope_parameters), sized from the trained context {train_context:,} (`posenc "
+                                "extend CONFIG --method ... --replace` does the same); the model was trained with "
+                                "the old scaling, so its behaviour inside the range that scaling served changes too")
         if rope_theta is None and rec.config_snippet:  # never a made-up base for an existing model
             rec.config_snippet["rope_parameters"]["rope_theta"] = THETA_PLACEHOLDER
             rec.parameters["rope_theta"] = THETA_PLACEHOLDER
@@ -204,7 +257,48 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
     return rec
 
 
-def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendation:
+def _covers(ex: dict[str, Any], T: int, budget: str) -> bool:
+    """Whether a config's existing scaling already serves T tokens. Dynamic NTK claims no limit: it covers any T
+    zero-shot (budget none), and up to max_position_embeddings, where it starts acting, for a fine-tune (whose
+    frequencies must not move with the length)."""
+    if ex["claimed_context"] is not None:
+        return T <= ex["claimed_context"]
+    if ex["rope_type"] == "dynamic":
+        return budget == "none" or (ex["max_position_embeddings"] is not None and T <= ex["max_position_embeddings"])
+    return False
+
+
+def _keep_existing(ex: dict[str, Any], T: int, budget: str) -> Recommendation:
+    """The config's own scaling already reaches T: nothing to change."""
+    if ex["claimed_context"] is not None:
+        why = (f"{_describe_existing(ex)} ({ex['claimed_from']}), which covers the target {T:,}: the model was "
+               f"trained or tuned with these frequencies (transformers' modeling_rope_utils computes them from the "
+               f"config's {ex['rope_type']} keys), so no extension is needed")
+    elif ex["max_position_embeddings"] is not None and T <= ex["max_position_embeddings"]:
+        why = (f"{_describe_existing(ex)}: the target {T:,} fits in max_position_embeddings "
+               f"({ex['max_position_embeddings']}), below which dynamic NTK keeps the trained frequencies "
+               "(transformers' modeling_rope_utils, dynamic rope type), so no extension is needed")
+    else:
+        why = (f"{_describe_existing(ex)}: dynamic NTK rescales the base for every length past "
+               f"max_position_embeddings ({ex['max_position_embeddings']}) (transformers' modeling_rope_utils, "
+               f"dynamic rope type), so the config already serves {T:,} tokens zero-shot")
+    notes = []
+    if ex["claimed_context"] is None and budget == "none" and why.endswith("zero-shot"):
+        notes.append("dynamic NTK degrades with the ratio to its original length (Ding et al. 2024, LongRoPE "
+                     "Table 1); with a fine-tuning budget, --budget finetune recommends YaRN in its place")
+    return Recommendation(
+        scheme="keep the model's own encoding", method=f"none (the config's {ex['rope_type']} scaling covers it)",
+        parameters={"existing_rope_type": ex["rope_type"], "existing_factor": ex["factor"],
+                    "original_context": ex["original_context"], "claimed_context": ex["claimed_context"],
+                    "target_context": T},
+        reasons=[why],
+        alternatives=[_alt("another extension method", f"replacing the {ex['rope_type']} scaling would change the "
+                           "frequencies the model was trained with, inside the range it already serves")],
+        config_snippet={}, notes=notes)
+
+
+def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool, given_theta: float | None = None,
+                   theta_from: str = "given") -> Recommendation:
     causal = task != "encoder"
     if extrapolate and task in ("lm", "encoder"):
         bias = "-m_h*(i-j) under the causal mask" if causal else "symmetric -m_h*|i-j| (bidirectional)"
@@ -212,6 +306,8 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
         if not causal:
             reasons.append(EVIDENCE["encoder_alibi"])
         snippet: dict[str, Any] = {"attn_config": {"alibi": True, "alibi_bias_max": 8}, "max_seq_len": T}
+        unused = ([] if given_theta is None else
+                  [f"rope_theta {given_theta:g} ({theta_from}) is not used: ALiBi has no rotary base"])
         return Recommendation(
             scheme="ALiBi", method="none (extrapolates without tuning)",
             parameters={"slopes": "geometric 2^(-8h/H), h=1..H (posenc.alibi_slopes(H))", "bias": bias,
@@ -237,14 +333,20 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
             notes=[f"train at {L} tokens; MPT-style config keys shown (max_seq_len is the serving length); "
                    "in posenc: scores += posenc.alibi_bias(n_heads, q_len, k_len)"
                    + ("" if causal else " (symmetric |i-j| is what alibi_bias builds)"),
-                   EVIDENCE["alibi_sliding"] + " -- if far-context retrieval matters, prefer --task retrieval"],
+                   EVIDENCE["alibi_sliding"] + " -- if far-context retrieval matters, prefer --task retrieval",
+                   *unused],
         )
     theta, who = _pretrain_theta(min(T, L))
+    if given_theta is None:
+        theta_reason = (f"rope_theta {theta:g} follows the published choice of {who} (rope_theta in their model "
+                        "cards' config.json)")
+    else:
+        theta_reason = (f"rope_theta {given_theta:g} as {theta_from}; the published choice at this length is {theta:g} "
+                        f"({who}, rope_theta in their model cards' config.json)")
+        theta = given_theta
     params: dict[str, Any] = {"rope_theta": theta, "layout": "half (HF rotate_half) or interleaved: same math",
                               "train_context": L}
-    reasons = [EVIDENCE["rope_default"],
-               f"rope_theta {theta:g} follows the published choice of {who} (rope_theta in their model cards' "
-               "config.json)"]
+    reasons = [EVIDENCE["rope_default"], theta_reason]
     alternatives = [
         _alt("ALiBi", "extrapolates in perplexity but its linear distance penalty mutes far tokens "
                       + ("(retrieval/code need them: " + EVIDENCE["alibi_sliding"] + "; " + EVIDENCE["lab_copy"]
@@ -276,10 +378,14 @@ def _pick_pretrain(T: int, L: int, task: str, extrapolate: bool) -> Recommendati
                           alternatives=alternatives, config_snippet=snippet, notes=notes)
 
 
-def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, theta: float) -> Recommendation:
-    notes = ["assumes the existing model uses RoPE (almost every open model does); an ALiBi model (BLOOM, MPT) "
-             "needs no change to run longer; a learned-position model (GPT-2, OPT) cannot go past its table "
-             "without new rows and training -- run `posenc inspect config.json` to see which you have"]
+def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, theta: float, *,
+                   lmax: int | None = None, known_rope: bool = False, replacing: bool = False) -> Recommendation:
+    """lmax: the config's max_position_embeddings when a config was given; known_rope: the config says RoPE;
+    replacing: the config has a scaling of its own, which the recommendation replaces."""
+    notes = [] if known_rope else [
+        "assumes the existing model uses RoPE (almost every open model does); an ALiBi model (BLOOM, MPT) "
+        "needs no change to run longer; a learned-position model (GPT-2, OPT) cannot go past its table "
+        "without new rows and training -- run `posenc inspect config.json` to see which you have"]
     if T <= L:
         return Recommendation(
             scheme="keep the model's own encoding", method="none",
@@ -318,7 +424,7 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                                  + EVIDENCE["lab_longrope"]),
                 _alt("ALiBi", "needs pretraining from scratch"),
             ],
-            config_snippet=_snippet("dynamic", L, T, theta),
+            config_snippet=_snippet("dynamic", L, T, theta, lmax),
             notes=notes + ["keep max_position_embeddings at the original context: dynamic NTK scales relative to "
                            "it; cache keys before rotation for exactness under a KV cache (docs/scaling.md, the "
                            "Rotary module)"])
@@ -354,10 +460,10 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                                 "trains on a moving target"),
             _alt("ALiBi", "needs pretraining from scratch"),
         ],
-        config_snippet=_yarn_betas(_snippet("yarn", L, T, theta)),
+        config_snippet=_yarn_betas(_snippet("yarn", L, T, theta, lmax)),
         notes=notes + ["fine-tune on documents up to the target length (hundreds of steps / ~1B tokens: docs/lesson.md "
                        "'PI + fine-tune'); `posenc extend CONFIG --method yarn --target-length "
-                       f"{T}` writes the config"])
+                       f"{T}{' --replace' if replacing else ''}` writes the config"])
 
 
 def format_recommendation(rec: Recommendation) -> str:
@@ -369,6 +475,8 @@ def format_recommendation(rec: Recommendation) -> str:
         head += (f"\n  for {i['target_context']} tokens (trained at {i['train_context']}, x{ratio:g}), "
                  f"budget {i['budget']}, task {i['task']}"
                  + (", extrapolation needed" if i["extrapolation_needed"] else ""))
+        if i.get("existing_scaling"):
+            head += f"\n  existing scaling: {_describe_existing(i['existing_scaling'])}"
     lines = [head, "", "Parameters:"]
     lines += [f"  {k}: {v}" for k, v in rec.parameters.items()]
     lines += ["", "Why:"] + [f"  - {r}" for r in rec.reasons]
@@ -387,7 +495,9 @@ def add_arguments(parser) -> None:
                         help="tokens the model was trained at (existing model) or will be trained at (pretrain); "
                              "read from --config when not given")
     parser.add_argument("--config", default=None,
-                        help="an existing model's config.json: its rope_theta and original context are used")
+                        help="an existing model's config.json: its rope_theta and original context are used "
+                             "(--rope-theta / --train-context override them), and its existing RoPE scaling is "
+                             "taken into account")
     parser.add_argument("--budget", choices=BUDGETS, default="none",
                         help="none: use an existing model as is; finetune: a short fine-tune; pretrain: new model")
     parser.add_argument("--task", choices=TASKS, default="lm", help="workload (encoder = bidirectional)")
@@ -395,7 +505,8 @@ def add_arguments(parser) -> None:
                         help="inputs may be longer than any length ever trained on")
     parser.add_argument("--rope-theta", type=float, default=None,
                         help="the existing model's rope_theta, written into the snippet (without it the snippet "
-                             "shows a placeholder)")
+                             "shows a placeholder); with --budget pretrain, the base to train with instead of the "
+                             "published anchor")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 

@@ -149,9 +149,15 @@ def plot_sinusoidal(out, *, max_len: int = 512, dim: int = 128, base: float = 10
 
 # ---------------------------------------------------------------------------------------------------- rope
 
-def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor: float | None,
-                  original: int | None, max_position_embeddings: int | None) -> dict[str, Any]:
-    """A config mapping from a file / mapping, or from flags."""
+# what plot rope / plot scaling draw when neither a flag nor a config says otherwise
+DEFAULT_HEAD_DIM, DEFAULT_THETA, DEFAULT_ORIGINAL, DEFAULT_FACTOR = 128, 10000.0, 4096, 8.0
+
+
+def _rope_mapping(config, *, head_dim: int | None = None, theta: float | None = None, rope_type: str | None = None,
+                  factor: float | None = None, original: int | None = None,
+                  max_position_embeddings: int | None = None) -> dict[str, Any]:
+    """A config mapping from a file / mapping, or from flags. With both, the flags given (not None) override the
+    config's values (the usual CLI rule: what is typed wins over what a file says)."""
     from posenc.tools._io import read_config
     from posenc.tools.inspect import detect_scheme
 
@@ -160,9 +166,16 @@ def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor
         scheme, why = detect_scheme(cfg)
         if scheme != "rope":
             raise PosencError(f"config does not use RoPE ({scheme}: {why}); nothing to plot")
-        return cfg
+        overrides = {k: v for k, v in (("head_dim", head_dim), ("theta", theta), ("rope_type", rope_type),
+                                       ("factor", factor), ("original", original),
+                                       ("max_position_embeddings", max_position_embeddings)) if v is not None}
+        return _override(cfg, **overrides) if overrides else cfg
+    head_dim = DEFAULT_HEAD_DIM if head_dim is None else head_dim
+    theta = DEFAULT_THETA if theta is None else theta
+    rope_type = "default" if rope_type is None else rope_type
     params: dict[str, Any] = {"rope_type": rope_type, "rope_theta": _positive_float(theta, "theta")}
     if factor is not None:
+        _check_takes_factor(rope_type)
         params["factor"] = _positive_float(factor, "factor")
     if original is not None:
         params["original_max_position_embeddings"] = _positive_int(original, "original", MAX_CONTEXT)
@@ -178,10 +191,61 @@ def _rope_mapping(config, *, head_dim: int, theta: float, rope_type: str, factor
     return mapping
 
 
-def plot_rope(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, rope_type: str = "default",
-              factor: float | None = None, original: int | None = None, max_position_embeddings: int | None = None,
-              seq_len: int | None = None, title: str | None = None) -> dict[str, Any]:
+def _takes_factor(rope_type: str) -> bool:
+    from posenc.rope.registry import rope_type_function
+
+    fn = rope_type_function(rope_type)        # ConfigError naming an unknown rope_type
+    return "factor" in fn.required_keys or "factor" in fn.optional_keys
+
+
+def _check_takes_factor(rope_type: str) -> None:
+    if not _takes_factor(rope_type):
+        raise PosencError(f"--factor does not apply to rope_type {rope_type!r} (it has no factor); give a --rope-type "
+                          "that scales, e.g. linear or yarn")
+
+
+def _override(cfg: Mapping[str, Any], **flags) -> dict[str, Any]:
+    """A flat RoPE mapping holding what ``cfg`` says (as posenc.rope.config reads it), with the given flags in place
+    of the config's values. A new rope_type keeps the config's factor and original context (unless those flags are
+    given too) and takes the registry's fixed parameters for that method, not the old type's other keys."""
+    from posenc.rope.config import load_rope_config
+    from posenc.rope.scaling import MULTI_AXIS_KEYS
+
+    rc = load_rope_config(cfg)
+    rope_type = flags.get("rope_type", rc.rope_type)
+    if rope_type == rc.rope_type:
+        params = dict(rc.params)
+    else:   # the old type's own keys (low_freq_factor, short_factor...) do not belong to the new one
+        params = {k: v for k, v in rc.params.items()
+                  if k in MULTI_AXIS_KEYS or (k == "factor" and _takes_factor(rope_type))}
+        for key, value in (METHODS[rope_type].defaults.items() if rope_type in METHODS else ()):
+            params.setdefault(key, value)
+    if "factor" in flags:
+        _check_takes_factor(rope_type)
+        params["factor"] = _positive_float(flags["factor"], "factor")
+    theta = _positive_float(flags["theta"], "theta") if "theta" in flags else rc.theta
+    original = (_positive_int(flags["original"], "original", MAX_CONTEXT) if "original" in flags
+                else rc.original_max_position_embeddings)
+    lmax = (_positive_int(flags["max_position_embeddings"], "max_position_embeddings", MAX_CONTEXT)
+            if "max_position_embeddings" in flags else rc.max_position_embeddings)
+    head_dim = _positive_int(flags["head_dim"], "head_dim", MAX_DIM) if "head_dim" in flags else rc.head_dim
+    params.update(rope_type=rope_type, rope_theta=theta)
+    if original is not None:
+        params["original_max_position_embeddings"] = original
+    mapping = {"head_dim": head_dim, "partial_rotary_factor": rc.partial_rotary_factor, "rope_parameters": params}
+    if lmax is not None:
+        mapping["max_position_embeddings"] = lmax
+    return mapping
+
+
+def plot_rope(out, config=None, *, head_dim: int | None = None, theta: float | None = None,
+              rope_type: str | None = None, factor: float | None = None, original: int | None = None,
+              max_position_embeddings: int | None = None, seq_len: int | None = None,
+              title: str | None = None) -> dict[str, Any]:
     """Wavelength 2*pi/inv_freq per pair for a RoPE config (path / mapping) or flags, bands coloured.
+
+    Without a config the flags describe the RoPE (None: head_dim 128, theta 10000, rope_type "default"); with one,
+    each flag given overrides the config's value.
 
     seq_len: length at which length-dependent types (dynamic, longrope) are evaluated (default the claimed
     context). Returns {"path", "wavelength", "wavelength_unscaled", "labels", "original_context", "claimed_context"}.
@@ -288,27 +352,38 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     return out
 
 
-def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.0, original: int = 4096,
-                 factor: float = 8.0) -> dict[str, Any]:
+def plot_scaling(out, config=None, *, head_dim: int | None = None, theta: float | None = None,
+                 original: int | None = None, factor: float | None = None) -> dict[str, Any]:
     """PI, NTK, dynamic, YaRN, Llama 3 and LongRoPE side by side for one geometry.
 
-    config: take head_dim / theta / original context / factor (claimed / original) from a RoPE config, and its
-    searched LongRoPE factors when it has them (e.g. Phi-3). Returns {"path", "methods": {name: {"wavelength",
-    "interpolation", "attention_scaling", "labels"}}, "original", "target"}.
+    Without a config: head_dim 128, theta 10000, original 4096, factor 8 unless given. config: head_dim / theta /
+    original context from a RoPE config, factor = claimed / original context when it claims more (else 8), plus its
+    searched LongRoPE factors when it has them (e.g. Phi-3); each argument given overrides the config's value.
+    Returns {"path", "methods": {name: {"wavelength", "interpolation", "attention_scaling", "labels"}}, "original",
+    "target"}.
     """
     from posenc.rope.apply import default_inv_freq
 
     partial = 1.0
     longrope = own = None
+    if head_dim is not None:                  # the arguments given, checked before the config's values meet them
+        _positive_int(head_dim, "head_dim", MAX_DIM)
+    if original is not None:
+        _positive_int(original, "original", MAX_CONTEXT)
     if config is not None:
         from posenc.rope.config import load_rope_config
 
-        rc = load_rope_config(_rope_mapping(config, head_dim=head_dim, theta=theta, rope_type="default",
-                                            factor=None, original=None, max_position_embeddings=None))
-        head_dim, theta, partial = rc.head_dim, rc.theta, rc.partial_rotary_factor
-        original = original_context(rc) or original
+        rc = load_rope_config(_rope_mapping(config))
+        partial = rc.partial_rotary_factor
+        if head_dim is None:
+            head_dim = rc.head_dim
+        elif rc.rope_type == "longrope" and int(head_dim * partial) // 2 != rc.rotary_dim // 2:
+            raise PosencError(f"--head-dim {head_dim} gives {int(head_dim * partial) // 2} frequency pairs, but the "
+                              f"config's LongRoPE factors are for {rc.rotary_dim // 2}: drop --head-dim or --config")
+        theta = rc.theta if theta is None else theta
+        original = (original_context(rc) or DEFAULT_ORIGINAL) if original is None else original
         claimed, _ = claimed_context(rc)
-        if claimed and claimed > original:
+        if factor is None and claimed and claimed > original:
             factor = claimed / original
         if rc.rope_type == "longrope":
             longrope = rc.params
@@ -316,6 +391,10 @@ def plot_scaling(out, config=None, *, head_dim: int = 128, theta: float = 10000.
             l0 = rc.original_max_position_embeddings
             own = (rc.rope_type, {**rc.params, **({"original_max_position_embeddings": l0} if l0 else {})},
                    rc.max_position_embeddings)
+    head_dim = DEFAULT_HEAD_DIM if head_dim is None else head_dim
+    theta = DEFAULT_THETA if theta is None else _positive_float(theta, "theta")
+    original = DEFAULT_ORIGINAL if original is None else original
+    factor = DEFAULT_FACTOR if factor is None else factor
     _positive_int(head_dim, "head_dim", MAX_DIM)
     _positive_int(original, "original", MAX_CONTEXT)
     factor = check_float(factor, "factor", positive=True, max=float(MAX_CONTEXT) / original)
@@ -450,8 +529,7 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
     for c in configs:
         from posenc.rope.config import load_rope_config
 
-        rc = load_rope_config(_rope_mapping(c, head_dim=head_dim, theta=1e4, rope_type="default",
-                                            factor=None, original=None, max_position_embeddings=None))
+        rc = load_rope_config(_rope_mapping(c))   # --head-dim sizes the --base curves only
         claimed, _ = claimed_context(rc)
         inv, _ = rope_parameters(rc, claimed)
         name = Path(os.fspath(c)).stem if isinstance(c, (str, os.PathLike)) else "config"
@@ -496,22 +574,25 @@ def add_arguments(parser) -> None:
     p.add_argument("--base", type=float, default=10000.0, help="sinusoid base, default 10000")
 
     p = kinds.add_parser("rope", help="wavelength per pair for a config or flags, bands marked")
-    p.add_argument("--config", help="a Hugging Face config.json (else the flags below)")
-    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
-    p.add_argument("--theta", type=float, default=10000.0, help="rope_theta (default 10000)")
-    p.add_argument("--rope-type", default="default",
-                   help="a registered rope_type: default, linear, ntk, dynamic, yarn, llama3, longrope, ...")
+    p.add_argument("--config", help="a Hugging Face config.json (else the flags below); the flags below that are "
+                                    "given override the config's values")
+    p.add_argument("--head-dim", type=int, default=None, help=f"head dimension (default {DEFAULT_HEAD_DIM})")
+    p.add_argument("--theta", type=float, default=None, help=f"rope_theta (default {DEFAULT_THETA:g})")
+    p.add_argument("--rope-type", default=None,
+                   help="a registered rope_type: default, linear, ntk, dynamic, yarn, llama3, longrope, ... "
+                        "(default: default)")
     p.add_argument("--factor", type=float, help="scaling factor s")
     p.add_argument("--original", type=int, help="original (pre-extension) context length")
-    p.add_argument("--max-position-embeddings", type=int)
+    p.add_argument("--max-position-embeddings", type=int, help="the context the config claims")
     p.add_argument("--seq-len", type=int, help="length for length-dependent types (dynamic, longrope)")
 
     p = kinds.add_parser("scaling", help="every registered extension method side by side (PI, NTK, YaRN, ...)")
-    p.add_argument("--config", help="take geometry (and searched LongRoPE factors) from this config")
-    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
-    p.add_argument("--theta", type=float, default=10000.0, help="rope_theta (default 10000)")
-    p.add_argument("--original", type=int, default=4096, help="original context L0 (default 4096)")
-    p.add_argument("--factor", type=float, default=8.0, help="extension factor s (default 8)")
+    p.add_argument("--config", help="take geometry, original context, factor (claimed / original) and searched "
+                                    "LongRoPE factors from this config; the flags below that are given override it")
+    p.add_argument("--head-dim", type=int, default=None, help=f"head dimension (default {DEFAULT_HEAD_DIM})")
+    p.add_argument("--theta", type=float, default=None, help=f"rope_theta (default {DEFAULT_THETA:g})")
+    p.add_argument("--original", type=int, default=None, help=f"original context L0 (default {DEFAULT_ORIGINAL})")
+    p.add_argument("--factor", type=float, default=None, help=f"extension factor s (default {DEFAULT_FACTOR:g})")
 
     p = kinds.add_parser("alibi", help="per-head ALiBi bias heatmaps and slopes")
     p.add_argument("--heads", type=int, default=8, help="number of heads (default 8)")

@@ -279,3 +279,9 @@ def test_malformed_rope_configs_give_named_errors_or_finite_tables(cfg, seq_len,
             json.dumps(inspect_config(cfg, seq_len=seq_len))
         except PosencError:
             pass
+
+
+@pytest.mark.parametrize("raw", [{"head_dim": 10**31}, {"hidden_size": 10**31, "num_attention_heads": 4}])
+def test_absurd_head_widths_are_a_config_error(raw):
+    with pytest.raises(ConfigError, match="head_dim must be an integer in"):
+        rope_parameters({**raw, "rope_theta": 1e4})

@@ -232,6 +232,13 @@ def test_pick_reads_theta_and_length(name):
         return
     theta = (entries.get(None) or entries["full_attention"])[1]
     assert config_context(CONFIGS / f"{name}.json") == (theta, original or claimed)
-    rec = pick(8 * (original or claimed), config=CONFIGS / f"{name}.json", budget="finetune")
+    # past what the config claims, an extension is needed: sized from the original context, replacing (and
+    # saying so) a scaling the config already has
+    rec = pick(2 * (claimed or original), config=CONFIGS / f"{name}.json", budget="finetune")
     assert rec.config_snippet["rope_parameters"]["rope_theta"] == theta
     assert rec.config_snippet["rope_parameters"]["original_max_position_embeddings"] == (original or claimed)
+    rope_type = (entries.get(None) or entries["full_attention"])[0]
+    assert ("replacing the config's" in rec.method) == (rope_type != "default"), rec.method
+    if claimed and original and claimed > original:     # within the claimed context the config's scaling serves
+        kept = pick(claimed, config=CONFIGS / f"{name}.json", budget="finetune")
+        assert kept.method.startswith("none") and kept.config_snippet == {}

@@ -247,3 +247,27 @@ def test_impossible_out_paths_are_one_line(tmp_path, capsys, out):
                  "yarn", "--out", out]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc extend: error:") and "\n" not in err and ("x.json" in err or "posenc-test" in err)
+
+
+# ---------------------------------------------------------------------------------------------------- audit
+
+@pytest.mark.parametrize("method", [m for m in METHODS if not REGISTRY[m].keeps_original_length])
+def test_factor_one_is_refused_where_it_would_only_relabel_the_context(tmp_path, capsys, method):
+    """factor 1 changes no frequency; writing max_position_embeddings = target would claim 4x the context for free."""
+    out = tmp_path / "o.json"
+    assert main(["extend", str(QWEN), "--method", method, "--factor", "1", "--target-length", "131072",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc extend: error: factor must be > 1") and "\n" not in err and not out.exists()
+    # dynamic keeps max_position_embeddings at L0 and still rescales past it: factor 1 is its gentlest setting
+    result = extend_config(QWEN, 131072, "dynamic", factor=1.0)
+    assert result.config["max_position_embeddings"] == 32768 and result.factor == 1.0
+
+
+def test_longrope_file_errors_name_the_flag(tmp_path, capsys):
+    (tmp_path / "list.json").write_text("[1]")
+    for where in (str(tmp_path), str(tmp_path / "list.json")):
+        assert main(["extend", str(QWEN), "--target-length", "65536", "--method", "longrope", "--longrope", where,
+                     "--out", str(tmp_path / "o.json")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"posenc extend: error: --longrope {where}:") and "\n" not in err

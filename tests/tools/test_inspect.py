@@ -212,6 +212,7 @@ _BAD_FACTORS = ["x", [4.0], {"a": 1}, True]
 @example(cfg=_yarn_cfg([4.0]))
 @example(cfg={"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 4096,
               "rope_scaling": {"rope_type": "linear", "factor": "x"}})
+@example(cfg={"model_type": "gpt2", "n_positions": [1]})     # the text form once crashed formatting it
 def test_malformed_configs_fail_cleanly(cfg):
     import warnings
 
@@ -219,7 +220,7 @@ def test_malformed_configs_fail_cleanly(cfg):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for call in (lambda: inspect_config(cfg), lambda: extend_config(cfg, 1 << 22, "yarn")):
+        for call in (lambda: format_report(inspect_config(cfg)), lambda: extend_config(cfg, 1 << 22, "yarn")):
             try:
                 call()
             except (ValueError, KeyError):
@@ -339,3 +340,75 @@ def test_a_vision_tower_is_refused_by_extend_with_the_reason(capsys, tmp_path):
     assert main(["extend", str(CONFIGS / "pixtral-12b-vision.json"), "--target-length", "65536", "--method",
                  "yarn", "--out", str(tmp_path / "c.json")]) == 2
     assert "vision tower with 2-D (axial) RoPE" in capsys.readouterr().err
+
+
+# ----------------------------------------------------- audit: values of the wrong type or range are named errors
+
+@pytest.mark.parametrize("cfg,key", [
+    ({"model_type": "gpt2", "n_positions": "1024"}, "n_positions"),
+    ({"model_type": "gpt2", "n_positions": [1]}, "n_positions"),
+    ({"model_type": "gpt2", "n_positions": -1}, "n_positions"),
+    ({"model_type": "bloom", "n_head": 16, "seq_length": "2048"}, "seq_length"),
+    ({"model_type": "marian", "max_position_embeddings": "512"}, "max_position_embeddings"),
+    ({"model_type": "marian", "max_position_embeddings": 512, "d_model": "512"}, "d_model"),
+    ({"model_type": "opt", "max_position_embeddings": 1e30}, "max_position_embeddings"),
+    ({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 10**30},
+     "max_position_embeddings"),
+    ({"model_type": "t5", "relative_attention_num_buckets": -1}, "relative_attention_num_buckets"),
+    ({"model_type": "t5", "relative_attention_max_distance": "x"}, "relative_attention_max_distance"),
+    ({"model_type": "bloom", "n_head": 0}, "n_head"),
+    ({"model_type": "bloom", "n_head": -4}, "n_head"),
+    ({"model_type": "bloom", "n_head": "16"}, "n_head"),
+    ({"model_type": "mpt", "n_heads": 8, "attn_config": {"alibi": True, "alibi_bias_max": -8}},
+     "attn_config.alibi_bias_max"),
+    ({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "head_dim": 0,
+      "max_position_embeddings": 4096}, "head_dim"),
+    ({"model_type": "deepseek_v3", "hidden_size": 4096, "num_attention_heads": 32, "qk_rope_head_dim": 64,
+      "head_dim": -64, "max_position_embeddings": 4096}, "head_dim"),
+])
+@pytest.mark.parametrize("json_mode", [False, True])
+def test_bad_values_are_one_line_errors_naming_the_key_in_text_and_json(tmp_path, capsys, cfg, key, json_mode):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["inspect", str(path), *(["--json"] if json_mode else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("posenc inspect: error:") and f"{key} must be" in err[0], err
+    with pytest.raises(ConfigError, match=key):
+        inspect_config(cfg)
+
+
+def test_seq_len_is_capped_like_extend_targets(tmp_path, capsys):
+    from posenc.tools.contexts import MAX_CONTEXT
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                                "max_position_embeddings": 4096}))
+    assert main(["inspect", str(path), "--seq-len", "9" * 29]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc inspect: error: seq_len") and str(MAX_CONTEXT) in err and "\n" not in err
+    assert inspect_config(path, seq_len=MAX_CONTEXT)["rope"][0]["evaluated_at_length"] == MAX_CONTEXT
+
+
+def test_head_dim_zero_follows_the_familys_transformers_attention():
+    """Mistral's attention reads `head_dim or hidden // heads` (0 -> derived, as posenc reads it); Llama's takes
+    head_dim as given, so 0 cannot build a model there (transformers fails on head_dim ** -0.5): refused."""
+    from transformers import LlamaConfig, MistralConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+    from transformers.models.mistral.modeling_mistral import MistralAttention
+
+    sizes = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 0}
+    assert MistralAttention(MistralConfig(**sizes), 0).head_dim == 16
+    with pytest.raises(ZeroDivisionError):
+        LlamaAttention(LlamaConfig(**sizes), 0)
+    (e,) = inspect_config({"model_type": "mistral", "max_position_embeddings": 4096, **sizes})["rope"]
+    assert (e["head_dim"], e["rotary_dim"]) == (16, 16)
+    with pytest.raises(ConfigError, match="head_dim must be a positive integer, got 0"):
+        inspect_config({"model_type": "llama", "max_position_embeddings": 4096, **sizes})
+
+
+def test_alibi_without_a_head_count_says_so_instead_of_none(capsys, tmp_path):
+    report = inspect_config({"model_type": "bloom"})
+    assert report["alibi"]["n_heads"] is None and "None" not in report["description"]
+    assert any("no head count" in w for w in report["warnings"])
+    report = inspect_config({"model_type": "mpt", "n_heads": 8, "attn_config": {"alibi": True, "alibi_bias_max": 16}})
+    assert any("2^(-16h/H)" in w for w in report["warnings"])

@@ -3,6 +3,7 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -173,3 +174,68 @@ def test_finetune_and_longrope_advice_cite_the_lab_measurements():
     longrope = why["LongRoPE"]
     assert "9.73" in longrope and "posenc search" in longrope
     assert "PoSE" in why
+
+
+# ------------------------------------------------- audit: a config's own scaling, explicit flags over the config
+
+LLAMA31 = Path(__file__).parent.parent / "fixtures" / "configs" / "llama-3.1-8b.json"
+
+
+def test_config_whose_scaling_already_covers_the_target_needs_no_extension(capsys):
+    """Llama 3.1 claims 131,072 tokens with llama3 scaling: 32,768 needs nothing, and the output says why."""
+    assert main(["pick", "--target-context", "32768", "--config", str(LLAMA31)]) == 0
+    text = capsys.readouterr().out
+    assert "Recommendation: keep the model's own encoding -- none (the config's llama3 scaling covers it)" in text
+    assert "claims 131,072 tokens" in text and "dynamic" not in text and "Config snippet" not in text
+    for budget in ("none", "finetune"):
+        rec = pick(32768, config=LLAMA31, budget=budget)
+        assert rec.config_snippet == {} and rec.method.startswith("none")
+        assert rec.inputs["existing_scaling"]["rope_type"] == "llama3"
+        assert rec.inputs["existing_scaling"]["claimed_context"] == 131072
+        assert all(CITATION.search(r) for r in rec.reasons)
+
+
+def test_config_whose_scaling_falls_short_is_replaced_from_its_original_context():
+    from posenc.tools.extend import extend_config
+
+    rec = pick(262144, config=LLAMA31, budget="finetune")
+    assert rec.method == "yarn + short fine-tune, replacing the config's llama3 scaling"
+    assert "replaces that scaling" in rec.notes[0] and "131,072" in rec.notes[0]
+    assert any("--replace" in n for n in rec.notes)
+    # the same config `posenc extend --method yarn --replace` writes: factor 32 from the original 8192
+    written = extend_config(LLAMA31, 262144, "yarn", replace=True).config
+    snippet = rec.config_snippet
+    assert snippet["max_position_embeddings"] == written["max_position_embeddings"] == 262144
+    assert {k: v for k, v in snippet["rope_parameters"].items() if not k.startswith("beta")} == \
+        written["rope_parameters"]
+    # zero-shot: dynamic NTK from 8192, and the snippet resets max_position_embeddings (the file says 131072)
+    zero = pick(262144, config=LLAMA31)
+    assert "replacing the config's llama3 scaling" in zero.method
+    assert zero.config_snippet["max_position_embeddings"] == 8192
+    assert zero.config_snippet["rope_parameters"]["factor"] == 32.0
+
+
+def test_config_with_dynamic_ntk_covers_zero_shot_and_is_replaced_for_a_fine_tune():
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 4096,
+           "rope_theta": 1e4, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    keep = pick(65536, config=cfg)
+    assert keep.method.startswith("none") and keep.config_snippet == {}
+    assert "dynamic NTK rescales" in keep.reasons[0]
+    tune = pick(65536, config=cfg, budget="finetune")
+    assert "replacing the config's dynamic scaling" in tune.method
+    assert tune.config_snippet["rope_parameters"]["factor"] == 16.0
+    assert pick(2048, config=cfg, budget="finetune").config_snippet == {}
+
+
+def test_explicit_rope_theta_is_used_for_pretraining(capsys):
+    assert main(["pick", "--target-context", "8192", "--train-context", "8192", "--budget", "pretrain",
+                 "--rope-theta", "5", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parameters"]["rope_theta"] == 5.0
+    assert data["config_snippet"]["rope_parameters"]["rope_theta"] == 5.0
+    assert any("rope_theta 5 as given" in r and "500000" in r for r in data["reasons"])
+    # where the pick has no rotary base (ALiBi), a given theta is said to be unused, not dropped silently
+    alibi = pick(8192, 1024, "pretrain", "lm", True, rope_theta=5.0)
+    assert alibi.scheme == "ALiBi" and any("rope_theta 5 (given) is not used" in n for n in alibi.notes)
+    # an explicit theta also wins over the config's
+    assert pick(262144, config=LLAMA31, rope_theta=1e6).config_snippet["rope_parameters"]["rope_theta"] == 1e6

@@ -197,3 +197,53 @@ def test_scaling_plot_clips_and_names_the_off_scale_dynamic_curve(tmp_path):
     # base^(-(d-2)/d) is then divided by exactly s^2 - s + 1 (993 for Phi-3.5's x32)
     assert peak == pytest.approx(s * s - s + 1, rel=1e-4)
     assert all(max(v["interpolation"]) <= 3 * s for k, v in result["methods"].items() if k != name)
+
+
+# ----------------------------------------------------------------- audit: flags given with --config override it
+
+def test_rope_flags_override_the_config(tmp_path, capsys):
+    llama = CONFIGS / "llama-3.1-8b.json"
+    out = tmp_path / "r.png"
+    theta = plot_rope(out, llama, theta=1e4)
+    assert theta["wavelength_unscaled"][-1] == pytest.approx(2 * math.pi * 1e4 ** (126 / 128), rel=1e-6)
+    assert theta["labels"].count("interpolated") < 29             # llama3 at base 1e4: fewer pairs past 8192
+    assert set(plot_rope(out, llama, rope_type="default")["labels"]) == {"kept"}
+    assert len(plot_rope(out, llama, head_dim=64)["labels"]) == 32
+    assert plot_rope(out, llama, original=4096)["original_context"] == 4096
+    assert plot_rope(out, llama, max_position_embeddings=262144)["claimed_context"] == 262144
+    two = plot_rope(out, llama, factor=2.0)
+    j = two["labels"].index("interpolated")
+    assert two["wavelength"][j] == pytest.approx(2 * two["wavelength_unscaled"][j], rel=1e-6)
+    # on the command line too: --theta changes what is drawn
+    assert main(["plot", "rope", "--config", str(llama), "--out", str(out)]) == 0
+    plain = capsys.readouterr().out
+    assert main(["plot", "rope", "--config", str(llama), "--theta", "10000", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] != plain.splitlines()[0]
+
+
+def test_rope_factor_for_a_type_without_one_is_refused(tmp_path, capsys):
+    for argv in (["--factor", "4"], ["--config", str(CONFIGS / "qwen2.5-7b-instruct.json"), "--factor", "4"]):
+        assert main(["plot", "rope", *argv, "--out", str(tmp_path / "x.png")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("posenc plot: error: --factor does not apply to rope_type 'default'") and "\n" not in err
+    # with a type that scales, the config's plain RoPE takes the factor
+    result = plot_rope(tmp_path / "x.png", CONFIGS / "qwen2.5-7b-instruct.json", rope_type="linear", factor=4.0)
+    assert set(result["labels"]) == {"interpolated"}
+
+
+def test_scaling_flags_override_the_config(tmp_path, capsys):
+    llama = CONFIGS / "llama-3.1-8b.json"
+    result = plot_scaling(tmp_path / "s.png", llama, original=4096, factor=4.0)
+    assert (result["original"], result["factor"], result["target"]) == (4096, 4.0, 16384)
+    assert max(result["methods"]["PI"]["interpolation"]) == pytest.approx(4.0)
+    assert plot_scaling(tmp_path / "s.png", llama, original=4096)["factor"] == 32     # claimed / --original
+    small = plot_scaling(tmp_path / "s.png", llama, head_dim=64, theta=1e4)
+    wl = small["methods"]["default (no scaling)"]["wavelength"]
+    assert len(wl) == 32 and wl[-1] == pytest.approx(2 * math.pi * 1e4 ** (62 / 64), rel=1e-6)
+    assert main(["plot", "scaling", "--config", str(llama), "--factor", "2", "--out", str(tmp_path / "s.png")]) == 0
+    assert "dynamic NTK (factor 2) @ 16,384" in capsys.readouterr().out         # x2 from 8192, not the claimed x16
+    # searched LongRoPE factors fit one head size only: another one is refused naming both
+    assert main(["plot", "scaling", "--config", str(CONFIGS / "phi-3.5-mini-instruct.json"), "--head-dim", "128",
+                 "--out", str(tmp_path / "s.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--head-dim 128" in err and "--config" in err and "\n" not in err
