@@ -26,13 +26,23 @@ implementation (SDPA) unless ``--attn-implementation`` says otherwise.
 Outputs: the lab's tables (each task's report section: rows = model and method, e.g. "rope + YaRN, zero-shot",
 columns = length) are printed; with ``--out DIR`` also results.json ({meta, results, curves}: the lab's row schema
 {task, scheme, scaling, finetuned, train_len, eval_len, metric, value, std, seed, protocol, depth} and per-position
-losses), report.md and the lab's plots (posenc.lab.report through posenc.hf.lab_bridge), written atomically.
+losses), report.md and the lab's plots (posenc.lab.report through posenc.hf.lab_bridge), written atomically; a
+folder already holding results.json or report.md (a lab run, an earlier eval) is replaced only with ``--overwrite``.
+
+Checked before anything long runs: the flags (lists without empty entries, --factor only with an extension method,
+--device present on this machine, an --attn-implementation transformers knows, --threads), the model folder
+(config.json, weights, tokenizer; --config a JSON object transformers reads) and --out's writability. At load,
+weights that do not fit the config (missing, unexpected or reshaped keys, e.g. a Llama --config for a GPT-NeoX
+folder) are refused with a few of the keys: that model would run with random weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.util
+import json
+import logging
 import math
 import os
 import platform
@@ -52,6 +62,14 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 TASKS = ("lm", "passkey")
 # logits of one forward are [rows, T, vocab] float32: cap them near 256 MiB unless --batch-tokens says otherwise
 _LOGIT_BUDGET = 1 << 26
+# what --out receives; a folder already holding one of them (a lab run, an earlier eval) needs --overwrite
+OUTPUT_FILES = ("results.json", "report.md")
+# the weight files transformers' from_pretrained looks for in a local folder (transformers.utils' *_NAME constants)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+# files AutoTokenizer builds a tokenizer from (the fast tokenizer, its config, BPE / WordPiece / SentencePiece vocabs)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tekken.json")
 # model_type -> config attribute holding a hard position limit (a learned table, MPT's ALiBi tensor)
 _POSITION_LIMITS = {"gpt2": "n_positions", "mpt": "max_seq_len", "gpt_neo": "max_position_embeddings",
                     "opt": "max_position_embeddings", "gpt_bigcode": "n_positions", "biogpt": "max_position_embeddings"}
@@ -84,8 +102,9 @@ class EvalSettings:
         from posenc._validate import check_choice, check_float, check_int, positive_int
         from posenc.extensions import method_names
 
-        if not self.eval_lens:
-            raise ConfigError("eval_lens: expected at least one length")
+        for name in ("eval_lens", "tasks", "methods") + (("passkey_depths",) if "passkey" in self.tasks else ()):
+            if not getattr(self, name):
+                raise ConfigError(f"{name}: expected at least one entry, got none")
         self.eval_lens = [check_int(n, "eval_lens", min=2, error=ConfigError) for n in self.eval_lens]
         self.sliding_lens = [check_int(n, "sliding_lens", min=2, error=ConfigError) for n in self.sliding_lens]
         for t in self.tasks:
@@ -96,6 +115,10 @@ class EvalSettings:
             if self.factor is None:
                 raise ConfigError("factor: extension methods need --factor F (target / original context), e.g. 4")
             check_float(self.factor, "factor", min=1.0, error=ConfigError)
+        elif self.factor is not None:
+            raise ConfigError(f"factor: {self.factor!r} given, but only extension methods use it and methods is "
+                              f"{','.join(self.methods)}: pass --methods with a method (e.g. --methods none,yarn) "
+                              "or drop --factor")
         positive_int(self.eval_tokens, "eval_tokens", error=ConfigError)
         positive_int(self.passkey_trials, "passkey_trials", error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
@@ -109,7 +132,158 @@ class EvalSettings:
             check_choice(self.device_map, "device_map", ("auto",), error=ConfigError)
         if self.batch_tokens is not None:
             positive_int(self.batch_tokens, "batch_tokens", error=ConfigError)
+        check_device(self.device)
+        check_attn_implementation(self.attn_implementation)
         return self
+
+
+# ---- checks made before anything is loaded ----------------------------------------------------------------------
+
+def check_device(device, name: str = "device") -> torch.device:
+    """``device`` as a torch.device present on this machine, else ConfigError naming ``name``: "bogus" or
+    "cuda:99" is refused here, in the first second, not by torch once the model has been loaded."""
+    text = str(device)
+    expected = f"{name}: expected cpu, cuda, cuda:N, mps or another torch device type, got {text!r}"
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(expected) from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "meta":
+        raise ConfigError(f"{name}: {text} holds no data (shapes only); expected cpu, cuda, cuda:N, mps, ...")
+    backend = torch.backends.mps if dev.type == "mps" else getattr(torch, dev.type, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        raise ConfigError(f"{name}: {text} requested but {dev.type} is not available on this machine (torch "
+                          f"{torch.__version__}); use cpu" + (" or cuda" if torch.cuda.is_available() else ""))
+    count = getattr(getattr(torch, dev.type, None), "device_count", None)
+    if dev.index is not None and count is not None and dev.index >= count():
+        raise ConfigError(f"{name}: {text} requested but this machine has {count()} {dev.type} device(s), "
+                          f"{dev.type}:0 upwards")
+    return dev
+
+
+def attn_implementations() -> list[str]:
+    """The attention implementations this transformers registers (eager, sdpa, flex_attention, flash_attention_N,
+    paged|...); a model may still refuse one it does not support, which ``load_causal_lm`` reports."""
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        registered = list(ALL_ATTENTION_FUNCTIONS.valid_keys())
+    except (ImportError, AttributeError):  # a transformers without the registry
+        registered = ["sdpa", "flash_attention_2", "flex_attention"]
+    return ["eager"] + [k for k in registered if k != "eager"]
+
+
+def check_attn_implementation(value, name: str = "attn_implementation") -> str | None:
+    """``value`` if transformers knows that attention implementation (or it names a Hub kernel, "org/repo"), else
+    ConfigError listing the known ones. None: the model's default."""
+    if value is None:
+        return None
+    known = attn_implementations()
+    if not isinstance(value, str) or not (value in known or "/" in value
+                                          or (value.startswith("paged|") and value[len("paged|"):] in known)):
+        raise ConfigError(f"{name}: expected one of {', '.join(known)} (or a Hub kernel 'org/repo'), got {value!r}")
+    return value
+
+
+def _one_line(exc: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_config(model_dir: str | os.PathLike, config_file: str | os.PathLike | None = None):
+    """The transformers config of ``model_dir`` (its config.json) or ``config_file``; ConfigError naming the file
+    when it is not a JSON object transformers reads as a model config (a JSON list, no model_type, ...)."""
+    from transformers import AutoConfig
+
+    folder = Path(model_dir)
+    if config_file is None:
+        path, label = folder / "config.json", f"model {model_dir}: config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
+    else:
+        path, label = Path(config_file), f"config {config_file} (--config)"
+        if not path.is_file():
+            raise FileNotFoundError(f"config {config_file}: no such config file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{label}: not a JSON file ({_one_line(exc)}); expected a transformers config") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label}: expected a JSON object (a transformers config.json), got a JSON "
+                          f"{type(data).__name__.replace('dict', 'object')}")
+    try:
+        return AutoConfig.from_pretrained(str(path if config_file is not None else folder), local_files_only=True)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{label}: transformers does not read it as a model config: {_one_line(exc)}") from None
+
+
+def check_model_folder(model_dir: str | os.PathLike, config_file: str | os.PathLike | None = None,
+                       tokenizer: bool = True):
+    """A local model folder that can be evaluated: its config (or ``config_file``) reads, weights and (when
+    ``tokenizer``) tokenizer files are there; ConfigError naming what is missing otherwise. -> the config."""
+    folder = Path(model_dir)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
+    config = read_config(folder, config_file)
+    if not any((folder / f).is_file() for f in WEIGHT_FILES) and not getattr(config, "transformers_weights", None):
+        raise ConfigError(f"model {model_dir}: no weights (expected {', '.join(WEIGHT_FILES[:-1])} or "
+                          f"{WEIGHT_FILES[-1]} beside config.json)")
+    if tokenizer and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"model {model_dir}: no tokenizer (expected tokenizer.json or tokenizer_config.json with "
+                          "its vocabulary files beside config.json; posenc export writes the byte tokenizer)")
+    return config
+
+
+def check_out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """``out_dir`` as a folder ``write_outputs`` may write into, checked before any evaluation: not a file, not
+    holding results.json / report.md unless ``overwrite`` (a lab run's, an earlier eval's), and writable."""
+    from posenc.hf.export import check_writable_folder
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out {out_dir}: exists and is not a folder")
+    held = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if held and not overwrite:
+        raise ConfigError(f"out {out_dir}: already holds {' and '.join(held)} (a lab run or an earlier eval); pass "
+                          "overwrite (--overwrite) to replace them, or choose another folder")
+    check_writable_folder(out, f"out {out_dir} (--out)")
+    return out
+
+
+@contextlib.contextmanager
+def quiet_transformers(progress: bool = True):
+    """While loading: transformers' own load report is not logged (``load_causal_lm`` raises its own error with the
+    keys instead), and with ``progress`` False its progress bars ("Loading weights") are off; both restored after."""
+    from transformers.utils import logging as hf_logging
+
+    def no_report(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addFilter(no_report)
+    bars = hf_logging.is_progress_bar_enabled()
+    hub_off = None
+    if not progress and bars:
+        try:
+            from huggingface_hub.utils import are_progress_bars_disabled
+
+            hub_off = are_progress_bars_disabled()
+        except ImportError:
+            pass
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logger.removeFilter(no_report)
+        if not progress and bars:
+            hf_logging.enable_progress_bar()
+            if hub_off:
+                from huggingface_hub.utils import disable_progress_bars
+
+                disable_progress_bars()
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------
@@ -117,28 +291,30 @@ class EvalSettings:
 def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float | None = None,
                    replace_scaling: bool = False, device: str = "cpu", dtype: str = "float32",
                    device_map: str | None = None, attn_implementation: str | None = None,
-                   config_file: str | None = None, log=print):
+                   config_file: str | None = None, log=print, progress: bool = True):
     """Load a local causal LM (offline), optionally with an extension method written into its config.
     ``config_file``: load with this config instead of the folder's config.json (a searched LongRoPE config).
 
     -> (model in eval mode, its config as loaded, the ExtendResult or None). ``device_map="auto"`` needs
-    accelerate: without it the model is loaded on ``device`` and ``log`` says so.
+    accelerate: without it the model is loaded on ``device`` and ``log`` says so. Raises ConfigError when the
+    weights do not fit the config (missing, unexpected or reshaped keys: a model with random weights), for an
+    unknown device or an attention implementation the model cannot use. progress False: no transformers bars.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     folder = Path(model_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
-    if config_file is not None and not Path(config_file).is_file():
-        raise FileNotFoundError(f"config {config_file}: no such config file")
-    config = AutoConfig.from_pretrained(str(config_file or folder), local_files_only=True)
+    config = check_model_folder(folder, config_file, tokenizer=False)
+    check_device(device)
+    check_attn_implementation(attn_implementation)
     extended = None
     if method not in (None, "none"):
         from posenc.hf.scaling import extend_for_factor
 
         extended = extend_for_factor(config.to_dict(), method, factor, replace=replace_scaling)
         config = type(config).from_dict(extended.config)
-    kwargs = dict(config=config, dtype=DTYPES[dtype], local_files_only=True)
+    # the loading info is checked below; a shape mismatch is reported there too, not raised by transformers
+    kwargs = dict(config=config, dtype=DTYPES[dtype], local_files_only=True, output_loading_info=True,
+                  ignore_mismatched_sizes=True)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if device_map == "auto":
@@ -147,16 +323,60 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
             device_map = None
         else:
             kwargs["device_map"] = "auto"
-    model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs).eval()
+    try:
+        with quiet_transformers(progress):
+            model, info = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    except (ValueError, ImportError) as exc:
+        text = _one_line(exc)
+        if attn_implementation and ("attention" in text.lower() or "attn" in text.lower()):
+            raise ConfigError(f"attn_implementation {attn_implementation!r} (--attn-implementation): this model "
+                              f"cannot use it here: {text}") from None
+        if "Unrecognized configuration class" in text:
+            raise ConfigError(f"{'config ' + str(config_file) if config_file else 'model ' + str(model_dir)}: "
+                              f"transformers has no causal LM for model_type {config.model_type!r}") from None
+        raise
+    _refuse_unloaded_weights(info, folder, config_file, type(model).__name__)
+    model.eval()
     if device_map is None:
         model.to(device)
     return model, config, extended
 
 
+def _refuse_unloaded_weights(info: dict, folder: Path, config_file, architecture: str) -> None:
+    """ConfigError listing a few keys when from_pretrained left parameters at their random initialisation (missing,
+    or of another shape) or found weights the model has no place for: the config does not describe these weights,
+    and scoring that model would measure noise (a uniform perplexity) under the model's name."""
+    def names(keys):
+        return sorted(k[0] if isinstance(k, (tuple, list)) else str(k) for k in keys or ())
+
+    problems = []
+    for label, keys in (("missing", names(info.get("missing_keys"))),
+                        ("unexpected", names(info.get("unexpected_keys"))),
+                        ("of another shape", names(info.get("mismatched_keys")))):
+        if keys:
+            problems.append(f"{len(keys)} {label} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})")
+    if info.get("error_msgs"):
+        problems.append(f"errors: {_one_line(info['error_msgs'][0], 120)}")
+    if not problems:
+        return
+    source = f"config {config_file} (--config)" if config_file else f"model {folder}: config.json"
+    raise ConfigError(f"{source}: the weights in {folder} do not fit the {architecture} this config builds "
+                      f"(keys {'; '.join(problems)}), so parts of it would run with random weights; give a config "
+                      "of the weights' own architecture")
+
+
 def load_tokenizer(model_dir: str):
+    """The folder's tokenizer; ConfigError naming the folder when it has none or transformers cannot build it."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    folder = Path(model_dir)
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"model {model_dir}: no tokenizer (expected tokenizer.json or tokenizer_config.json with "
+                          "its vocabulary files beside config.json; posenc export writes the byte tokenizer)")
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except (ValueError, OSError, KeyError, TypeError) as exc:
+        raise ConfigError(f"model {model_dir}: transformers cannot build its tokenizer: {_one_line(exc)}") from None
 
 
 def position_limit(config) -> int | None:
@@ -332,8 +552,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     from posenc.tools.inspect import detect_scheme
 
     s = (settings or EvalSettings()).validate()
-    if not (Path(model_dir) / "config.json").is_file():
-        raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
+    check_model_folder(model_dir, s.config)
     t_start = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
     longest = max(s.eval_lens + s.sliding_lens)
@@ -359,7 +578,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         model, config, extended = load_causal_lm(model_dir, method=method, factor=s.factor,
                                                  replace_scaling=s.replace_scaling, device=s.device, dtype=s.dtype,
                                                  device_map=s.device_map, attn_implementation=s.attn_implementation,
-                                                 config_file=s.config, log=log)
+                                                 config_file=s.config, log=log, progress=progress)
         scheme = detect_scheme(config.to_dict())[0]
         scaling = method if method != "none" or s.config is None else config_method(config)
         train_len = extended.original_context if extended else original_context(config)
@@ -528,27 +747,19 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
 
 # ---- command line ------------------------------------------------------------------------------------------------
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+    """Comma-separated names, none of them empty (as the lab's list flags: '' and 'a,,b' are refused)."""
+    from posenc.argtypes import items
+
+    return items(text, "names")
 
 
 def add_arguments(parser) -> None:
+    # the lab's list flags: an empty entry ('96,,192', '') is refused, not skipped; a bad one says what is expected
+    from posenc.argtypes import floats, ints
+
     parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer)")
-    parser.add_argument("--eval-lens", type=_ints, default=[128, 256, 512, 1024], help="lengths in tokens")
+    parser.add_argument("--eval-lens", type=ints, default=[128, 256, 512, 1024], help="lengths in tokens")
     parser.add_argument("--tasks", type=_names, default=["lm"], help="lm and/or passkey (comma-separated)")
     parser.add_argument("--methods", type=_names, default=["none"],
                         help="none and/or extension methods written into the config (linear,ntk,dynamic,yarn,...)")
@@ -559,30 +770,48 @@ def add_arguments(parser) -> None:
     parser.add_argument("--data", default=None, help="text file or folder (default: the CPython stdlib, as the lab)")
     parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
     parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
-    parser.add_argument("--sliding-lens", type=_ints, default=[], help="lengths for the sliding protocol")
-    parser.add_argument("--passkey-depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    parser.add_argument("--passkey-trials", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sliding-lens", type=ints, default=[], help="lengths for the sliding protocol")
+    parser.add_argument("--passkey-depths", type=floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
+                        help="where the key sits in the passkey prompt, fractions in [0, 1] (comma-separated)")
+    parser.add_argument("--passkey-trials", type=int, default=20,
+                        help="passkey episodes (random keys) per length and depth")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random passkey keys (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                        help="weights and activations (default float32)")
     parser.add_argument("--device-map", default=None, choices=["auto"], help="auto: accelerate's multi-device load")
     parser.add_argument("--attn-implementation", default=None, help="eager, sdpa, flash_attention_2 (default: model's)")
     parser.add_argument("--batch-tokens", type=int, default=None, help="tokens per forward (default: from vocab)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default or 0: torch's own)")
     parser.add_argument("--out", default=None, help="folder for results.json, report.md and the plots")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace results.json / report.md already in --out")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (transformers' too)")
+
+
+def check_threads(threads, name: str = "--threads") -> int | None:
+    """CPU threads for torch: None or 0 = torch's own choice, else a count up to the lab's own limit (ConfigError
+    naming ``name``): torch.set_num_threads refuses a negative count only with its own RuntimeError."""
+    from posenc._validate import check_int
+    from posenc.lab.presets import SIZE_LIMITS
+
+    return None if threads is None else check_int(threads, name, min=0, max=SIZE_LIMITS["threads"], error=ConfigError)
 
 
 def run(args) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = check_threads(args.threads)
     settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
                             replace_scaling=args.replace, config=args.config, data=args.data,
                             eval_tokens=args.eval_tokens,
                             sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
                             passkey_depths=args.passkey_depths, passkey_trials=args.passkey_trials, seed=args.seed,
                             device=args.device, dtype=args.dtype, device_map=args.device_map,
-                            attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens)
+                            attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens).validate()
+    check_model_folder(args.model, settings.config)
+    if args.out:
+        check_out_folder(args.out, args.overwrite)
+    if threads:
+        torch.set_num_threads(threads)
     doc = evaluate_model(args.model, settings, progress=not args.no_progress)
     print(report_tables(doc))
     if args.out:

@@ -37,10 +37,16 @@ posenc_export.json (source checkpoint, mapping, the check below).
 The check: before the folder is moved into place, the written model is loaded back with
 ``AutoModelForCausalLM.from_pretrained`` and its float32 logits are compared with the lab model's (under the same
 extension method) on a byte sequence; a relative difference above 1e-4 aborts the export.
+
+The output: ``--out`` is replaced as a whole (with ``--overwrite`` when it is not empty), so it may not be the
+source run or checkpoint nor a folder holding them (paths resolved, symlinks followed; a new folder inside the run,
+e.g. RUN/exported, is fine). The arguments, that rule and the writability of --out's folder are checked before
+anything is loaded; max_positions is at most 2^30 (posenc.tools.contexts.MAX_CONTEXT) and must fit in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -196,12 +202,103 @@ def _resolve_source(source, scheme, task, seed) -> Path:
     return path
 
 
+def _absolute(path: Path) -> set[Path]:
+    """``path`` made absolute twice: as written (``..`` folded) and with every symlink followed."""
+    return {Path(os.path.abspath(path)), path.resolve()}
+
+
+def _refuse_out_over_source(out_dir: Path, sources: list[Path]) -> None:
+    """ConfigError when ``out_dir`` is a source (the run folder or checkpoint) or a folder holding one: the export
+    replaces ``out_dir`` as a whole, which would delete the lab run it reads (a new folder inside the run is fine)."""
+    for src in sources:
+        for s in _absolute(src):
+            for o in _absolute(out_dir):
+                if o == s or o in s.parents:
+                    raise ConfigError(
+                        f"out {out_dir}: {'is' if o == s else 'holds'} the source {src}; the export replaces its "
+                        "--out folder as a whole, which would delete the lab run or checkpoint it reads. Write to a "
+                        "new folder (one inside the run folder, such as RUN/exported, is fine)")
+
+
+def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
+    """ConfigError naming ``what`` (e.g. "out runs/x (--out)") unless files can be created in ``folder``, or in its
+    nearest existing ancestor when it does not exist yet (the writer makes the missing folders). Probed with a
+    temporary folder that is removed at once: nothing is left behind, and an unwritable place is reported before
+    any long work rather than, after it, as a temporary file's name."""
+    base = Path(os.path.abspath(folder))
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ConfigError(f"{what}: {base} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".posenc-probe."))
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot create files in {base} ({exc.strerror or type(exc).__name__})") from None
+
+
 def _prepare_out(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"out {out_dir}: exists and is not a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise ConfigError(f"out {out_dir}: folder exists and is not empty; pass overwrite=True (--overwrite)")
+    # the new folder is written beside out_dir, then moved into place: its parent must take new files
+    check_writable_folder(out_dir.parent, f"out {out_dir} (--out)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)     # like posenc eval --out: missing parents are made
+
+
+def _allocation_failed(exc: BaseException) -> bool:
+    """True for torch's (RuntimeError) or Python's refusal to allocate memory."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text or "not enough memory" in text))
+
+
+def _available_memory() -> int | None:
+    """Bytes a new allocation can take now (Linux: MemAvailable; else the physical memory); None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_position_memory(limit: int, a) -> None:
+    """ConfigError naming max_positions when the parts that grow with it cannot fit in the memory available:
+    the sinusoidal table (max_positions x d_model float32, held about 4 times while it is built, mapped, stored
+    and loaded back) or MPT's ALiBi bias (heads x max_seq_len float32 plus its int32 and float positions, built at
+    every forward, the check's included). Checked before anything is built: past the memory, the kernel may kill
+    the process rather than refuse the allocation."""
+    if a.scheme == "sinusoidal":
+        need, what = 4 * limit * a.d_model * 4 + 8 * limit, "the sinusoidal table of max_positions x d_model floats"
+    else:
+        need, what = (a.n_heads + 2) * limit * 4, "MPT's ALiBi bias of heads x max_positions floats, at every forward"
+    avail = _available_memory()
+    if avail is not None and need > avail:
+        raise ConfigError(f"max_positions: {limit} positions need about {need / 2**30:.3g} GiB ({what}), more than "
+                          f"the {avail / 2**30:.3g} GiB of memory available; pass a smaller --max-positions "
+                          f"(default 16 x the training length = {16 * a.max_len})")
+
+
+@contextlib.contextmanager
+def _positions_fit(limit: int | None, a) -> None:
+    """Turn a failed allocation while building or checking a position-limited export (the sinusoidal table of
+    ``limit`` x d_model floats, MPT's ALiBi tensor of ``limit`` x heads) into a ConfigError naming max_positions."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:
+        if limit is None or not _allocation_failed(exc):
+            raise
+        what = "sinusoidal table" if a.scheme == "sinusoidal" else "ALiBi bias"
+        gib = limit * (a.d_model if a.scheme == "sinusoidal" else a.n_heads) * 4 / 2**30
+        raise ConfigError(f"max_positions: {limit} positions do not fit in memory here (the {what} alone is about "
+                          f"{gib:.3g} GiB of float32); pass a smaller --max-positions (default 16 x the training "
+                          f"length = {16 * a.max_len})") from None
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:
@@ -241,13 +338,28 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     and compare logits with the lab model (relative 1e-4), before moving it into place.
     Raises ConfigError / CheckpointError (ValueErrors) naming the reason for schemes transformers cannot express.
     """
-    from posenc._validate import check_float, positive_int
+    from posenc._validate import check_choice, check_float, check_int
+    from posenc.extensions import method_names
     from posenc.hf.lab_bridge import (absolute_table, anatomy, lab_methods, load_lab_model, set_lab_extension,
                                       set_lab_scaling)
     from posenc.hf.tokenizer import save_byte_tokenizer
+    from posenc.tools.contexts import MAX_CONTEXT
 
+    # the arguments first: nothing is read or written before they pass
+    if max_positions is not None:
+        check_int(max_positions, "max_positions", min=1, max=MAX_CONTEXT, error=ConfigError)
+    if rope_scaling is not None:
+        check_choice(rope_scaling, "rope_scaling", method_names(), error=ConfigError)
+        if factor is None:
+            raise ConfigError("factor: rope_scaling needs the extension factor (target / training length), e.g. 4")
+    elif factor is not None:
+        raise ConfigError(f"factor: {factor!r} given without rope_scaling, and only an extension method uses it: "
+                          "--factor needs --rope-scaling METHOD (e.g. --rope-scaling yarn --factor 4)")
+    if factor is not None:
+        check_float(factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)
     path = _resolve_source(source, scheme, task, seed)
     out_dir = Path(out_dir)
+    _refuse_out_over_source(out_dir, [Path(source), path])
     _prepare_out(out_dir, overwrite)
     model, settings = load_lab_model(path)
     a = anatomy(model)
@@ -258,14 +370,8 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     if a.scheme not in ARCHITECTURES:
         raise ConfigError(f"scheme {a.scheme}: no transformers architecture expresses it; exportable schemes: "
                           f"{', '.join(ARCHITECTURES)}")
-    if max_positions is not None:
-        positive_int(max_positions, "max_positions", error=ConfigError)
     if rope_scaling is not None and a.scheme != "rope":
         raise ConfigError(f"rope_scaling: only a RoPE model takes an extension method; this one is {a.scheme}")
-    if rope_scaling is not None and factor is None:
-        raise ConfigError("factor: rope_scaling needs the extension factor (target / training length), e.g. 4")
-    if factor is not None:
-        check_float(factor, "factor", min=1.0, error=ConfigError)
     notes: list[str] = []
     limit = max_positions or 16 * a.max_len
     if a.scheme in ("rope", "nope"):
@@ -280,13 +386,16 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
         limit = a.max_len
         config, sd = _gpt2(a, absolute_table(model, limit))
     elif a.scheme == "sinusoidal":
-        config, sd = _gpt2(a, absolute_table(model, limit))
+        _check_position_memory(limit, a)
+        with _positions_fit(limit, a):
+            config, sd = _gpt2(a, absolute_table(model, limit))
         notes.append(f"the sinusoidal table is stored for positions < {limit} (max_positions); longer inputs "
                      "raise in transformers")
     else:  # alibi
         why = _mpt_refusal(a)
         if why:
             raise ConfigError(why)
+        _check_position_memory(limit, a)
         config, sd = _mpt(a, limit)
         notes.append(f"MPT builds its ALiBi bias for max_seq_len = {limit} positions; longer inputs raise")
 
@@ -309,8 +418,10 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
 
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_config(config)
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    sized = limit if a.scheme in ("sinusoidal", "alibi") else None  # memory grows with max_positions
+    with _positions_fit(sized, a):
+        hf = AutoModelForCausalLM.from_config(config)
+        missing, unexpected = hf.load_state_dict(sd, strict=False)
     if missing or unexpected:  # a transformers release that renamed parameters: refuse rather than guess
         raise PosencError(f"export: {type(hf).__name__} of this transformers does not take the mapped weights "
                           f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
@@ -322,7 +433,8 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
         err, length = None, None
         if check:
             length = min(limit or 10**9, (int(math.ceil(factor * a.max_len)) if factor else a.max_len), 256)
-            err = _check(tmp, model, length)
+            with _positions_fit(sized, a):
+                err = _check(tmp, model, length)
             if not err <= CHECK_RTOL:
                 raise PosencError(f"export check failed: transformers' logits differ from the lab model's by "
                                   f"{err:.3g} (relative; limit {CHECK_RTOL:g}) at length {length}")
@@ -362,9 +474,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rope-scaling", choices=method_names(), default=None,
                         help="write this extension method into config.json (RoPE models)")
     parser.add_argument("--factor", type=float, default=None,
-                        help="extension factor for --rope-scaling (target / training length)")
+                        help="extension factor for --rope-scaling (target / training length); needs --rope-scaling")
     parser.add_argument("--max-positions", type=int, default=None,
-                        help="longest input of sinusoidal (GPT-2) and ALiBi (MPT) exports (default 16 x train length)")
+                        help="longest input of sinusoidal (GPT-2) and ALiBi (MPT) exports (default 16 x train length; "
+                             "at most 2^30)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     parser.add_argument("--no-check", action="store_true", help="skip loading the result back to compare logits")
 

@@ -49,15 +49,12 @@ class ModelSearchResult:
 
 
 def _read_config(model_dir: Path, replace: bool):
-    from transformers import AutoConfig
-
+    from posenc.hf.evaluate import read_config
     from posenc.rope.config import load_rope_config
     from posenc.tools.contexts import original_context
     from posenc.tools.inspect import detect_scheme
 
-    if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
-    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    config = read_config(model_dir)
     data = config.to_dict()
     scheme, why = detect_scheme(data)
     if scheme != "rope":
@@ -115,7 +112,9 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     """
     from posenc._atomic import atomic_write_json
     from posenc._validate import check_choice, check_int, positive_int
-    from posenc.hf.evaluate import DTYPES, load_causal_lm, load_tokenizer
+    from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device, check_model_folder,
+                                    load_causal_lm, load_tokenizer)
+    from posenc.hf.export import check_writable_folder
     from posenc.hf.patch import find_rotary
     from posenc.search.fitness import perplexity_fitness
     from posenc.search.longrope import LongRopeSettings, longrope_search
@@ -126,25 +125,37 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
         raise ConfigError(f"n_hat_choices: transformers' longrope has no n_hat (leading positions left unscaled); "
                           f"expected (0,), got {settings.n_hat_choices}")
     config, data_dict, rc, original = _read_config(folder, replace)
+    check_model_folder(folder)  # weights and tokenizer are there too
     check_int(target_length, "target_length", min=original + 1, error=ConfigError)
     for name, value in (("windows", windows), ("heldout_windows", heldout_windows), ("batch_size", batch_size)):
         positive_int(value, name, error=ConfigError)
     check_choice(dtype, "dtype", DTYPES, error=ConfigError)
+    check_device(device)
+    check_attn_implementation(attn_implementation)
     out = Path(out_config) if out_config is not None else folder / f"config.longrope-{target_length}.json"
     if out.resolve() == (folder / "config.json").resolve():
         raise ConfigError(f"out_config {out}: that is the model's own config.json; the search writes a new file")
+    if out.is_dir():
+        raise ConfigError(f"out_config {out} (--out-config): is a folder; expected the path of the config file to "
+                          f"write, e.g. {out / f'config.longrope-{target_length}.json'}")
     if out.exists() and not overwrite:
         raise ConfigError(f"out_config {out}: exists; pass overwrite=True (--overwrite) to replace it")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"out_config {out}: folder {out.parent} does not exist")
+    check_writable_folder(out.parent, f"out_config {out} (--out-config)")
     ckpt = Path(checkpoint) if checkpoint is not None else out.parent / f"longrope-search-{target_length}.json"
+    if ckpt.is_dir():
+        raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is a folder; expected the path of the search's JSON "
+                          "record")
+    check_writable_folder(ckpt.parent, f"checkpoint {ckpt} (--checkpoint)")
     _candidate_config(config, data_dict, target_length, [1.0] * (rc.rotary_dim // 2), rc.rotary_dim // 2,
                       replace)  # refuses early what extend refuses
 
     tokenizer = load_tokenizer(str(folder))
     search_tokens, heldout_tokens, byte_level, data_meta = _token_splits(tokenizer, data, target_length, windows,
                                                                          heldout_windows)
-    model, _, _ = load_causal_lm(str(folder), device=device, dtype=dtype, attn_implementation=attn_implementation)
+    model, _, _ = load_causal_lm(str(folder), device=device, dtype=dtype, attn_implementation=attn_implementation,
+                                 progress=progress)
     parent, attr, original_rotary = find_rotary(model, "search")
     rotary_device = next(iter(original_rotary.buffers())).device
     n_pairs = rc.rotary_dim // 2
@@ -222,15 +233,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-resume", action="store_true", help="restart instead of resuming the checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out-config")
     parser.add_argument("--replace", action="store_true", help="search a model whose config is already scaled")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default or 0: torch's own)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (transformers' too)")
 
 
 def run(args) -> int:
+    from posenc.hf.evaluate import check_threads
     from posenc.search.longrope import LongRopeSettings
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = check_threads(args.threads)
+    if threads:
+        torch.set_num_threads(threads)
     settings = LongRopeSettings(population=args.population, parents=args.parents, generations=args.generations,
                                 heldout_top=args.heldout_top, seed=args.seed)
     res = search_model(args.model, args.target_length, settings=settings, data=args.data, windows=args.windows,

@@ -17,31 +17,10 @@ import argparse
 import json
 import re
 
+from posenc.argtypes import floats, ints, items
 from posenc.errors import PosencError
 
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
-
-
-def _items(text: str, kind: str) -> list[str]:
-    """The comma-separated items of ``text``; an empty item ('96,,192', '128,') is refused, not skipped."""
-    items = [x.strip() for x in text.split(",")]
-    if not all(items):
-        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} with no empty entry, got {text!r}")
-    return items
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in _items(text, "integers")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in _items(text, "numbers")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _pairs(text: str, kind: str, example: str, first, second) -> list[tuple]:
@@ -50,7 +29,7 @@ def _pairs(text: str, kind: str, example: str, first, second) -> list[tuple]:
     if text.strip().lower() == "none":
         return []
     try:
-        return [(first(a.strip()), second(b)) for a, b in (item.split(":") for item in _items(text, f"{kind} pairs"))]
+        return [(first(a.strip()), second(b)) for a, b in (item.split(":") for item in items(text, f"{kind} pairs"))]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated {kind} pairs (e.g. {example}) or none, "
                                          f"got {text!r}") from None
@@ -129,11 +108,11 @@ FLAGS = [
     ("--length-warmup", "length_warmup", _phases,
      "train on shorter sequences first, same tokens per step: length:steps pairs, e.g. 32:300,64:300 (or none)"),
     ("--min-lr-ratio", "min_lr_ratio", float, "the cosine schedule ends at lr x this"),
-    ("--seeds", "seeds", _ints, "comma-separated seeds; several are reported as mean +- std"),
-    ("--eval-lens", "eval_lens", _ints, "comma-separated evaluation lengths"),
+    ("--seeds", "seeds", ints, "comma-separated seeds; several are reported as mean +- std"),
+    ("--eval-lens", "eval_lens", ints, "comma-separated evaluation lengths"),
     ("--eval-tokens", "eval_tokens", int, "tokens scored per LM evaluation length"),
     ("--sliding-stride", "sliding_stride", int, "stride of the sliding-window LM eval (-1: half the window, 0: off)"),
-    ("--sliding-lens", "sliding_lens", _ints, "lengths for the sliding-window eval (default: the longest eval length)"),
+    ("--sliding-lens", "sliding_lens", ints, "lengths for the sliding-window eval (default: the longest eval length)"),
     ("--sliding-tokens", "sliding_tokens", int, "tokens scored per sliding-window length"),
     ("--extensions", "extensions", _names,
      "RoPE extension methods evaluated on the extended schemes' models (or none); registered: {methods}"),
@@ -156,7 +135,7 @@ FLAGS = [
      "512)"),
     ("--copy-min-fraction", "copy_min_fraction", float,
      "shortest copy trained on, as a fraction of the longest that fits --train-len (0: from one byte)"),
-    ("--passkey-depths", "passkey_depths", _floats, "comma-separated key depths in [0, 1]"),
+    ("--passkey-depths", "passkey_depths", floats, "comma-separated key depths in [0, 1]"),
     ("--passkey-trials", "passkey_trials", int, "passkey episodes per length x depth cell"),
     ("--device", "device", str, "auto (CUDA when present), cpu, cuda, cuda:N"),
     ("--threads", "threads", int, "torch CPU threads (0: auto, the idle cores up to torch's default; results "
