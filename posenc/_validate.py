@@ -59,6 +59,17 @@ def check_bool(value, name: str, *, error: type[PosencError] = PosencError) -> b
     return value
 
 
+def check_distinct(values, name: str, *, error: type[PosencError] = PosencError):
+    """``values`` if no entry repeats, else ``error``: a repeated seed would count twice in a mean ± std, a repeated
+    scheme, method or length would be run twice under one name."""
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise error(f"{name}: {v!r} appears more than once; give each entry once")
+        seen.add(v)
+    return values
+
+
 def check_choice(value, name: str, choices: Iterable, *, error: type[PosencError] = PosencError):
     """``value`` if it is one of ``choices``, else ``error`` listing them."""
     choices = list(choices)

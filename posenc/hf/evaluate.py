@@ -99,12 +99,14 @@ class EvalSettings:
     batch_tokens: int | None = None         # tokens per forward; None: as many windows as keep logits ~256 MiB
 
     def validate(self) -> "EvalSettings":
-        from posenc._validate import check_choice, check_float, check_int, positive_int
+        from posenc._validate import check_choice, check_distinct, check_float, check_int, positive_int
         from posenc.extensions import method_names
 
         for name in ("eval_lens", "tasks", "methods") + (("passkey_depths",) if "passkey" in self.tasks else ()):
             if not getattr(self, name):
                 raise ConfigError(f"{name}: expected at least one entry, got none")
+        for name in ("eval_lens", "sliding_lens", "tasks", "methods", "passkey_depths"):
+            check_distinct(getattr(self, name), name, error=ConfigError)
         self.eval_lens = [check_int(n, "eval_lens", min=2, error=ConfigError) for n in self.eval_lens]
         self.sliding_lens = [check_int(n, "sliding_lens", min=2, error=ConfigError) for n in self.sliding_lens]
         for t in self.tasks:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from posenc._validate import check_bool, check_choice, check_float, check_int, even_int
+from posenc._validate import check_bool, check_choice, check_distinct, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
 from posenc.lab.curriculum import check_length_warmup
@@ -110,7 +110,8 @@ class LabConfig:
             self.schemes = list(scheme_names())
         for name in ("tasks", "schemes", "extended_schemes", "extensions", "seeds", "eval_lens", "sliding_lens",
                      "randomized_schemes", "passkey_depths"):
-            _check_distinct(getattr(self, name), name)
+            if isinstance(getattr(self, name), (list, tuple)):
+                check_distinct(getattr(self, name), name, error=ConfigError)
         for t in self.tasks:
             get_task(t, "tasks")
         for s in list(self.schemes) + list(self.extended_schemes):
@@ -232,17 +233,6 @@ SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_len
                "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "jobs": 4096, "eval_tokens": 2**30,
                "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31,
                "check_every": 2**31, "mlp_ratio": 256}
-
-
-def _check_distinct(values, name: str) -> None:
-    """A list setting may not repeat an entry: a repeated seed would count twice in mean ± std, a repeated scheme
-    or length would be trained or evaluated twice under one name."""
-    if isinstance(values, (list, tuple)):
-        seen = set()
-        for v in values:
-            if v in seen:
-                raise ConfigError(f"{name}: {v!r} appears more than once; give each entry once")
-            seen.add(v)
 
 
 # weights, gradients and Adam's two moments, all float32: what training holds per weight before any activation

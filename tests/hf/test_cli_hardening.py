@@ -311,3 +311,10 @@ def test_no_progress_silences_transformers_bars(model_dir, tmp_path, capsys):
                         "--heldout-top", "1", "--no-progress"]) == 0
     assert "Loading weights" not in capsys.readouterr().err
     assert hf_logging.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize("name, values", [("methods", ["none", "none"]), ("eval_lens", [128, 128]),
+                                          ("tasks", ["lm", "lm"])])
+def test_eval_settings_refuse_repeated_entries(name, values):
+    with pytest.raises(ConfigError, match=f"{name}: .* appears more than once"):
+        EvalSettings(**{name: values}).validate()
