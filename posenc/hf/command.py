@@ -15,5 +15,8 @@ from posenc.faults import Parser, run_reporting_faults
 def run_command(name: str, add_arguments: Callable, run: Callable, argv: list[str] | None = None) -> int:
     parser = Parser(prog=f"posenc {name}")
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:   # --help (0) or a usage error (2, already printed as one line): a status, not a raise
+        return exc.code if isinstance(exc.code, int) else 2
     return run_reporting_faults(name, lambda: run(args))

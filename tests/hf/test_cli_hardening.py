@@ -318,3 +318,12 @@ def test_no_progress_silences_transformers_bars(model_dir, tmp_path, capsys):
 def test_eval_settings_refuse_repeated_entries(name, values):
     with pytest.raises(ConfigError, match=f"{name}: .* appears more than once"):
         EvalSettings(**{name: values}).validate()
+
+
+def test_standalone_entry_points_return_the_usage_status(capsys):
+    from posenc.hf.evaluate import eval_main
+
+    assert eval_main(["somewhere", "--eval-lens", "abc"]) == 2
+    err = capsys.readouterr().err
+    assert "posenc eval: error: argument --eval-lens: expected comma-separated integers" in err
+    assert eval_main(["--help"]) == 0
