@@ -74,14 +74,14 @@ def run_reporting_faults(command: str, fn: Callable[[], int | None]) -> int:
     """Run ``fn()`` for ``posenc COMMAND`` and turn every fault into its one-line message and exit status."""
     prefix = f"posenc {command}"
     shown_warning = warnings.showwarning
-    warnings.showwarning = _one_line_warnings(prefix)
+    warnings.showwarning = one_line_warnings(prefix)
     try:
         return _run(prefix, fn)
     finally:
         warnings.showwarning = shown_warning
 
 
-def _one_line_warnings(prefix: str):
+def one_line_warnings(prefix: str):
     """A ``warnings.showwarning`` printing "posenc CMD: warning: text" once per text (no file path or source line:
     the user did not write the line that warned)."""
     seen: set[str] = set()

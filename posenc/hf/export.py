@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 
+from posenc._memory import available_memory
 from posenc.errors import ConfigError, PosencError
 
 HELP = "Write a lab model (posenc lab checkpoint) as a transformers model folder with a byte tokenizer."
@@ -253,21 +254,6 @@ def _allocation_failed(exc: BaseException) -> bool:
         "can't allocate memory" in text or "out of memory" in text or "not enough memory" in text))
 
 
-def _available_memory() -> int | None:
-    """Bytes a new allocation can take now (Linux: MemAvailable; else the physical memory); None when unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _check_position_memory(limit: int, a) -> None:
     """ConfigError naming max_positions when the parts that grow with it cannot fit in the memory available:
     the sinusoidal table (max_positions x d_model float32, held about 4 times while it is built, mapped, stored
@@ -278,7 +264,7 @@ def _check_position_memory(limit: int, a) -> None:
         need, what = 4 * limit * a.d_model * 4 + 8 * limit, "the sinusoidal table of max_positions x d_model floats"
     else:
         need, what = (a.n_heads + 2) * limit * 4, "MPT's ALiBi bias of heads x max_positions floats, at every forward"
-    avail = _available_memory()
+    avail = available_memory()
     if avail is not None and need > avail:
         raise ConfigError(f"max_positions: {limit} positions need about {need / 2**30:.3g} GiB ({what}), more than "
                           f"the {avail / 2**30:.3g} GiB of memory available; pass a smaller --max-positions "

@@ -123,11 +123,15 @@ def run_units(run, units: list[Unit], jobs: int, threads: int, run_unit: Callabl
 
 def _worker(settings: dict, unit: Unit) -> dict:
     """One unit in a worker process (module-level: spawn pickles it by name)."""
+    import warnings
+
+    from posenc.faults import one_line_warnings
     from posenc.lab.context import Run
     from posenc.lab.data import load_corpus
     from posenc.lab.tasks import needs_corpus
     from posenc.plugins import load_plugins
 
+    warnings.showwarning = one_line_warnings("posenc lab")      # as the parent shows them: one line each
     torch.set_num_threads(settings["threads"])
     load_plugins(settings["plugins"])
     cfg = settings["cfg"]

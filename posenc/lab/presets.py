@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from posenc._memory import physical_memory
 from posenc._validate import check_bool, check_choice, check_distinct, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
@@ -253,15 +254,13 @@ def check_fits_in_memory(model: ModelConfig, device) -> None:
 
 def device_memory_bytes(device) -> int | None:
     """Total memory of ``device`` (physical RAM for the CPU), or None when it cannot be read."""
-    import os
-
     import torch
 
+    if device.type != "cuda":
+        return physical_memory()
     try:
-        if device.type == "cuda":
-            return torch.cuda.get_device_properties(device.index or 0).total_memory
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError, RuntimeError):
+        return torch.cuda.get_device_properties(device.index or 0).total_memory
+    except (AssertionError, RuntimeError):
         return None
 
 
