@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from posenc.devices import check_device
 from posenc.errors import CheckpointError, ConfigError, DataError, PosencError
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -153,13 +154,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise ConfigError(expected) from None
     if dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
         raise ConfigError(expected)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device: {name} requested but CUDA is not available (use auto or cpu)")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"device: {name} requested but this machine has {torch.cuda.device_count()} CUDA "
-                              "device(s), cuda:0 upwards")
-    return dev
+    return check_device(dev)        # present on this machine (CUDA available, index in range)
 
 
 def is_main_process() -> bool:

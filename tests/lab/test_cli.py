@@ -63,7 +63,9 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
     assert main(["lab", "--preset", "smoke", "--out", str(smoke_run), "--quiet", "--resume",
                  "--tasks", "lm"]) == 0
     after = json.loads((smoke_run / "results.json").read_text())
-    assert all(v["train"] < 1.0 for v in after["meta"]["timings_s"].values())  # nothing retrained
+    # nothing retrained: no unit ran a training step in this process (throughput is recorded only for steps run;
+    # a wall-clock bound failed when auto jobs started workers, whose first unit pays their start-up)
+    assert after["meta"]["timings_s"] and not any("tokens_per_s" in v for v in after["meta"]["timings_s"].values())
     key = ("scheme", "positions", "scaling", "eval_len", "protocol")
     want = {tuple(r.get(k) for k in key): r["value"] for r in before if r["task"] == "lm"}
     got = {tuple(r.get(k) for k in key): r["value"] for r in after["results"]}
