@@ -48,6 +48,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -521,8 +522,11 @@ def _windows(n_tokens: int, length: int, stride: int | None) -> int:
 
 @torch.no_grad()
 def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, progress: bool = True,
-                   log=print) -> dict:
+                   log=print, on_method_done: Callable[[dict], None] | None = None) -> dict:
     """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results", "curves"} (the lab's row schema).
+
+    ``on_method_done(doc)``: called after each method with the document so far (meta.incomplete names the methods
+    still to run), so a caller can save finished work before a long run ends (``posenc eval --out`` does).
 
     Rows of method "none" carry scaling "none", except with ``settings.config``: then the method that config applies
     (``config_method``: "longrope" for a searched config), so the lab's tables label them "rope + LongRoPE"."""
@@ -614,6 +618,11 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                 bar.close()
         meta["timings_s"][method] = round(time.perf_counter() - t0, 1)
         del model
+        left = s.methods[s.methods.index(method) + 1:]
+        if on_method_done is not None and left:
+            partial = {**meta, "incomplete": f"methods still to run: {', '.join(left)}",
+                       "wall_s": round(time.perf_counter() - t_start, 1)}
+            on_method_done({"meta": partial, "results": list(rows), "curves": dict(curves)})
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["loadavg_end"] = _loadavg()
     return {"meta": meta, "results": rows, "curves": curves}
@@ -790,7 +799,12 @@ def run(args) -> int:
         check_out_folder(args.out, args.overwrite)
     if threads:
         torch.set_num_threads(threads)
-    doc = evaluate_model(args.model, settings, progress=not args.no_progress)
+    # with --out, each finished method's rows are saved at once (results.json, atomically): an interrupted run
+    # keeps them, marked incomplete; the full results, report and plots replace them at the end
+    saved = (lambda partial: write_results(partial, args.out)) if args.out else None
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    doc = evaluate_model(args.model, settings, progress=not args.no_progress, on_method_done=saved)
     print(report_tables(doc))
     if args.out:
         print(f"wrote {', '.join(p.name for p in write_outputs(doc, args.out))} into {args.out}")

@@ -326,3 +326,31 @@ def test_standalone_entry_points_return_the_usage_status(capsys):
     err = capsys.readouterr().err
     assert "posenc eval: error: argument --eval-lens: expected comma-separated integers" in err
     assert eval_main(["--help"]) == 0
+
+
+def test_an_interrupted_eval_keeps_the_methods_it_finished(model_dir, tmp_path, monkeypatch, capsys):
+    """--out gets each method's rows as soon as it finishes: Ctrl-C during the second method leaves the first's
+    rows in results.json, marked incomplete (exit 130); a full run replaces them with everything."""
+    from posenc.hf import evaluate as E
+
+    real = E.load_causal_lm
+    calls = []
+
+    def interrupt_second(*args, **kwargs):
+        calls.append(kwargs.get("method"))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(E, "load_causal_lm", interrupt_second)
+    out = tmp_path / "out"
+    argv = [str(model_dir), "--eval-lens", "32", "--eval-tokens", "64", "--sliding-stride", "0", "--methods",
+            "none,linear", "--factor", "2", "--out", str(out), "--no-progress"]
+    assert E.eval_main(argv) == 130
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["meta"]["incomplete"] == "methods still to run: linear"
+    assert {r["scaling"] for r in doc["results"]} == {"none"} and all(r["value"] for r in doc["results"])
+    monkeypatch.setattr(E, "load_causal_lm", real)
+    assert E.eval_main([*argv, "--overwrite"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert "incomplete" not in doc["meta"] and {r["scaling"] for r in doc["results"]} == {"none", "linear"}
