@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from posenc.errors import ConfigError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -50,6 +52,22 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
                     sibling.unlink()
                     removed.append(sibling)
     return removed
+
+
+def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
+    """ConfigError naming ``what`` (e.g. "out runs/x (--out)") unless files can be created in ``folder``, or in its
+    nearest existing ancestor when it does not exist yet (the writer makes the missing folders). Probed with a
+    temporary folder that is removed at once: nothing is left behind, and an unwritable place is reported before
+    any long work rather than, after it, as a temporary file's name."""
+    base = Path(os.path.abspath(folder))
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ConfigError(f"{what}: {base} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".posenc-probe."))
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot create files in {base} ({exc.strerror or type(exc).__name__})") from None
 
 
 def _regular_target(path: Path) -> Path:

@@ -207,19 +207,26 @@ def check_model_folder(model_dir: str | os.PathLike, config_file: str | os.PathL
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
     config = read_config(folder, config_file)
+    check_model_files(folder, config, tokenizer)
+    return config
+
+
+def check_model_files(model_dir: str | os.PathLike, config, tokenizer: bool = True) -> None:
+    """ConfigError unless the weights and (when ``tokenizer``) the tokenizer files of ``model_dir`` are there
+    (``config``: its transformers config, already read)."""
+    folder = Path(model_dir)
     if not any((folder / f).is_file() for f in WEIGHT_FILES) and not getattr(config, "transformers_weights", None):
         raise ConfigError(f"model {model_dir}: no weights (expected {', '.join(WEIGHT_FILES[:-1])} or "
                           f"{WEIGHT_FILES[-1]} beside config.json)")
     if tokenizer and not any((folder / f).is_file() for f in TOKENIZER_FILES):
         raise ConfigError(f"model {model_dir}: no tokenizer (expected tokenizer.json or tokenizer_config.json with "
                           "its vocabulary files beside config.json; posenc export writes the byte tokenizer)")
-    return config
 
 
 def check_out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """``out_dir`` as a folder ``write_outputs`` may write into, checked before any evaluation: not a file, not
     holding results.json / report.md unless ``overwrite`` (a lab run's, an earlier eval's), and writable."""
-    from posenc.hf.export import check_writable_folder
+    from posenc._atomic import check_writable_folder
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -794,8 +801,7 @@ def run(args) -> int:
                             passkey_depths=args.passkey_depths, passkey_trials=args.passkey_trials, seed=args.seed,
                             device=args.device, dtype=args.dtype, device_map=args.device_map,
                             attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens).validate()
-    check_model_folder(args.model, settings.config)
-    if args.out:
+    if args.out:      # (evaluate_model checks the model folder first thing)
         check_out_folder(args.out, args.overwrite)
     if threads:
         torch.set_num_threads(threads)

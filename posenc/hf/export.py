@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 
+from posenc._atomic import check_writable_folder
 from posenc._memory import available_memory
 from posenc.errors import ConfigError, PosencError
 
@@ -219,22 +220,6 @@ def _refuse_out_over_source(out_dir: Path, sources: list[Path]) -> None:
                         f"out {out_dir}: {'is' if o == s else 'holds'} the source {src}; the export replaces its "
                         "--out folder as a whole, which would delete the lab run or checkpoint it reads. Write to a "
                         "new folder (one inside the run folder, such as RUN/exported, is fine)")
-
-
-def check_writable_folder(folder: str | os.PathLike, what: str) -> None:
-    """ConfigError naming ``what`` (e.g. "out runs/x (--out)") unless files can be created in ``folder``, or in its
-    nearest existing ancestor when it does not exist yet (the writer makes the missing folders). Probed with a
-    temporary folder that is removed at once: nothing is left behind, and an unwritable place is reported before
-    any long work rather than, after it, as a temporary file's name."""
-    base = Path(os.path.abspath(folder))
-    while not base.exists() and base != base.parent:
-        base = base.parent
-    if not base.is_dir():
-        raise ConfigError(f"{what}: {base} is a file, not a folder")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".posenc-probe."))
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot create files in {base} ({exc.strerror or type(exc).__name__})") from None
 
 
 def _prepare_out(out_dir: Path, overwrite: bool) -> None:

@@ -112,9 +112,9 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     """
     from posenc._atomic import atomic_write_json
     from posenc._validate import check_choice, check_int, positive_int
-    from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device, check_model_folder,
+    from posenc._atomic import check_writable_folder
+    from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device, check_model_files,
                                     load_causal_lm, load_tokenizer)
-    from posenc.hf.export import check_writable_folder
     from posenc.hf.patch import find_rotary
     from posenc.search.fitness import perplexity_fitness
     from posenc.search.longrope import LongRopeSettings, longrope_search
@@ -125,7 +125,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
         raise ConfigError(f"n_hat_choices: transformers' longrope has no n_hat (leading positions left unscaled); "
                           f"expected (0,), got {settings.n_hat_choices}")
     config, data_dict, rc, original = _read_config(folder, replace)
-    check_model_folder(folder)  # weights and tokenizer are there too
+    check_model_files(folder, config)  # weights and tokenizer are there too
     check_int(target_length, "target_length", min=original + 1, error=ConfigError)
     for name, value in (("windows", windows), ("heldout_windows", heldout_windows), ("batch_size", batch_size)):
         positive_int(value, name, error=ConfigError)
