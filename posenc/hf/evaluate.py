@@ -695,12 +695,13 @@ def write_results(doc: dict, out_dir: str) -> Path:
     return path
 
 
-def write_outputs(doc: dict, out_dir: str) -> list[Path]:
-    """results.json, the lab's plots and report.md into ``out_dir`` (created) -> the paths written."""
+def write_outputs(doc: dict, out_dir: str, *, overwrite: bool = False) -> list[Path]:
+    """results.json, the lab's plots and report.md into ``out_dir`` (created) -> the paths written. A folder already
+    holding results.json or report.md (a lab run, an earlier eval) is refused unless ``overwrite``."""
     from posenc._atomic import atomic_write_text
     from posenc.hf.lab_bridge import lab_plots
 
-    out = Path(out_dir)
+    out = check_out_folder(out_dir, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     written = [write_results(doc, out)]
     plots = lab_plots(doc, out) if _lab_readable(doc) else []
@@ -813,7 +814,9 @@ def run(args) -> int:
     doc = evaluate_model(args.model, settings, progress=not args.no_progress, on_method_done=saved)
     print(report_tables(doc))
     if args.out:
-        print(f"wrote {', '.join(p.name for p in write_outputs(doc, args.out))} into {args.out}")
+        # (the folder was checked before the run; what it holds now is this run's own partial results)
+        written = write_outputs(doc, args.out, overwrite=True)
+        print(f"wrote {', '.join(p.name for p in written)} into {args.out}")
     print(f"wall {doc['meta']['wall_s']:.1f} s")
     return 0
 

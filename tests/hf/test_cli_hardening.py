@@ -354,3 +354,20 @@ def test_an_interrupted_eval_keeps_the_methods_it_finished(model_dir, tmp_path, 
     assert E.eval_main([*argv, "--overwrite"]) == 0
     doc = json.loads((out / "results.json").read_text())
     assert "incomplete" not in doc["meta"] and {r["scaling"] for r in doc["results"]} == {"none", "linear"}
+
+
+def test_write_outputs_as_a_library_call_refuses_a_folder_with_results(model_dir, tmp_path):
+    """The CLI's --out rule holds for the library call too: a lab run's results are not replaced silently."""
+    from posenc.hf.evaluate import evaluate_model, write_outputs
+
+    run = lab_run(tmp_path / "run")
+    before = snapshot(run)
+    doc = evaluate_model(str(model_dir), EvalSettings(eval_lens=[32], eval_tokens=64, sliding_stride=0),
+                         progress=False)
+    with pytest.raises(ConfigError, match=f"out {run}: already holds results.json and report.md"):
+        write_outputs(doc, run)
+    assert snapshot(run) == before
+    written = write_outputs(doc, run, overwrite=True)
+    assert run / "results.json" in written and json.loads((run / "results.json").read_text()) == doc
+    fresh = tmp_path / "fresh"
+    assert (fresh / "report.md") in write_outputs(doc, fresh)
