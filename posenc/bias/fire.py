@@ -65,6 +65,10 @@ def fire_bias_contiguous(q_len: int, k_len: int, *, c, threshold,
     a query exactly at L takes the general form, where torch.maximum splits the gradient). Reads L once (a device
     sync on a GPU).
     """
+    q_len, k_len = positive_int(q_len, "q_len"), positive_int(k_len, "k_len")
+    if k_len < q_len:
+        raise PosencError(f"k_len must be >= q_len (queries are the last q_len of the k_len keys); "
+                          f"got q_len={q_len}, k_len={k_len}")
     c = torch.as_tensor(c, dtype=torch.float32)
     threshold = torch.as_tensor(threshold, dtype=torch.float32, device=c.device)
     first = k_len - q_len                                                               # the first query's position
@@ -85,7 +89,8 @@ def fire_bias_contiguous(q_len: int, k_len: int, *, c, threshold,
 
 
 class FIREBias(nn.Module):
-    """Learned FIRE bias: forward(query_positions, key_positions) -> [..., n_heads, Tq, Tk] (float32).
+    """Learned FIRE bias: forward(query_positions, key_positions) -> [..., n_heads, Tq, Tk] in the MLP's dtype
+    (float32 unless the module was cast; the MLP's input is formed in float32 either way).
 
     Args:
         n_heads: outputs of the MLP (one bias per head).
@@ -114,13 +119,17 @@ class FIREBias(nn.Module):
     def threshold(self) -> torch.Tensor:
         return F.softplus(self.raw_threshold)
 
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        # the float32 inputs meet the MLP in its own dtype (a model cast with .to(torch.bfloat16) casts the MLP)
+        return self.mlp(x.to(self.mlp[0].weight.dtype))
+
     def forward(self, query_positions, key_positions) -> torch.Tensor:
-        return fire_bias(query_positions, key_positions, c=self.c, threshold=self.threshold, mlp=self.mlp)
+        return fire_bias(query_positions, key_positions, c=self.c, threshold=self.threshold, mlp=self._mlp)
 
     def contiguous(self, q_len: int, k_len: int) -> torch.Tensor:
         """The bias [H, q_len, k_len] at the default positions, from i - j alone on the rows below the threshold
         (``fire_bias_contiguous``)."""
-        return fire_bias_contiguous(q_len, k_len, c=self.c, threshold=self.threshold, mlp=self.mlp)
+        return fire_bias_contiguous(q_len, k_len, c=self.c, threshold=self.threshold, mlp=self._mlp)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, width={self.width}"

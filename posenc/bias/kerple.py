@@ -2,7 +2,7 @@
 arXiv 2205.09921): a conditionally positive definite distance kernel, per head, added to the attention logits.
 
     log variant:    bias[h, i, j] = -r1_h * log(1 + r2_h * |i - j|)        r1, r2 > 0
-    power variant:  bias[h, i, j] = -r1_h * |i - j| ** r2_h                 r1 > 0, 0 < r2 <= 2
+    power variant:  bias[h, i, j] = -r1_h * |i - j| ** r2_h                 r1 > 0, 0 < r2 < 2
 
 With r2 = 1 the power variant is ALiBi with slope r1. The paper reports the log variant extrapolating best.
 
@@ -75,11 +75,21 @@ class KerpleBias(nn.Module):
         """[n_heads]: > 0 (log variant) or in (0, 2) (power variant)."""
         return F.softplus(self.raw_r2) if self.variant == "log" else 2 * torch.sigmoid(self.raw_r2)
 
+    def _per_head(self, value, name: str) -> torch.Tensor:
+        try:
+            t = torch.as_tensor(value, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            raise PosencError(f"{name} must be a number or {self.n_heads} numbers (one per head), got "
+                              f"{type(value).__name__}") from None
+        if t.dim() and tuple(t.shape) != (self.n_heads,):
+            raise PosencError(f"{name} must be a scalar or have shape [n_heads] = [{self.n_heads}], got "
+                              f"{tuple(t.shape)}")
+        return t.expand(self.n_heads)
+
     @torch.no_grad()
     def set_parameters(self, r1, r2) -> None:
         """Set r1, r2 ([n_heads] or scalars) in their natural units (e.g. to start from ALiBi's slopes)."""
-        r1 = torch.as_tensor(r1, dtype=torch.float32).expand(self.n_heads)
-        r2 = torch.as_tensor(r2, dtype=torch.float32).expand(self.n_heads)
+        r1, r2 = self._per_head(r1, "r1"), self._per_head(r2, "r2")
         hi = math.inf if self.variant == "log" else 2.0
         if not bool((r1 > 0).all()) or not bool(((r2 > 0) & (r2 < hi)).all()):
             raise PosencError(f"r1 must be > 0 and r2 in (0, {hi}) for the {self.variant} variant, "

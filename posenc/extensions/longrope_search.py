@@ -89,7 +89,7 @@ def search_lab_model(model, text: torch.Tensor, spec: ExtensionSpec, *, reserved
     fitness = perplexity_fitness(model, search_tokens, spec.target, set_factors, device=device)
     heldout = perplexity_fitness(model, heldout_tokens, spec.target, set_factors, device=device)
     result = longrope_search(fitness, heldout=heldout, rotary_dim=spec.rotary_dim, theta=spec.theta,
-                             original_length=spec.original, target_length=spec.target,
+                             original_length=spec.original, target_length=spec.target, factor=spec.factor,
                              settings=budget.settings(seed), checkpoint=checkpoint, resume=resume,
                              progress=progress)
     return result, where
@@ -111,7 +111,9 @@ def _fit(spec: ExtensionSpec, ctx: FitContext) -> tuple[dict, dict]:
     s = ctx.settings
     budget = SearchBudget(population=s.get("search_population", 32), generations=s.get("search_generations", 10),
                           windows=s.get("search_windows", 4))
-    reserved = max(s.get("eval_tokens", 0), s.get("sliding_tokens", 0)) + 1
+    from posenc.lab.tasks.lm import evaluation_prefix
+
+    reserved = evaluation_prefix(s)
     scheme = getattr(ctx.model.cfg, "scheme", "model")
     checkpoint = Path(ctx.out) / "search" / f"{ctx.task}-{scheme}-seed{ctx.seed}-longrope.json" if ctx.out else None
     result, where = search_lab_model(ctx.model, ctx.corpus.val, spec, reserved=reserved, budget=budget, seed=ctx.seed,
@@ -125,7 +127,7 @@ def _write(spec: ExtensionSpec) -> dict:
                       "--long-factor FILE --short-factor FILE`")
 
 
-register_method("longrope-search", label="LongRoPE (searched)", expects_finetune=False, fit=_fit,
+register_method("longrope-search", label="LongRoPE (searched)", expects_finetune=False, fit=_fit, needs_corpus=True,
                 note="per-pair factors found by LongRoPE's evolutionary search on the model (perplexity at the "
                      "target length on a search split, the winner chosen on a held-out split); the paper reports it "
                      "beats PI, NTK and YaRN without fine-tuning (Ding et al. 2024, LongRoPE Table 1). posenc's lab "

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from posenc._registry import check_new_name, origin_of
-from posenc._validate import check_choice, check_float, check_int, even_int
+from posenc._validate import check_bool, check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
 
 
@@ -101,6 +101,7 @@ class ExtensionMethod:
     transformers_form: Callable[[dict, ExtensionSpec], tuple[dict, list]] | None = None
     fit: Callable[[ExtensionSpec, FitContext], dict | tuple[dict, dict]] | None = None
     train_positions: Callable[..., Any] | None = None
+    needs_corpus: bool = False
     options: tuple[str, ...] = ()
     origin: str = ""
 
@@ -113,7 +114,7 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
                     defaults: Mapping | None = None, keeps_original_length: bool = False,
                     lab_factor: float | None = None, transformers_form: Callable | None = None,
                     fit: Callable | None = None, train_positions: Callable | None = None,
-                    replace: bool = False):
+                    needs_corpus: bool = False, replace: bool = False):
     """Decorator registering ``write(spec, **options) -> rope scaling mapping`` as extension method ``name``.
 
     label: display name (reports, plots, extend). expects_finetune / note: whether the method is meant to be
@@ -125,7 +126,8 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     calls it before evaluating; ``details``, e.g. the search time, go into results.json). train_positions(batch,
     seq_len, spec, generator) -> LongTensor [batch, seq_len]: a fine-tuning method that trains at the ORIGINAL
     length with these position ids (PoSE); the lab fine-tunes it at L0 and has no zero-shot row for it (its
-    zero-shot model is the plain scaling's). Options: the write function's keyword-only arguments (e.g. longrope's
+    zero-shot model is the plain scaling's). needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so
+    the lab refuses the method before training unless a task loads it. Options: the write function's keyword-only arguments (e.g. longrope's
     factor lists).
     """
     check_new_name("extension method", name, METHODS, replace)
@@ -146,7 +148,8 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
             defaults=dict(defaults or {}), keeps_original_length=bool(keeps_original_length),
             lab_factor=None if lab_factor is None else check_float(lab_factor, "lab_factor", min=1.0,
                                                                     error=ConfigError),
-            transformers_form=transformers_form, fit=fit, train_positions=train_positions, options=options,
+            transformers_form=transformers_form, fit=fit, train_positions=train_positions,
+            needs_corpus=check_bool(needs_corpus, "needs_corpus", error=ConfigError), options=options,
             origin=origin_of(write))
         return write
 

@@ -30,7 +30,7 @@ from posenc.extensions import get_method
 from posenc.lab.curriculum import check_length_warmup
 from posenc.lab.distributed import resolve_device
 from posenc.lab.precision import PRECISIONS
-from posenc.lab.tasks import get_task, task_names
+from posenc.lab.tasks import get_task, needs_corpus, task_names
 from posenc.lab.train import TrainSettings
 from posenc.nn.model import ModelConfig
 from posenc.schemes import check_scheme, make_scheme, scheme_names
@@ -168,6 +168,7 @@ class LabConfig:
         device = resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
         check_fits_in_memory(self.model, device)
         self._check_randomized()
+        self._check_schemes()
         for t in self.tasks:
             get_task(t).check(self)
             if self.train_until and not get_task(t).has_criterion():
@@ -189,6 +190,21 @@ class LabConfig:
         """Training steps of ``scheme``'s models: ``train.steps`` x its ``scheme_step_scale`` entry (default 1),
         rounded to the nearest step."""
         return scaled_steps(self.train.steps, self.scheme_step_scale.get(scheme, 1.0))
+
+    def _check_schemes(self) -> None:
+        """What would otherwise fail only after a model has trained: each scheme is built once with its options
+        (a bad --scheme-options value is named here), an extended scheme must have a RoPE to rescale, and a method
+        fitted on the text corpus needs a task that loads it."""
+        for s in self.schemes:
+            scheme = make_scheme(s, **self.model_config(s).scheme_arguments())
+            if self.extensions and s in self.extended_schemes and not getattr(scheme, "extendable", False):
+                raise ConfigError(f"extended_schemes: the {s} scheme has no RoPE that an extension method can "
+                                  "rescale; list only RoPE schemes there, or drop --extensions")
+        if self.extensions and not needs_corpus(self.tasks):
+            for e in self.extensions:
+                if get_method(e).needs_corpus:
+                    raise ConfigError(f"extensions: {e} is fitted on the text corpus, which none of the tasks "
+                                      f"({', '.join(self.tasks)}) loads; use it with the lm task")
 
     def _check_randomized(self) -> None:
         n = self.randomized_positions
@@ -233,7 +249,7 @@ class LabConfig:
 SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
                "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "jobs": 4096, "eval_tokens": 2**30,
                "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31,
-               "check_every": 2**31, "mlp_ratio": 256}
+               "check_every": 2**31, "mlp_ratio": 256, "randomized_positions": 2**20}
 
 
 # weights, gradients and Adam's two moments, all float32: what training holds per weight before any activation

@@ -1,5 +1,6 @@
 """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554): RoPE whose rotated pairs are
-also scaled, queries up and keys down, so that q.k decays with the distance yet stays a function of it.
+also scaled, a query at n by zeta^(n/B) <= 1 and a key at m by zeta^(-m/B) >= 1, so that q.k decays with the
+distance n - m yet stays a function of it.
 
 For pair j of a d-dim rotary head (j = 0 .. d/2 - 1), scale base B (512) and gamma (0.4):
 

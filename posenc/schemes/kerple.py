@@ -2,7 +2,7 @@
 Extrapolation", arXiv 2205.09921), a thin adapter over ``posenc.bias.kerple.KerpleBias``.
 
     log variant:    logits[h, i, j] += -r1_h * log(1 + r2_h * |i - j|)        r1, r2 > 0 learned per head
-    power variant:  logits[h, i, j] += -r1_h * |i - j| ** r2_h                0 < r2 <= 2
+    power variant:  logits[h, i, j] += -r1_h * |i - j| ** r2_h                0 < r2 < 2
 
 One set of (r1, r2) per layer and head, as in the paper's code (each attention layer owns its kernel); the
 layer's parameters are picked by ``ctx.layer``. Scheme option: ``kerple_variant`` ("log" or "power").

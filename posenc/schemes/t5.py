@@ -26,8 +26,15 @@ class T5Scheme(Scheme):
 
     def __init__(self, n_heads: int, *, t5_buckets: int = 32, t5_max_distance: int = 128):
         super().__init__()
-        self.table = T5RelativeBias(n_heads, num_buckets=positive_int(t5_buckets, "t5_buckets", error=ConfigError),
-                                    max_distance=positive_int(t5_max_distance, "t5_max_distance", error=ConfigError))
+        buckets = positive_int(t5_buckets, "t5_buckets", error=ConfigError)
+        distance = positive_int(t5_max_distance, "t5_max_distance", error=ConfigError)
+        # causal bucketing: half the buckets are exact distances, the rest log-spaced up to max_distance
+        if buckets < 2:
+            raise ConfigError(f"t5_buckets must be >= 2 (causal bucketing), got {buckets}")
+        if distance <= buckets // 2:
+            raise ConfigError(f"t5_max_distance must exceed the {buckets // 2} exact buckets (t5_buckets // 2), "
+                              f"got {distance}")
+        self.table = T5RelativeBias(n_heads, num_buckets=buckets, max_distance=distance)
 
     def bias(self, q, k, ctx: AttentionContext):  # [H, Tq, Tk] (or [B, H, Tq, Tk] for per-row positions)
         return self.table(ctx.q_positions, ctx.k_positions)

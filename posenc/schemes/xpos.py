@@ -30,7 +30,8 @@ def _heads(positions: torch.Tensor) -> torch.Tensor:
 
 @register_scheme("xpos")
 class XPosScheme(Scheme):
-    """RoPE with xPos's per-pair exponential scale: queries scaled up, keys down by position (Sun et al. 2022)."""
+    """RoPE with xPos's per-pair exponential scale: a query at n scaled by zeta^(n/B) <= 1, a key at m by
+    zeta^(-m/B) >= 1 (Sun et al. 2022)."""
 
     rotates = True
     float32_buffers = ("inv_freq",)

@@ -82,7 +82,9 @@ def _reserved(source: Path, given: int | None) -> int:
     results = source / "results.json" if source.is_dir() else source.parent.parent / "results.json"
     if results.exists():
         settings = json.loads(results.read_text(encoding="utf-8")).get("meta", {}).get("settings", settings)
-    return max(settings.get("eval_tokens", 0), settings.get("sliding_tokens", 0)) + 1
+    from posenc.lab.tasks.lm import evaluation_prefix
+
+    return evaluation_prefix(settings)
 
 
 def run(args) -> int:

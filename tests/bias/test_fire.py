@@ -121,3 +121,25 @@ def test_the_scheme_uses_the_contiguous_path_at_default_positions_only():
     calls.clear()
     s.bias(q, q, AttentionContext(torch.tensor([0, 2, 5, 7]), torch.tensor([0, 2, 5, 7]), contiguous=False))
     assert calls == []
+
+
+def test_a_module_cast_to_bf16_runs_its_mlp_in_bf16_on_float32_inputs():
+    """model.to(torch.bfloat16) casts the MLP; its float32 inputs meet it in bf16, and the bias is the float32
+    module's to bf16 precision (c and L are then bf16 parameters too)."""
+    torch.manual_seed(0)
+    f = FIREBias(3, init_threshold=6.0)
+    pos = torch.arange(12)
+    full, contiguous = f(pos, pos), f.contiguous(12, 12)
+    g = FIREBias(3, init_threshold=6.0)
+    g.load_state_dict(f.state_dict())
+    g = g.to(torch.bfloat16)
+    assert g(pos, pos).dtype == g.contiguous(12, 12).dtype == torch.bfloat16
+    torch.testing.assert_close(g(pos, pos).float(), full, atol=0.03, rtol=0.03)
+    torch.testing.assert_close(g.contiguous(12, 12).float(), contiguous, atol=0.03, rtol=0.03)
+
+
+@pytest.mark.parametrize("q_len, k_len, message", [(5, 3, "k_len must be >= q_len"), (0, 3, "q_len"),
+                                                   (3.5, 4, "q_len"), (2, -1, "k_len")])
+def test_contiguous_lengths_are_checked(q_len, k_len, message):
+    with pytest.raises(PosencError, match=message):
+        FIREBias(2, init_threshold=4.0).contiguous(q_len, k_len)

@@ -83,3 +83,18 @@ def test_set_parameters_round_trip_and_bad_values():
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):
         call()
+
+
+@pytest.mark.parametrize("r1, r2, message", [
+    ([1.0, 2.0, 3.0], 0.5, r"r1 must be a scalar or have shape \[n_heads\] = \[2\], got \(3,\)"),
+    (1.0, [0.5] * 4, r"r2 must be a scalar or have shape \[n_heads\] = \[2\]"),
+    ("abc", 0.5, "r1 must be a number or 2 numbers")])
+def test_set_parameters_names_a_value_of_the_wrong_shape(r1, r2, message):
+    k = KerpleBias(2)
+    before = [p.clone() for p in k.parameters()]
+    with pytest.raises(PosencError, match=message):
+        k.set_parameters(r1, r2)
+    assert all(torch.equal(a, b) for a, b in zip(before, k.parameters()))
+    k.set_parameters([1.0, 2.0], 0.5)
+    torch.testing.assert_close(k.r1, torch.tensor([1.0, 2.0]))
+    torch.testing.assert_close(k.r2, torch.full((2,), 0.5))

@@ -119,3 +119,22 @@ def test_search_splits_are_disjoint_and_too_short_text_is_refused():
     assert torch.equal(a, text[100:251]) and torch.equal(b, text[251:402])
     with pytest.raises(DataError, match="longrope-search needs 1052 validation tokens"):
         search_splits(text, reserved=950, length=50, windows=1)
+
+
+def test_longrope_search_writes_the_factor_it_scored_with():
+    """A factor that round(factor * L0) cannot express exactly (3.3 x 16 -> 53 tokens): every candidate is scored
+    with the factor the written config carries (its default attention scaling reads it)."""
+    from posenc.extensions import ExtensionSpec
+    from posenc.extensions.longrope_search import SearchBudget, search_lab_model
+    from posenc.nn.model import ModelConfig, TinyLM
+
+    torch.manual_seed(0)
+    model = TinyLM(ModelConfig(scheme="rope", d_model=32, n_heads=2, n_layers=1, max_len=16)).eval()
+    spec = ExtensionSpec(original=16, factor=3.3, rotary_dim=16)
+    scored = []
+    real = model.scheme.set_rope_scaling
+    model.scheme.set_rope_scaling = lambda scaling, **kw: (scored.append(scaling["factor"]), real(scaling, **kw))
+    text = torch.randint(0, 256, (2000,), dtype=torch.uint8)
+    result, _ = search_lab_model(model, text, spec, reserved=10, progress=False, seed=0,
+                                 budget=SearchBudget(population=4, generations=0, windows=1))
+    assert scored and set(scored) == {result.rope_scaling()["factor"]} == {3.3}

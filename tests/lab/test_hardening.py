@@ -225,7 +225,9 @@ def test_validation_happens_before_relaunch(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("argv,word", [(["--d-model", str(2**20)], "--d-model must be at most"),
                                        (["--eval-lens", f"16,{2**30}"], "--eval-lens must be at most"),
                                        (["--threads", "2147483648"], "--threads must be at most"),
-                                       (["--steps", str(2**40)], "--steps must be at most")])
+                                       (["--steps", str(2**40)], "--steps must be at most"),
+                                       (["--randomized-positions", str(2**40)],
+                                        "--randomized-positions must be at most")])
 def test_sizes_that_would_exhaust_memory_are_refused(tmp_path, capsys, argv, word):
     assert main(["lab", *TINY, "--out", str(tmp_path / "o"), *argv]) == 2
     assert word in one_line_error(capsys, "lab")
@@ -239,6 +241,9 @@ def test_sizes_that_would_exhaust_memory_are_refused(tmp_path, capsys, argv, wor
     (["--device", "mps"], "--device: expected auto, cpu, cuda or cuda:N"),
     (["--device", "cpu:5"], "--device: expected auto, cpu, cuda or cuda:N"),
     (["--rope-base", "1e39"], "--rope-base must be at most"),
+    (["--schemes", "t5", "--scheme-options", "t5_max_distance=8"],
+     "t5_max_distance must exceed the 16 exact buckets (t5_buckets // 2), got 8"),
+    (["--schemes", "t5", "--scheme-options", "t5_buckets=1"], "t5_buckets must be >= 2"),
 ])
 def test_settings_that_cannot_run_are_refused_before_any_work(flags, match, tmp_path, capsys):
     assert main(["lab", *TINY, *flags, "--out", str(tmp_path / "run")]) == 2
@@ -282,3 +287,19 @@ def test_the_sliding_protocol_follows_eval_tokens_and_the_report_counts_whole_wi
     assert get_preset("default", eval_tokens=8192).sliding_tokens == 8192
     assert get_preset("default", eval_tokens=8192, sliding_tokens=4096).sliding_tokens == 4096
     assert scored_tokens(1024, 96) == 960 and scored_tokens(1024, 128) == 1024 and scored_tokens(10, 96) == 96
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"schemes": ["rope", "alibi"], "extended_schemes": ["rope", "alibi"], "extensions": ["yarn"]},
+     "extended_schemes: the alibi scheme has no RoPE that an extension method can rescale"),
+    ({"tasks": ["copy"], "extensions": ["longrope-search"], "eval_lens": [128, 256]},
+     "extensions: longrope-search is fitted on the text corpus, which none of the tasks (copy) loads"),
+])
+def test_extension_settings_that_would_fail_after_training_are_refused_first(overrides, message):
+    from posenc.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        get_preset("default", threads=1, **overrides)
+    # a non-RoPE scheme listed but not trained is not refused (nothing would run it); no extensions: nothing to check
+    get_preset("default", threads=1, schemes=["rope"], extended_schemes=["rope", "alibi"], extensions=["yarn"])
+    get_preset("default", threads=1, schemes=["alibi"], extended_schemes=["alibi"], extensions=[])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -62,3 +64,36 @@ def test_learned_model_is_not_evaluated_past_its_table():
 def test_bad_stride_is_rejected():
     with pytest.raises(ConfigError, match="stride must be an integer in \\[1, 8\\]"):
         lm_eval(_model(), TOKENS, 8, n_tokens=32, stride=9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(eval_tokens=st.integers(0, 300), sliding_tokens=st.integers(0, 300),
+       eval_lens=st.lists(st.integers(8, 200), min_size=1, max_size=3, unique=True),
+       sliding_lens=st.lists(st.integers(8, 200), max_size=2, unique=True), stride=st.integers(-1, 6))
+def test_evaluation_prefix_covers_every_token_the_evaluation_reads(eval_tokens, sliding_tokens, eval_lens,
+                                                                  sliding_lens, stride):
+    """LongRoPE's search starts after evaluation_prefix: every token lm_eval reads (windows + their next-token
+    target), for both protocols, lies before it, also when a window is longer than the token budget."""
+    import posenc.lab.tasks.lm as lm
+
+    read = set()
+
+    def spy(model, tokens, starts, length, **kw):
+        for s in starts:
+            read.update(range(s, s + length + 1))
+        yield from real(model, tokens, starts, length, **kw)
+
+    real = lm.window_losses
+    model = lambda ids: torch.zeros(*ids.shape, 256)  # noqa: E731 - a uniform model: only the reads matter
+    val = torch.zeros(2000, dtype=torch.uint8)
+    cfg = {"eval_tokens": eval_tokens, "sliding_tokens": sliding_tokens, "eval_lens": eval_lens,
+           "sliding_lens": sliding_lens, "sliding_stride": stride}
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lm, "window_losses", spy)
+        m.setattr(lm, "supports_length", lambda model, n: True)
+        for L in eval_lens:
+            lm.lm_eval(model, val, L, n_tokens=eval_tokens)
+        if stride:
+            for L in sliding_lens or [max(eval_lens)]:
+                lm.lm_eval(model, val, L, n_tokens=sliding_tokens, stride=lm.sliding_stride(stride, L))
+    assert max(read) < lm.evaluation_prefix(cfg)
