@@ -77,7 +77,7 @@ def test_decoding_row_equals_full_row_and_gradients():
 
 
 def test_positions_are_clamped_and_zero_init_gives_zero_bias():
-    q, k = torch.ones(1, 30, 2), torch.ones(1, 30, 2)
+    q = torch.ones(1, 30, 2)
     logits = torch.full((1, 30, 30), 50.0)                    # every gate ~1: p_ij = i - j + 1, clamped at 3
     emb = torch.arange(4.0)[:, None].expand(4, 2)             # q . e[p] = 2p: the bias reads back the position
     bias = cope_bias(q, logits, emb)

@@ -109,7 +109,6 @@ def test_rope_scaling_comes_from_the_registry_and_dynamic_uses_each_sequences_le
 
     def rotated_with(length):  # the oracle: rotate with rope_parameters at exactly this length
         inv, _ = rope_parameters(s.rope_config, seq_len=length)
-        pos = torch.arange(length)
         return torch.tensor([reference.apply_rope_half(x[0, 0, t].tolist(), float(t), inv_freq=inv.tolist())
                              for t in range(length)], dtype=torch.float64)
 
