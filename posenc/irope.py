@@ -45,6 +45,9 @@ def attention_temperature(positions, *, floor_scale: float = 8192, attn_scale: f
     floor_scale = check_float(floor_scale, "floor_scale", positive=True)
     attn_scale = check_float(attn_scale, "attn_scale")
     positions = as_positions(positions)
+    if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
+        # log1p(floor((n + 1) / floor_scale)) is NaN or -inf below -1: absolute positions start at 0
+        raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
     return torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
 
 

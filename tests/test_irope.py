@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc.errors import PosencError
+from posenc.rope.layers import TemperatureTuning
 from posenc.irope import AttentionTemperature, apply_attention_temperature, attention_temperature, irope_rope_layers
 
 llama4 = pytest.importorskip("transformers.models.llama4.modeling_llama4")
@@ -94,6 +95,9 @@ def test_dtype_and_batched_positions():
     (lambda: attention_temperature([1], floor_scale=0), "floor_scale must be a positive"),
     (lambda: apply_attention_temperature(torch.zeros(3, 4), torch.arange(5)), r"positions must have shape \[seq\]"),
     (lambda: apply_attention_temperature(torch.zeros(3, 4, dtype=torch.long), torch.arange(3)), "floating-point"),
+    (lambda: attention_temperature([-10000, -5, 0]), r"positions must be >= 0 \(absolute positions\), got -10000"),
+    (lambda: apply_attention_temperature(torch.zeros(3, 4), torch.tensor([-1, 0, 1])), "positions must be >= 0"),
+    (lambda: TemperatureTuning(8192.0, 0.1).query_scale(torch.tensor([-5, 3])), "positions must be >= 0"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(PosencError, match=match):

@@ -104,12 +104,13 @@ AXIAL_VISION_TYPES = {
     "qwen2_vl_vision": "axial", "qwen2_5_vl_vision": "axial", "qwen3_vl_vision": "axial",
     "qwen3_vl_moe_vision": "axial", "glm4v_vision": "axial", "glm4v_moe_vision": "axial",
     "paddleocr_vl_vision": "axial", "pixtral": "axial_pixtral",
+    "llama4_vision_model": "axial",          # interleaved pairs (rope_layout), positions from llama4_vision_position_ids
 }
 # parent model_type -> model_type of its vision tower (read when the vision_config does not say)
 VISION_TOWER_OF = {
     "qwen2_vl": "qwen2_vl_vision", "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_vl": "qwen3_vl_vision",
     "qwen3_vl_moe": "qwen3_vl_moe_vision", "glm4v": "glm4v_vision", "glm4v_moe": "glm4v_moe_vision",
-    "paddleocr_vl": "paddleocr_vl_vision",
+    "paddleocr_vl": "paddleocr_vl_vision", "llama4": "llama4_vision_model",
 }
 # model types whose vision config sizes heads by embed_dim (Qwen2-VL's hidden_size is the merger's output width)
 _EMBED_DIM_HEADS = {"qwen2_vl_vision"}

@@ -3,8 +3,8 @@
 Some models change positions per layer or scale attention logits in ways cos/sin do not show:
 
 - NoPE layers (Llama 4, SmolLM3): ``no_rope_layers[i]`` is 1 when layer i rotates q/k and 0 when it does not
-  (the name reads backwards; transformers' convention); absent or empty, every ``no_rope_layer_interval``-th
-  layer (default 4) is NoPE. Per-layer-type RoPE parameters with a null entry mark NoPE layer types too.
+  (the name reads backwards; transformers' convention); absent (or, for Llama 4, empty), every
+  ``no_rope_layer_interval``-th layer (default 4) is NoPE; SmolLM3 refuses an empty list. Per-layer-type RoPE parameters with a null entry mark NoPE layer types too.
 - Attention temperature tuning (Llama 4; Nakanishi 2025, arXiv:2501.19399): NoPE layers multiply q at absolute
   position p by log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1.
 - Chunked attention (Llama 4): RoPE layers attend within blocks of ``attention_chunk_size`` tokens.
@@ -38,8 +38,9 @@ from posenc.rope.scaling import yarn_mscale
 
 # model types whose attention rotates interleaved pairs (2j, 2j+1): complex-number RoPE (Llama 4, DeepSeek-V2),
 # rotate_every_two (GPT-J, CodeGen), repeat_interleave'd cos/sin (Cohere, GLM); DeepSeek-V3 when rope_interleave
-INTERLEAVED_LAYOUT_TYPES = frozenset({"llama4", "llama4_text", "deepseek_v2", "gptj", "codegen", "cohere", "cohere2",
-                                      "glm", "glm4", "glm4v", "glm4v_text", "deepseek_v3", "kimi_k2"})
+INTERLEAVED_LAYOUT_TYPES = frozenset({"llama4", "llama4_text", "llama4_vision_model", "deepseek_v2", "gptj",
+                                      "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text",
+                                      "deepseek_v3", "kimi_k2"})
 # model types whose configs carry mscale_all_dim but whose attention does not rescale the softmax (Hunyuan)
 NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe"})
 # model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning
@@ -52,6 +53,27 @@ LAYER_PATTERNS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern",
                   "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4),
                   "modernbert": ("global_attn_every_n_layers", 3),
                   "modernbert-decoder": ("global_attn_every_n_layers", 3)}
+
+
+# what the transformers config classes (5.x) put in place of an absent key (an explicit null stays null): Llama 4
+# chunks its RoPE layers' attention by default, the local/global families have a window, and the Qwen family's
+# window is off unless use_sliding_window says otherwise
+_QWEN_WINDOW_OFF = {"use_sliding_window": False}
+CONFIG_DEFAULTS = {"llama4": {"attention_chunk_size": 8192}, "llama4_text": {"attention_chunk_size": 8192},
+                   "gemma2": {"sliding_window": 4096}, "gemma3": {"sliding_window": 4096},
+                   "gemma3_text": {"sliding_window": 4096}, "gemma3n": {"sliding_window": 512},
+                   "gemma3n_text": {"sliding_window": 512}, "cohere2": {"sliding_window": 4096},
+                   "olmo3": {"sliding_window": 4096}, "mistral": {"sliding_window": 4096},
+                   "gpt_oss": {"sliding_window": 128},
+                   **{t: _QWEN_WINDOW_OFF for t in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen3",
+                                                    "qwen3_moe", "smollm3")}}
+
+
+def config_value(cfg: Mapping, key: str):
+    """cfg[key], or the model family's default when the key is absent (``CONFIG_DEFAULTS``), else None."""
+    if key in cfg:
+        return cfg[key]
+    return CONFIG_DEFAULTS.get(model_type_of(cfg), {}).get(key)
 
 
 def config_mapping(config) -> Mapping:
@@ -72,7 +94,9 @@ class TemperatureTuning:
         positions = torch.as_tensor(positions)
         if positions.is_floating_point() or positions.dtype == torch.bool or positions.is_complex():
             raise ConfigError(f"positions must be integers, got {positions.dtype}")
-        return torch.log1p(torch.floor((positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+        from posenc.irope import attention_temperature      # (the formula's owner)
+
+        return attention_temperature(positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale)
 
 
 @dataclass(frozen=True)
@@ -193,7 +217,7 @@ def _layer_types(cfg: Mapping, n: int | None, rope: tuple[bool, ...] | None, chu
     if model_type in TEMPERATURE_TUNING_TYPES and rope is not None:       # Llama4TextConfig
         return tuple("chunked_attention" if r and chunk is not None else "full_attention" for r in rope)
     if model_type == "smollm3" and rope is not None:
-        sliding = cfg.get("use_sliding_window") and cfg.get("sliding_window") is not None
+        sliding = config_value(cfg, "use_sliding_window") and config_value(cfg, "sliding_window") is not None
         return tuple("sliding_attention" if sliding and not r else "full_attention" for r in rope)
     if model_type in LAYER_PATTERNS:
         key, default = LAYER_PATTERNS[model_type]
@@ -214,7 +238,7 @@ def layer_schedule(config) -> LayerSchedule:
     cfg = config_mapping(config)
     n = _num_layers(cfg)
     rope = _rope_flags(cfg, n)
-    chunk = cfg.get("attention_chunk_size")
+    chunk = config_value(cfg, "attention_chunk_size")
     if chunk is not None:
         chunk = check_int(chunk, "attention_chunk_size", min=1, error=ConfigError)
     layer_types = _layer_types(cfg, n, rope, chunk)
@@ -235,10 +259,10 @@ def layer_schedule(config) -> LayerSchedule:
             attn_scale=check_float(cfg.get("attn_scale", 0.1), "attn_scale", min=0, error=ConfigError))
         if rope is not None and all(rope):
             tuning = None                         # it only acts on NoPE layers
-    window = cfg.get("sliding_window")
+    window = config_value(cfg, "sliding_window")
     if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
         window = None                             # some configs write 0 / false for "no window"
-    if cfg.get("use_sliding_window") is False:    # Qwen2 / Qwen3 / SmolLM3: the window is off
+    if config_value(cfg, "use_sliding_window") is False:    # Qwen2 / Qwen3 / SmolLM3: the window is off
         window = None
     if model_type_of(cfg) in ("modernbert", "modernbert-decoder"):   # local_attention is the whole window
         window = check_int(cfg.get("local_attention", 128), "local_attention", min=2, error=ConfigError) // 2

@@ -129,8 +129,11 @@ def multi_axis_cos_sin(positions, inv_freq: torch.Tensor, axes: torch.Tensor, at
 
 
 def _head_broadcast(cos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """[batch, seq, pairs] tables gain a heads dim for x [batch, heads, seq, dim]."""
-    return cos.unsqueeze(-3) if cos.dim() >= 3 and x.dim() == cos.dim() + 1 else cos
+    """Per-row tables [batch, seq, pairs] keep the batch on x's first dim: [batch, 1, ..., 1, seq, pairs] for x
+    [batch, ..., seq, dim] (heads, or groups and heads); shared tables [seq, pairs] broadcast as they are."""
+    if cos.dim() == 3 and x.dim() > 3:
+        return cos.view(cos.shape[0], *([1] * (x.dim() - 3)), *cos.shape[1:])
+    return cos
 
 
 def _apply(xs, positions, inv_freq, axes, n_axes, layout, rotary_dim, attention_scaling):

@@ -20,15 +20,16 @@ from posenc._validate import check_float, even_int
 from posenc.errors import PosencError
 from posenc.rope.config import RopeConfig
 from posenc.rope.module import Rotary
-from posenc.rope.scaling import rope_parameters
+from posenc.rope.scaling import proportional_pairs, rope_parameters
 
 
 def p_rope_config(head_dim: int, fraction: float, theta: float = 10000.0) -> RopeConfig:
     """The RopeConfig of p-RoPE: rope_type "proportional" with partial_rotary_factor = fraction (in (0, 1])."""
     even_int(head_dim, "head_dim")
     fraction = check_float(fraction, "fraction", min=0.0, max=1.0)
-    if fraction == 0.0:
-        raise PosencError("fraction must be in (0, 1] (fraction 0 rotates nothing: use NoPE)")
+    if proportional_pairs(head_dim, fraction) == 0:
+        raise PosencError(f"fraction {fraction:g} of head_dim {head_dim} rotates no pair (int(fraction * head_dim "
+                          "// 2) = 0): use NoPE, or a fraction of at least 2 / head_dim")
     # rotary_dim = head_dim: proportional RoPE hands out head_dim // 2 frequencies (zeros past the kept ones)
     return RopeConfig(rope_type="proportional", theta=theta, head_dim=head_dim, rotary_dim=head_dim,
                       partial_rotary_factor=fraction)

@@ -424,6 +424,11 @@ def llama3_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tens
     return torch.where(middle, blended, out), 1.0
 
 
+def proportional_pairs(head_dim: int, partial_rotary_factor: float) -> int:
+    """Pairs proportional RoPE rotates: int(partial_rotary_factor * head_dim // 2), as transformers counts them."""
+    return int(partial_rotary_factor * head_dim // 2)
+
+
 @register_rope_type("proportional", optional=("factor",), whole_head=True)
 def proportional_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Proportional RoPE (Gemma 4): the first n = int(partial_rotary_factor * head_dim // 2) pairs get
@@ -432,7 +437,7 @@ def proportional_rope(cfg: RopeConfig, seq_len: int | None = None) -> tuple[torc
     Returns head_dim // 2 frequencies, not rotary_dim // 2: the whole head is rotated with them.
     """
     head_dim = cfg.head_dim
-    rotated = int(cfg.partial_rotary_factor * head_dim // 2)
+    rotated = proportional_pairs(head_dim, cfg.partial_rotary_factor)
     inv = torch.zeros(head_dim // 2, dtype=torch.float32)
     inv[:rotated] = 1.0 / base_powers(head_dim, cfg.theta, pairs=rotated)     # transformers' length (see there)
     return inv / _factor(cfg, default=1.0), 1.0

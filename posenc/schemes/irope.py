@@ -58,6 +58,8 @@ class IRoPEScheme(RoPEScheme):
         self.nope = TemperatureNoPE(floor_scale, check_float(attn_scale, "attn_scale", error=ConfigError))
 
     def for_layer(self, layer: int) -> Scheme:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.rope_layers):
+            raise ConfigError(f"layer must be an index 0..{len(self.rope_layers) - 1}, got {layer!r}")
         return self if self.rope_layers[layer] else self.nope
 
     def describe(self) -> str:

@@ -15,6 +15,7 @@ from typing import Mapping
 
 from posenc._validate import check_float
 from posenc.errors import ConfigError
+from posenc.rope.scaling import proportional_pairs
 from posenc.schemes.builtin import RoPEScheme
 from posenc.schemes.registry import register_scheme
 
@@ -28,8 +29,9 @@ class PRoPEScheme(RoPEScheme):
     def __init__(self, head_dim: int, n_heads: int, *, rope_base: float = 10000.0, max_len: int = 2048,
                  rope_layout: str = "half", p: float = 0.25):
         self.fraction = check_float(p, "p", min=0.0, max=1.0, error=ConfigError)
-        if self.fraction == 0.0:
-            raise ConfigError("p must be in (0, 1] (p = 0 rotates nothing: use the nope scheme)")
+        if proportional_pairs(head_dim, self.fraction) == 0:
+            raise ConfigError(f"p = {self.fraction:g} of head_dim {head_dim} rotates no pair (int(p * head_dim // 2)"
+                              " = 0): use the nope scheme, or p of at least 2 / head_dim")
         super().__init__(head_dim, n_heads, rope_base=rope_base, max_len=max_len, rope_layout=rope_layout)
 
     def set_rope_scaling(self, scaling: Mapping | None, max_position_embeddings: int | None = None) -> None:

@@ -179,6 +179,29 @@ def test_layer_patterns_match_transformers(model_type, n):
     assert list(layer_schedule({"model_type": model_type, "head_dim": 64, **kwargs}).layer_types) == hf.layer_types
 
 
+@pytest.mark.parametrize("model_type, drop", [("llama4_text", "attention_chunk_size"), ("gemma3_text", "sliding_window"),
+                                              ("gemma2", "sliding_window"), ("cohere2", "sliding_window"),
+                                              ("mistral", "sliding_window"), ("qwen2", "use_sliding_window"),
+                                              ("qwen3", "use_sliding_window")])
+def test_an_absent_key_takes_the_transformers_config_class_default(model_type, drop):
+    """A config.json without attention_chunk_size / sliding_window / use_sliding_window reads as transformers'
+    config class fills it in (Llama 4 chunks its RoPE layers at 8192, Gemma's window is 4096, Qwen's is off),
+    while an explicit null stays null."""
+    raw = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+           "num_hidden_layers": 8, "attention_chunk_size": 16, "sliding_window": 32, "use_sliding_window": True}
+    raw = {k: v for k, v in raw.items() if k != drop}
+    hf = CONFIG_MAPPING[model_type](**{k: v for k, v in raw.items() if k != "model_type"})
+    schedule = layer_schedule(raw)
+    if drop == "attention_chunk_size":
+        assert list(schedule.layer_types) == hf.layer_types and schedule.attention_chunk_size == 8192
+    else:
+        window = hf.sliding_window if getattr(hf, "use_sliding_window", True) else None
+        assert schedule.sliding_window == window
+    assert drop not in raw
+    if drop != "use_sliding_window":
+        assert getattr(layer_schedule({**raw, drop: None}), drop) is None
+
+
 def test_published_schedules():
     scout = layer_schedule(fixture("llama-4-scout"))
     assert scout.nope_layers == list(range(3, 48, 4)) and scout.attention_chunk_size == 8192

@@ -16,7 +16,7 @@ from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl  # noqa: 
 
 from posenc import Rotary, rope_parameters  # noqa: E402
 from posenc.errors import ConfigError, PosencError  # noqa: E402
-from posenc.rope.config import load_rope_config, vision_rope_config  # noqa: E402
+from posenc.rope.config import load_rope_config, vision_config_of, vision_rope_config  # noqa: E402
 from posenc.rope.mm_positions import mrope_position_ids, vision_position_ids  # noqa: E402
 from posenc.rope.multiaxis import (apply_axial_rope, apply_mrope, apply_mrope_qk, mrope_axes,  # noqa: E402
                                    multi_axis_cos_sin, position_axes)
@@ -245,11 +245,52 @@ def test_vision_towers_of_published_configs_match_transformers(name, model_type,
     torch.testing.assert_close(inv, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("image_size, patch_size", [(56, 14), (42, 14), (28, 7)])
+def test_llama4_vision_rope_matches_transformers(image_size, patch_size):
+    """Llama 4's vision tower: axial RoPE with interleaved pairs, the column on the first half of the pairs, patch
+    coordinates + 1 and a CLS token (last) left unrotated; from the vision config or the whole model's config."""
+    from transformers.models.llama4.configuration_llama4 import Llama4Config, Llama4VisionConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4VisionRotaryEmbedding, vision_apply_rotary_emb
+
+    from posenc.rope.mm_positions import llama4_vision_position_ids
+
+    config = Llama4VisionConfig(hidden_size=64, num_attention_heads=2, image_size=image_size, patch_size=patch_size,
+                                num_hidden_layers=1, intermediate_size=64, vision_output_dim=64,
+                                projector_input_dim=64, projector_output_dim=64)
+    freqs = Llama4VisionRotaryEmbedding(config)(torch.zeros(1))
+    positions = llama4_vision_position_ids(image_size, patch_size)
+    n = positions.shape[1]
+    assert n == (image_size // patch_size) ** 2 + 1 and positions[:, -1].tolist() == [0, 0]
+    torch.manual_seed(0)
+    q, k = torch.randn(1, n, 2, 32), torch.randn(1, n, 2, 32)              # [B, N, heads, D] as transformers
+    want = vision_apply_rotary_emb(q, k, freqs)
+    for source in (config.to_dict(), Llama4Config(vision_config=config.to_dict()).to_dict()):
+        assert vision_rope_config(source).rope_type == "axial"
+        rot = Rotary.from_config(vision_config_of(source))         # the tower's own config: its pair layout too
+        assert rot.n_axes == 2 and rot.layout == "interleaved"
+        got = rot(q.transpose(1, 2), k.transpose(1, 2), positions)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.transpose(1, 2), w, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[0][:, :, -1], q.transpose(1, 2)[:, :, -1], rtol=0, atol=0)   # CLS: angle 0
+
+
+def test_published_llama4_vision_tower_reads_as_axial_rope():
+    import json
+
+    rc = vision_rope_config(json.load(open(f"{FIXTURES}/llama-4-scout.json")))
+    assert rc.rope_type == "axial" and rc.head_dim == 88 and rc.theta == 10000.0
+
+
 def test_axial_of_an_unverified_vision_family_is_refused():
     with pytest.raises(ConfigError, match="rope_type 'axial' of model_type 'gemma4_vision'.*pair layout may differ"):
         load_rope_config({"model_type": "gemma4_vision", "head_dim": 64,
                           "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0}})
     assert load_rope_config({"head_dim": 64, "rope_parameters": {"rope_type": "axial"}}).rope_type == "axial"
+
+
+def test_vision_position_ids_refuse_an_empty_grid_list():
+    with pytest.raises(PosencError, match="grid_thw must hold at least one"):
+        vision_position_ids(torch.zeros(0, 3, dtype=torch.long))
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -320,9 +361,66 @@ def test_mrope_position_ids_match_get_rope_index(rows, family, pad, seconds):
     got, deltas = mrope_position_ids(token_types, image_grid, video_grid, spatial_merge_size=merge,
                                      attention_mask=mask, tokens_per_second=tps,
                                      second_per_grid_ts=kwargs.get("second_per_grid_ts"),
-                                     split_video_frames=family == "qwen3_vl")
+                                     split_video_frames=family == "qwen3_vl", after_vision="transformers")
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(deltas, want_deltas)
+    # Qwen's own rule (the default) differs only where a video's temporal positions run past its spatial ones
+    ours, ours_deltas = mrope_position_ids(token_types, image_grid, video_grid, spatial_merge_size=merge,
+                                           attention_mask=mask, tokens_per_second=tps,
+                                           second_per_grid_ts=kwargs.get("second_per_grid_ts"),
+                                           split_video_frames=family == "qwen3_vl")
+    long_video = any((t - 1) * (tps or 1) * max(seconds) >= max(h, w) // merge for t, h, w in videos)
+    if not long_video:
+        assert torch.equal(ours, got) and torch.equal(ours_deltas, deltas)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(rows=st.lists(st.lists(_SEGMENT, min_size=1, max_size=5), min_size=1, max_size=3),
+       interval=st.sampled_from([None, 1, 2]))
+def test_after_each_image_or_video_qwens_rule_continues_past_every_earlier_position(rows, interval):
+    """after_vision="max" (Qwen's reference get_rope_index): every text token sits one past the largest position
+    before it, so text never reuses a video's temporal positions, and generation (max + 1 = length + delta)
+    continues right after the last token."""
+    merge, types_rows, images, videos = 2, [], [], []
+    for segments in rows:
+        row = []
+        for modality, size in segments:
+            if modality == 0:
+                row += [0] * size
+                continue
+            t, h, w = size
+            t = 1 if modality == 1 else t
+            (images if modality == 1 else videos).append([t, h * merge, w * merge])
+            row += [0] + [modality] * (t * h * w) + [0]              # vision start / end tokens
+        types_rows.append(row)
+    length = max(map(len, types_rows))
+    token_types = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for b, row in enumerate(types_rows):
+        token_types[b, length - len(row):] = torch.tensor(row)
+        mask[b, length - len(row):] = 1
+    positions, deltas = mrope_position_ids(token_types, torch.tensor(images) if images else None,
+                                           torch.tensor(videos) if videos else None, spatial_merge_size=merge,
+                                           attention_mask=mask, tokens_per_second=interval)
+    for b, row in enumerate(types_rows):
+        p = positions[:, b, length - len(row):]
+        for i, kind in enumerate(row):
+            if kind == 0:
+                assert p[:, i].tolist() == [int(p[:, :i].max()) + 1 if i else 0] * 3
+        assert int(p[:, -1].max()) + 1 == len(row) + int(deltas[b])
+
+
+def test_text_after_a_long_video_follows_qwens_rule():
+    """Qwen2.5-VL, 2 text tokens, a 4-frame 4x4 video merged 2x2 (tokens_per_second 2, 1 s per grid), 3 text
+    tokens: Qwen's reference code continues the text at the video's largest position + 1 (9, 10, 11; delta -9),
+    transformers 5.3+ at start + max(h, w) // 2 (4, 5, 6, inside the video's temporal range; delta -12)."""
+    types_ = torch.tensor([[0, 0] + [2] * 16 + [0] * 3])
+    common = dict(video_grid_thw=[[4, 4, 4]], spatial_merge_size=2, tokens_per_second=2, second_per_grid_ts=[1.0])
+    positions, deltas = mrope_position_ids(types_, **common)
+    assert positions[0, 0].tolist() == [0, 1] + [2] * 4 + [4] * 4 + [6] * 4 + [8] * 4 + [9, 10, 11]
+    assert deltas.tolist() == [[-9]]
+    positions, deltas = mrope_position_ids(types_, **common, after_vision="transformers")
+    assert positions[0, 0].tolist()[-3:] == [4, 5, 6] and deltas.tolist() == [[-12]]
 
 
 def test_mrope_position_ids_docstring_example():
@@ -337,9 +435,27 @@ def test_mrope_position_ids_docstring_example():
     ({"token_types": [[0, 1]]}, "more image runs"),
     ({"token_types": [[0, 3]]}, r"0 \(text\), 1 \(image\) or 2 \(video\)"),
     ({"token_types": [[0, 1]], "image_grid_thw": [[1, 0, 2]]}, "positive"),
+    ({"token_types": [[0, 2, 0, 2]], "video_grid_thw": [[1, 2, 2], [1, 2, 2]], "tokens_per_second": 2,
+      "second_per_grid_ts": [1.0]}, "second_per_grid_ts: fewer entries than videos"),
+    ({"token_types": [[0, 2]], "video_grid_thw": [[1, 2, 2]], "tokens_per_second": 2, "second_per_grid_ts": 1.0},
+     "second_per_grid_ts must be a 1-D tensor or sequence"),
+    ({"token_types": [[0, 2]], "video_grid_thw": [[1, 2, 2]], "tokens_per_second": 2,
+      "second_per_grid_ts": torch.tensor([[1.0]])}, "second_per_grid_ts must be a 1-D tensor"),
+    ({"token_types": [[0, 2]], "video_grid_thw": [[1, 2, 2]], "tokens_per_second": 2,
+      "second_per_grid_ts": [[1.0]]}, "second_per_grid_ts must hold finite seconds >= 0"),
+    ({"token_types": [[0, 2]], "video_grid_thw": [[1, 2, 2]], "tokens_per_second": 2,
+      "second_per_grid_ts": torch.tensor([-1.0])}, "second_per_grid_ts must hold finite seconds >= 0"),
+    ({"token_types": [[0, 2]], "video_grid_thw": [[1, 2, 2]], "tokens_per_second": 2,
+      "second_per_grid_ts": [float("nan")]}, "second_per_grid_ts must hold finite seconds"),
+    ({"token_types": [[0, 2]], "video_grid_thw": [[1, 2, 2]], "tokens_per_second": 2,
+      "second_per_grid_ts": [-1.0]}, "second_per_grid_ts must hold finite seconds >= 0"),
+    ({"token_types": [[0, 2]], "video_grid_thw": [[1, 2, 2]], "tokens_per_second": "2"}, "tokens_per_second"),
+    ({"token_types": [[0, 2, 2, 2, 2]], "video_grid_thw": [[4, 2, 2]], "tokens_per_second": 2,
+      "second_per_grid_ts": [1e30]}, "past 2\\^62"),
+    ({"token_types": [[0, 1]], "image_grid_thw": [[1, 2, 2]], "after_vision": "min"}, "after_vision"),
 ])
 def test_mrope_position_ids_bad_input(kwargs, match):
-    kwargs = {k: torch.tensor(v) for k, v in kwargs.items()}
+    kwargs = {k: torch.tensor(v) if k.endswith(("types", "thw")) else v for k, v in kwargs.items()}
     with pytest.raises(PosencError, match=match):
         mrope_position_ids(kwargs.pop("token_types"), **kwargs)
 
@@ -351,3 +467,36 @@ def test_published_qwen_vl_configs_read_as_three_axis_rope():
         rc = load_rope_config(f"{FIXTURES}/{name}.json")
         assert (rc.params["mrope_section"], rc.params["mrope_interleaved"]) == (section, interleaved)
         assert Rotary.from_config(rc).n_axes == 3
+
+
+@pytest.mark.parametrize("kind", ["list", "float64", "float32"])
+def test_video_seconds_are_used_as_given_like_get_rope_index(kind):
+    """Qwen2.5-VL's interval tokens_per_second x seconds is formed from the input as given (Python floats, a
+    float64 or float32 tensor): 2/3 s per grid at 25 tokens/s truncates differently in float32 and float64."""
+    merge, t = 2, 24
+    types_ = torch.tensor([[0] + [2] * t + [0]])
+    grid = torch.tensor([[t, 2, 2]])
+    for tps in (2, 4, 25):
+        for fps in (3, 0.3, 23.976, 29.97, 7, 1.5):
+            sec = 2 / fps
+            seconds = {"list": [sec], "float64": torch.tensor([sec], dtype=torch.float64),
+                       "float32": torch.tensor([sec])}[kind]
+            want, want_deltas = _hf_rope_index("qwen2_5_vl", merge, tps)(torch.zeros_like(types_), types_, None, grid,
+                                                                          second_per_grid_ts=seconds)
+            got, deltas = mrope_position_ids(types_, None, grid, spatial_merge_size=merge, tokens_per_second=tps,
+                                             second_per_grid_ts=seconds, after_vision="transformers")
+            assert torch.equal(got, want) and torch.equal(deltas, want_deltas), (tps, fps)
+
+
+@pytest.mark.parametrize("lead", [(2, 3, 2), (2, 4), (2,)])
+def test_per_row_positions_follow_the_batch_dim_whatever_the_rank_of_x(lead):
+    """x [B, ..., T, D] (groups and heads, heads, or none) with positions [3, B, T]: row b of the batch, every
+    head of it, uses positions[:, b]: the same as rotating each row on its own."""
+    torch.manual_seed(0)
+    T, D = 5, 16
+    x = torch.randn(*lead, T, D)
+    positions = torch.stack([torch.randint(0, 50, (3, T)), torch.randint(50, 100, (3, T))], 1)      # [3, 2, T]
+    got = apply_mrope(x, positions, mrope_section=[2, 3, 3], layout="half")
+    for b in range(2):
+        row = apply_mrope(x[b:b + 1], positions[:, b:b + 1], mrope_section=[2, 3, 3], layout="half")
+        torch.testing.assert_close(got[b:b + 1], row, rtol=0, atol=0)

@@ -16,8 +16,12 @@ from posenc.rope.partial import PRoPE, p_rope_inv_freq
 @given(half=st.integers(1, 32), fraction=st.floats(0.01, 1.0), theta=st.sampled_from([10000.0, 1e6]))
 def test_frequencies_keep_the_highest_pairs(half, fraction, theta):
     d = 2 * half
-    inv = p_rope_inv_freq(d, fraction, theta)
     n = int(fraction * d // 2)
+    if n == 0:                                   # a fraction too small to keep one pair is refused, not NoPE
+        with pytest.raises(PosencError, match="rotates no pair"):
+            p_rope_inv_freq(d, fraction, theta)
+        return
+    inv = p_rope_inv_freq(d, fraction, theta)
     assert inv.shape == (half,) and inv.dtype == torch.float32
     assert torch.equal(inv[:n], default_inv_freq(d, theta)[:n])   # the fastest pairs, RoPE's own frequencies
     assert torch.equal(inv[n:], torch.zeros(half - n))
@@ -31,6 +35,10 @@ def test_rotated_pairs_equal_rope_and_the_rest_pass_through(half, fraction, layo
     g = torch.Generator().manual_seed(seed)
     q, k = torch.randn(2, 1, 2, 5, d, generator=g, dtype=torch.float64)
     pos = offset + torch.arange(5)
+    if int(fraction * d // 2) == 0:
+        with pytest.raises(PosencError, match="rotates no pair"):
+            PRoPE(d, fraction, layout=layout)
+        return
     m = PRoPE(d, fraction, layout=layout)
     n = m.rotated_pairs
     assert n == int(fraction * d // 2)
@@ -65,7 +73,7 @@ def test_full_fraction_is_rope_and_matches_transformers_proportional():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: p_rope_inv_freq(64, 0.0), r"fraction must be in \(0, 1\]"),
+    (lambda: p_rope_inv_freq(64, 0.0), "fraction 0 of head_dim 64 rotates no pair"),
     (lambda: p_rope_inv_freq(64, 1.5), "fraction must be"),
     (lambda: p_rope_inv_freq(63, 0.5), "head_dim must be even"),
     (lambda: PRoPE(16, 0.5, layout="pairs"), "layout must be one of"),

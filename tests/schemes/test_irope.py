@@ -4,8 +4,10 @@ decoding equals a full forward with a NoPE layer present."""
 
 import math
 
+import pytest
 import torch
 
+from posenc.errors import ConfigError
 from posenc.nn.model import ModelConfig, TinyLM
 from posenc.schemes import AttentionContext, make_scheme
 
@@ -33,6 +35,9 @@ def test_floor_scale_defaults_to_the_training_length():
     s = make_scheme("irope", d_model=32, n_heads=2, max_len=128, n_layers=4)
     assert s.for_layer(3).floor_scale == 128 and s.for_layer(3).attn_scale == 0.1
     assert [s.for_layer(i) is s for i in range(4)] == [True, True, True, False]
+    for bad in (-1, 4, 1.0):
+        with pytest.raises(ConfigError, match=f"layer must be an index 0..3, got {bad!r}"):
+            s.for_layer(bad)
 
 
 def test_kv_cache_decoding_equals_full_forward_with_a_nope_layer():

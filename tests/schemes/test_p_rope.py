@@ -30,7 +30,10 @@ def test_rotates_the_fastest_fraction_only(p):
 
 def test_option_and_extension_refused():
     with pytest.raises(ConfigError, match="p must be"):
-        make_scheme("p-rope", d_model=64, n_heads=4, max_len=32, p=0)
+        make_scheme("p-rope", d_model=64, n_heads=4, max_len=32, p=-0.5)
+    for p in (0, 0.05):                          # head_dim 16: int(p * 16 // 2) = 0 pairs
+        with pytest.raises(ConfigError, match=f"p = {p:g} of head_dim 16 rotates no pair"):
+            make_scheme("p-rope", d_model=64, n_heads=4, max_len=32, p=p)
     s = make_scheme("p-rope", d_model=64, n_heads=4, max_len=32)
     assert not s.capabilities.extendable
     with pytest.raises(ConfigError, match="p-rope"):
