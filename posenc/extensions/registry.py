@@ -127,8 +127,8 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     seq_len, spec, generator) -> LongTensor [batch, seq_len]: a fine-tuning method that trains at the ORIGINAL
     length with these position ids (PoSE); the lab fine-tunes it at L0 and has no zero-shot row for it (its
     zero-shot model is the plain scaling's). needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so
-    the lab refuses the method before training unless a task loads it. Options: the write function's keyword-only arguments (e.g. longrope's
-    factor lists).
+    the lab refuses the method before training unless a task loads it. Options: the write function's keyword-only
+    arguments (e.g. longrope's factor lists).
     """
     check_new_name("extension method", name, METHODS, replace)
     if not isinstance(label, str) or not label:

@@ -104,7 +104,7 @@ AXIAL_VISION_TYPES = {
     "qwen2_vl_vision": "axial", "qwen2_5_vl_vision": "axial", "qwen3_vl_vision": "axial",
     "qwen3_vl_moe_vision": "axial", "glm4v_vision": "axial", "glm4v_moe_vision": "axial",
     "paddleocr_vl_vision": "axial", "pixtral": "axial_pixtral",
-    "llama4_vision_model": "axial",          # interleaved pairs (rope_layout), positions from llama4_vision_position_ids
+    "llama4_vision_model": "axial",   # interleaved pairs (rope_layout); positions: llama4_vision_position_ids
 }
 # parent model_type -> model_type of its vision tower (read when the vision_config does not say)
 VISION_TOWER_OF = {

@@ -4,7 +4,8 @@ Some models change positions per layer or scale attention logits in ways cos/sin
 
 - NoPE layers (Llama 4, SmolLM3): ``no_rope_layers[i]`` is 1 when layer i rotates q/k and 0 when it does not
   (the name reads backwards; transformers' convention); absent (or, for Llama 4, empty), every
-  ``no_rope_layer_interval``-th layer (default 4) is NoPE; SmolLM3 refuses an empty list. Per-layer-type RoPE parameters with a null entry mark NoPE layer types too.
+  ``no_rope_layer_interval``-th layer (default 4) is NoPE; SmolLM3 refuses an empty list. Per-layer-type RoPE
+  parameters with a null entry mark NoPE layer types too.
 - Attention temperature tuning (Llama 4; Nakanishi 2025, arXiv:2501.19399): NoPE layers multiply q at absolute
   position p by log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1.
 - Chunked attention (Llama 4): RoPE layers attend within blocks of ``attention_chunk_size`` tokens.

@@ -82,7 +82,8 @@ def _grid_positions(start: int, grid, merge: int, interval) -> torch.Tensor:
 
 def mrope_position_ids(token_types, image_grid_thw=None, video_grid_thw=None, *, spatial_merge_size: int = 2,
                        attention_mask=None, tokens_per_second: float | None = None, second_per_grid_ts=None,
-                       split_video_frames: bool = False, after_vision: str = "max") -> tuple[torch.Tensor, torch.Tensor]:
+                       split_video_frames: bool = False, after_vision: str = "max"
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """3-row (t, h, w) position ids for a batch mixing text with image / video placeholder tokens.
 
     Args:

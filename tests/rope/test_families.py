@@ -179,10 +179,10 @@ def test_layer_patterns_match_transformers(model_type, n):
     assert list(layer_schedule({"model_type": model_type, "head_dim": 64, **kwargs}).layer_types) == hf.layer_types
 
 
-@pytest.mark.parametrize("model_type, drop", [("llama4_text", "attention_chunk_size"), ("gemma3_text", "sliding_window"),
-                                              ("gemma2", "sliding_window"), ("cohere2", "sliding_window"),
-                                              ("mistral", "sliding_window"), ("qwen2", "use_sliding_window"),
-                                              ("qwen3", "use_sliding_window")])
+@pytest.mark.parametrize("model_type, drop", [
+    ("llama4_text", "attention_chunk_size"), ("gemma3_text", "sliding_window"), ("gemma2", "sliding_window"),
+    ("cohere2", "sliding_window"), ("mistral", "sliding_window"), ("qwen2", "use_sliding_window"),
+    ("qwen3", "use_sliding_window")])
 def test_an_absent_key_takes_the_transformers_config_class_default(model_type, drop):
     """A config.json without attention_chunk_size / sliding_window / use_sliding_window reads as transformers'
     config class fills it in (Llama 4 chunks its RoPE layers at 8192, Gemma's window is 4096, Qwen's is off),
