@@ -22,7 +22,7 @@ from posenc._validate import check_int
 from posenc.errors import ConfigError, DataError
 from posenc.extensions.registry import ExtensionSpec, FitContext, register_method
 from posenc.search.fitness import perplexity_fitness
-from posenc.search.longrope import LongRopeResult, LongRopeSettings, longrope_search
+from posenc.search.longrope import LongRopeResult, LongRopeSettings, longrope_search, tensor_fingerprint
 from posenc.search.longrope_space import longrope_scaling
 
 
@@ -69,10 +69,12 @@ def search_splits(text: torch.Tensor, *, reserved: int, length: int, windows: in
 
 def search_lab_model(model, text: torch.Tensor, spec: ExtensionSpec, *, reserved: int, budget: SearchBudget,
                  seed: int, checkpoint: str | Path | None = None, resume: bool = True, progress: bool = True,
-                 device=None) -> tuple[LongRopeResult, dict]:
+                 device=None, problem: dict | None = None) -> tuple[LongRopeResult, dict]:
     """Run LongRoPE's search on ``model`` (a TinyLM with an extendable RoPE scheme, any device) over ``text``
     (1-D token stream) for ``spec`` -> (result, where the splits are). The model's RoPE is left as the last
-    candidate scored: apply the result's config (or reset it) afterwards."""
+    candidate scored: apply the result's config (or reset it) afterwards. ``problem`` (e.g. the model file's
+    fingerprint): with it, the checkpoint also records the splits' fingerprints and resumes only the same problem
+    (``longrope_search``)."""
     search_tokens, heldout_tokens, where = search_splits(text, reserved=reserved, length=spec.target,
                                                          windows=budget.windows)
     scheme = model.scheme
@@ -91,7 +93,10 @@ def search_lab_model(model, text: torch.Tensor, spec: ExtensionSpec, *, reserved
     result = longrope_search(fitness, heldout=heldout, rotary_dim=spec.rotary_dim, theta=spec.theta,
                              original_length=spec.original, target_length=spec.target, factor=spec.factor,
                              settings=budget.settings(seed), checkpoint=checkpoint, resume=resume,
-                             progress=progress)
+                             progress=progress,
+                             problem=None if problem is None else {
+                                 **problem, "search_tokens": tensor_fingerprint(search_tokens),
+                                 "heldout_tokens": tensor_fingerprint(heldout_tokens)})
     return result, where
 
 

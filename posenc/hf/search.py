@@ -113,11 +113,12 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     from posenc._atomic import atomic_write_json
     from posenc._validate import check_choice, check_int, positive_int
     from posenc._atomic import check_writable_folder
-    from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device, check_model_files,
-                                    load_causal_lm, load_tokenizer)
+    from posenc.hf.evaluate import (DTYPES, WEIGHT_FILES, check_attn_implementation, check_device,
+                                    check_model_files, load_causal_lm, load_tokenizer)
     from posenc.hf.patch import find_rotary
     from posenc.search.fitness import perplexity_fitness
-    from posenc.search.longrope import LongRopeSettings, longrope_search
+    from posenc.search.longrope import (LongRopeSettings, file_fingerprint, is_search_checkpoint, longrope_search,
+                                        tensor_fingerprint)
 
     folder = Path(model_dir)
     settings = settings or LongRopeSettings()
@@ -147,6 +148,12 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     if ckpt.is_dir():
         raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is a folder; expected the path of the search's JSON "
                           "record")
+    if ckpt.resolve() == out.resolve():
+        raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is also out_config (--out-config); the search record "
+                          "and the config it writes need two files")
+    if ckpt.exists() and ckpt.resolve().parent == folder.resolve() and not is_search_checkpoint(ckpt):
+        raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is a file of the model folder ({ckpt.name}), not a "
+                          "LongRoPE search record; choose another path")
     check_writable_folder(ckpt.parent, f"checkpoint {ckpt} (--checkpoint)")
     _candidate_config(config, data_dict, target_length, [1.0] * (rc.rotary_dim // 2), rc.rotary_dim // 2,
                       replace)  # refuses early what extend refuses
@@ -167,6 +174,13 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     def forward(tokens):
         return model(input_ids=tokens, use_cache=False)
 
+    # what the fitness scores: a checkpoint of another model, text, tokenizer or window count is refused
+    model_files = sorted(p for p in folder.iterdir() if p.is_file() and (
+        p.name == "config.json" or p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FILES))
+    problem = {"model": str(folder.resolve()), "files": [file_fingerprint(p) for p in model_files],
+               "search_tokens": tensor_fingerprint(search_tokens), "heldout_tokens": tensor_fingerprint(heldout_tokens),
+               "dtype": dtype, "batch_size": batch_size, "attn_implementation": attn_implementation,
+               "replace": replace}
     dev = model.get_input_embeddings().weight.device
     fitness = perplexity_fitness(forward, search_tokens, target_length, set_factors, batch_size=batch_size,
                                  device=dev)
@@ -175,7 +189,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     try:
         result = longrope_search(fitness, heldout=heldout, rotary_dim=rc.rotary_dim, theta=rc.theta,
                                  original_length=original, target_length=target_length, settings=settings,
-                                 checkpoint=ckpt, resume=resume, progress=progress)
+                                 checkpoint=ckpt, resume=resume, progress=progress, problem=problem)
     finally:
         setattr(parent, attr, original_rotary)
     written, _ = _candidate_config(config, data_dict, target_length, result.factors, n_pairs, replace)

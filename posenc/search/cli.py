@@ -133,6 +133,7 @@ def _run_lab_search(args) -> int:
     from posenc.extensions import ExtensionSpec
     from posenc.extensions.longrope_search import SearchBudget, search_lab_model
     from posenc.hf.lab_bridge import find_run_checkpoint, load_lab_model, validation_bytes
+    from posenc.search.longrope import file_fingerprint
     from posenc.rope.config import load_rope_config
     from posenc.tools._io import write_json_atomic
 
@@ -169,7 +170,7 @@ def _run_lab_search(args) -> int:
     text, _ = validation_bytes(args.data)
     result, where = search_lab_model(model, text, spec, reserved=_reserved(source, args.reserved), budget=budget,
                                  seed=args.search_seed, checkpoint=out / "search.json", resume=not args.fresh,
-                                 progress=not args.quiet)
+                                 progress=not args.quiet, problem={"model": file_fingerprint(path)})
     scaling = result.rope_scaling()
     write_json_atomic(out / "rope_scaling.json", scaling)
     write_json_atomic(out / "long_factor.json", scaling["long_factor"])

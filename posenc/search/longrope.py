@@ -27,6 +27,7 @@ the fitness is assumed deterministic). A finished checkpoint returns its result 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -170,13 +171,48 @@ class LongRopeResult:
         return cls(**_map_scores(json.loads(json.dumps(dict(data))), _from_json_score))
 
 
+# ------------------------------------------------------------------------------- what a checkpoint belongs to
+
+_HASHED_BYTES = 64 << 20      # files up to this size are identified by their SHA-256, larger ones by size and mtime
+
+
+def file_fingerprint(path: str | Path) -> dict:
+    """A file's identity for a search's ``problem``: name, size and SHA-256 (size and modification time for files
+    over 64 MiB, e.g. a large model's weights, which would take long to hash)."""
+    path = Path(path)
+    stat = path.stat()
+    out = {"name": path.name, "bytes": stat.st_size}
+    if stat.st_size <= _HASHED_BYTES:
+        out["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    else:
+        out["mtime_ns"] = stat.st_mtime_ns
+    return out
+
+
+def tensor_fingerprint(tokens: torch.Tensor) -> str:
+    """SHA-256 of a tensor's dtype, shape and values (e.g. the token splits a fitness scores)."""
+    t = tokens.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def is_search_checkpoint(path: str | Path) -> bool:
+    """True if ``path`` is a JSON file in this module's checkpoint format."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == CHECKPOINT_FORMAT
+
+
 # -------------------------------------------------------------------------------------------- public calls
 
 def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original_length: int,
                     target_length: int | None = None, factor: float | None = None, heldout: Fitness | None = None,
                     settings: LongRopeSettings | None = None, initial: Sequence = (),
                     attention_factor: float | None = None, checkpoint: str | Path | None = None,
-                    resume: bool = True, progress: bool = True) -> LongRopeResult:
+                    resume: bool = True, progress: bool = True, problem: Mapping | None = None) -> LongRopeResult:
     """Search LongRoPE's long factors (and n_hat, if settings.n_hat_choices offers more than one) for extending a
     RoPE model trained at ``original_length`` (L0) to ``target_length`` (or by ``factor``).
 
@@ -185,7 +221,11 @@ def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original
     initial: extra seed vectors (lambda lists, e.g. a previous search's result), placed on the grid.
     attention_factor: written into the config and to be applied by the fitness (None: transformers' default
         sqrt(1 + ln s / ln L0)).
-    checkpoint, resume: JSON state file; resume=False starts afresh and overwrites it.
+    checkpoint, resume: JSON state file; resume=False starts afresh and overwrites it (only a search checkpoint:
+        any other file there is refused).
+    problem: what the fitness scores, as JSON-able values (the model's and the data's fingerprints, windows, dtype:
+        ``file_fingerprint``, ``tensor_fingerprint``); a checkpoint resumes only a search of the same problem, so
+        another model's or another text's record is refused instead of returned.
     Returns a ``LongRopeResult`` (role "long"); ``result.rope_scaling()`` is the config.
     """
     settings = settings or LongRopeSettings()
@@ -196,7 +236,7 @@ def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original
         raise ConfigError(f"target_length ({space.target_length}) must be longer than original_length "
                           f"({space.original_length}): long factors apply only past it (use short_factor_search "
                           "for the original context)")
-    return _Search(space, settings, "long", fitness, heldout, initial, attention_factor).run(
+    return _Search(space, settings, "long", fitness, heldout, initial, attention_factor, problem).run(
         checkpoint, resume, progress)
 
 
@@ -204,7 +244,7 @@ def short_factor_search(fitness: Fitness, *, rotary_dim: int, theta: float, orig
                         heldout: Fitness | None = None, settings: LongRopeSettings | None = None,
                         initial: Sequence = (), attention_factor: float | None = None,
                         checkpoint: str | Path | None = None, resume: bool = True,
-                        progress: bool = True) -> LongRopeResult:
+                        progress: bool = True, problem: Mapping | None = None) -> LongRopeResult:
     """LongRoPE's short-context recovery: search the short factors, used for inputs of at most L0 tokens, on a
     model extended by ``factor`` (typically fine-tuned with the long factors).
 
@@ -217,7 +257,7 @@ def short_factor_search(fitness: Fitness, *, rotary_dim: int, theta: float, orig
     space = longrope_space(rotary_dim=rotary_dim, theta=theta, original_length=original_length,
                            target_length=original_length, factor=factor, max_factor=settings.max_factor,
                            step=settings.step, n_hat_choices=settings.n_hat_choices)
-    return _Search(space, settings, "short", fitness, heldout, initial, attention_factor).run(
+    return _Search(space, settings, "short", fitness, heldout, initial, attention_factor, problem).run(
         checkpoint, resume, progress)
 
 
@@ -227,7 +267,8 @@ class _Search:
     """One search: its problem, settings and state (evaluated candidates, current population, generation)."""
 
     def __init__(self, space: LongRopeSpace, settings: LongRopeSettings, role: str, fitness: Fitness,
-                 heldout: Fitness | None, initial: Sequence, attention_factor: float | None):
+                 heldout: Fitness | None, initial: Sequence, attention_factor: float | None,
+                 problem: Mapping | None = None):
         check_choice(role, "role", ROLES, error=ConfigError)
         for name, fn in (("fitness", fitness), ("heldout", heldout)):
             if fn is not None and not callable(fn):
@@ -238,6 +279,7 @@ class _Search:
             attention_factor = check_float(attention_factor, "attention_factor", positive=True, error=ConfigError)
         self.space, self.settings, self.role = space, settings, role
         self.fitness, self.heldout, self.attention_factor = fitness, heldout, attention_factor
+        self.problem = None if problem is None else _jsonable(dict(problem))
         self.seed_candidates = self._seeds(initial)
         if len(set(self.seed_candidates.values())) > settings.population:
             raise ConfigError(f"population ({settings.population}) must be at least the number of distinct seeds "
@@ -365,6 +407,9 @@ class _Search:
         from tqdm.auto import tqdm
 
         path = None if checkpoint is None else Path(checkpoint)
+        if path is not None and not resume and path.exists() and not is_search_checkpoint(path):
+            raise CheckpointError(f"checkpoint {str(path)!r} exists and is not a LongRoPE search checkpoint "
+                                  f"({CHECKPOINT_FORMAT}); refusing to overwrite it: choose another path")
         if path is not None and resume and path.exists():
             self._load(path)
             if self.result is not None:
@@ -441,9 +486,12 @@ class _Search:
 
     # -- checkpoint -------------------------------------------------------------------------------------
     def _identity(self) -> dict:
-        return _jsonable({"role": self.role, "space": self.space.to_dict(), "settings": self.settings.to_dict(),
-                          "attention_factor": self.attention_factor, "heldout": self.heldout is not None,
-                          "seeds": {name: [list(c[0]), c[1]] for name, c in self.seed_candidates.items()}})
+        identity = {"role": self.role, "space": self.space.to_dict(), "settings": self.settings.to_dict(),
+                    "attention_factor": self.attention_factor, "heldout": self.heldout is not None,
+                    "seeds": {name: [list(c[0]), c[1]] for name, c in self.seed_candidates.items()}}
+        if self.problem is not None:      # (absent when not given: older checkpoints keep resuming)
+            identity["problem"] = self.problem
+        return _jsonable(identity)
 
     def _save(self, path: Path) -> None:
         atomic_write_json(path, {
@@ -462,7 +510,8 @@ class _Search:
             raise CheckpointError(f"{str(path)!r} is not a LongRoPE search checkpoint ({CHECKPOINT_FORMAT})")
         if data.get("search") != self._identity():
             raise CheckpointError(f"search checkpoint {str(path)!r} was written by a search with other arguments "
-                                  "(problem, settings or seeds); use another checkpoint path or resume=False")
+                                  "(model, data, problem, settings or seeds); use another checkpoint path or "
+                                  "resume=False")
         try:
             self.evaluated = [[list(map(int, k)), int(n), _from_json_score(f)] for k, n, f in data["evaluated"]]
             self.where = {(tuple(k), n): i for i, (k, n, _) in enumerate(self.evaluated)}

@@ -145,3 +145,49 @@ def test_eval_runs_the_searched_config(searched, text_file):
     val, _ = validation_bytes(text_file)
     want = lm_perplexity(lambda x: model(input_ids=x, use_cache=False), val[:2 * TARGET + 1], TARGET)
     assert row["value"] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_checkpoint_resumes_only_the_same_model_and_text(tmp_path, text_file):
+    """Two models (or two texts) sharing a checkpoint path: the second search is refused instead of handed the
+    first one's finished record (which it would write as its own config)."""
+    from posenc.errors import CheckpointError
+
+    a = tiny_llama(tmp_path / "a")
+    b = tmp_path / "b"
+    config = transformers.AutoConfig.from_pretrained(str(a))
+    torch.manual_seed(1)                                               # same shape, other weights
+    transformers.LlamaForCausalLM(config).save_pretrained(str(b))
+    save_byte_tokenizer(b)
+    shared = tmp_path / "configs"
+    shared.mkdir()
+    kw = dict(settings=SMALL, windows=1, heldout_windows=1, progress=False)
+    first = search_model(a, 64, data=text_file, out_config=shared / "a.json", **kw)
+    with pytest.raises(CheckpointError, match="written by a search with other arguments"):
+        search_model(b, 64, data=text_file, out_config=shared / "b.json", **kw)
+    other_text = tmp_path / "other.txt"
+    other_text.write_text(Path(text_file).read_text()[::-1])
+    with pytest.raises(CheckpointError, match="written by a search with other arguments"):
+        search_model(a, 64, data=str(other_text), out_config=shared / "a.json", overwrite=True, **kw)
+    again = search_model(a, 64, data=text_file, out_config=shared / "a.json", overwrite=True, **kw)
+    assert again.result.factors == first.result.factors and again.result.wall_s == first.result.wall_s
+    fresh = search_model(b, 64, data=text_file, out_config=shared / "b.json", resume=False, **kw)
+    assert fresh.result.fitness != first.result.fitness
+
+
+def test_the_checkpoint_never_replaces_a_model_file_or_the_written_config(tmp_path, text_file):
+    folder = tiny_llama(tmp_path / "m")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    kw = dict(settings=SMALL, data=text_file, windows=1, heldout_windows=1, progress=False, resume=False)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        with pytest.raises(ConfigError, match=f"is a file of the model folder \\({name}\\), not a LongRoPE"):
+            search_model(folder, 64, checkpoint=folder / name, **kw)
+    out = tmp_path / "new.json"
+    with pytest.raises(ConfigError, match="is also out_config"):
+        search_model(folder, 64, checkpoint=out, out_config=out, **kw)
+    elsewhere = tmp_path / "notes.json"
+    elsewhere.write_text('{"mine": 1}')
+    from posenc.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="exists and is not a LongRoPE search checkpoint"):
+        search_model(folder, 64, checkpoint=elsewhere, out_config=out, **kw)
+    assert elsewhere.read_text() == '{"mine": 1}'
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

@@ -126,3 +126,16 @@ def test_a_transformers_model_folder_goes_to_the_hf_search(tmp_path, capsys):
     assert "--heldout-windows" in capsys.readouterr().out           # posenc.hf.search's options
     assert main(["search", str(tmp_path.parent), "--help"]) == 0    # not a model folder: the lab model's options
     assert "--search-seed" in capsys.readouterr().out
+
+
+def test_a_search_folder_resumes_only_its_own_model(searched, tmp_path, capsys):
+    """--out of another model's search: refused (its record would be written as this model's factors)."""
+    argv, out, _ = searched
+    torch.manual_seed(1)
+    other = save_lab_model(tmp_path / "lm-rope-seed1.safetensors",
+                           build_lab_model(scheme="rope", d_model=32, n_layers=1, n_heads=2, max_len=L0))
+    before = (out / "search.json").read_bytes()
+    assert main(["search", str(other), *argv[2:]]) == 2
+    assert "was written by a search with other arguments" in capsys.readouterr().err
+    assert (out / "search.json").read_bytes() == before
+    assert main(argv) == 0                                # its own model resumes the finished record
