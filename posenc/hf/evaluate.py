@@ -102,7 +102,7 @@ class EvalSettings:
 
     def validate(self) -> "EvalSettings":
         from posenc._validate import check_choice, check_distinct, check_float, check_int, positive_int
-        from posenc.extensions import method_names
+        from posenc.hf.lab_bridge import check_config_method
 
         for name in ("eval_lens", "tasks", "methods") + (("passkey_depths",) if "passkey" in self.tasks else ()):
             if not getattr(self, name):
@@ -114,7 +114,7 @@ class EvalSettings:
         for t in self.tasks:
             check_choice(t, "tasks", TASKS, error=ConfigError)
         for m in self.methods:
-            check_choice(m, "methods", ("none",) + tuple(method_names()), error=ConfigError)
+            check_config_method(m, "methods", also=("none",))
         if any(m != "none" for m in self.methods):
             if self.factor is None:
                 raise ConfigError("factor: extension methods need --factor F (target / original context), e.g. 4")
@@ -541,7 +541,14 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     from posenc.tools.inspect import detect_scheme
 
     s = (settings or EvalSettings()).validate()
-    check_model_folder(model_dir, s.config)
+    config = check_model_folder(model_dir, s.config)
+    # every method's config edit before the first evaluation: a method this model cannot take (no RoPE, a scaling
+    # already there without --replace, per-layer RoPE) is refused now, not after the earlier methods have run
+    from posenc.hf.scaling import extend_for_factor
+
+    for method in s.methods:
+        if method != "none":
+            extend_for_factor(config.to_dict(), method, s.factor, replace=s.replace_scaling)
     t_start = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
     longest = max(s.eval_lens + s.sliding_lens)
@@ -555,6 +562,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         data_meta, byte_level = None, is_byte_tokenizer(tokenizer)
     name = Path(model_dir).name
     rows: list[dict] = []
+    unit = {} if byte_level else {"unit": "token"}       # the lab's tables title perplexity by it
     meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s),
                   "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -589,7 +597,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
             for L, stride, protocol in jobs:
                 if limit is not None and L > limit:
                     rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", None, s.seed, protocol=protocol,
-                                     note=f"n/a (positions limited to {limit})", **common))
+                                     note=f"n/a (positions limited to {limit})", **common, **unit))
                     continue
                 per_batch = max(1, budget // L)
                 bar = _Bar(f"{method} ppl L={L}{'' if stride is None else ' sliding'}",
@@ -599,7 +607,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                stride=stride, device=input_device(model), batch_tokens=budget)
                 bar.close()
                 rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", r and r["ppl"], s.seed,
-                                 protocol=protocol, n_scored=r and r["n_scored"], **common))
+                                 protocol=protocol, n_scored=r and r["n_scored"], **common, **unit))
                 if r is not None and stride is None and L == max(s.eval_lens):
                     curves[f"{scheme}|{scaling}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
         if "passkey" in s.tasks:
@@ -808,10 +816,11 @@ def run(args) -> int:
         torch.set_num_threads(threads)
     # with --out, each finished method's rows are saved at once (results.json, atomically): an interrupted run
     # keeps them, marked incomplete; the full results, report and plots replace them at the end
-    saved = (lambda partial: write_results(partial, args.out)) if args.out else None
-    if args.out:
+    def saved(partial: dict) -> None:     # (the folder is made with the first results: a refused run leaves none)
         Path(args.out).mkdir(parents=True, exist_ok=True)
-    doc = evaluate_model(args.model, settings, progress=not args.no_progress, on_method_done=saved)
+        write_results(partial, args.out)
+    doc = evaluate_model(args.model, settings, progress=not args.no_progress,
+                         on_method_done=saved if args.out else None)
     print(report_tables(doc))
     if args.out:
         # (the folder was checked before the run; what it holds now is this run's own partial results)

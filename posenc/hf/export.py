@@ -309,10 +309,9 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     and compare logits with the lab model (relative 1e-4), before moving it into place.
     Raises ConfigError / CheckpointError (ValueErrors) naming the reason for schemes transformers cannot express.
     """
-    from posenc._validate import check_choice, check_float, check_int
-    from posenc.extensions import method_names
-    from posenc.hf.lab_bridge import (absolute_table, anatomy, lab_methods, load_lab_model, set_lab_extension,
-                                      set_lab_scaling)
+    from posenc._validate import check_float, check_int
+    from posenc.hf.lab_bridge import (absolute_table, anatomy, check_config_method, lab_methods, load_lab_model,
+                                      set_lab_extension, set_lab_scaling)
     from posenc.hf.tokenizer import save_byte_tokenizer
     from posenc.tools.contexts import MAX_CONTEXT
 
@@ -320,7 +319,7 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     if max_positions is not None:
         check_int(max_positions, "max_positions", min=1, max=MAX_CONTEXT, error=ConfigError)
     if rope_scaling is not None:
-        check_choice(rope_scaling, "rope_scaling", method_names(), error=ConfigError)
+        check_config_method(rope_scaling, "rope_scaling")
         if factor is None:
             raise ConfigError("factor: rope_scaling needs the extension factor (target / training length), e.g. 4")
     elif factor is not None:
@@ -435,15 +434,16 @@ def format_result(res: ExportResult) -> str:
 # ---- command line ------------------------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
-    from posenc.extensions import method_names
+    from posenc.hf.lab_bridge import config_methods
 
     parser.add_argument("source", help="a lab checkpoint (.safetensors) or a `posenc lab` run folder")
     parser.add_argument("--scheme", help="the scheme whose checkpoint to export (needed for a run folder)")
     parser.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
     parser.add_argument("--task", default="lm", help="the run's task whose checkpoint to take (default lm)")
     parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: the lowest present)")
-    parser.add_argument("--rope-scaling", choices=method_names(), default=None,
-                        help="write this extension method into config.json (RoPE models)")
+    parser.add_argument("--rope-scaling", default=None, metavar="METHOD",
+                        help="write this extension method into config.json (RoPE models): "
+                             + ", ".join(config_methods()))
     parser.add_argument("--factor", type=float, default=None,
                         help="extension factor for --rope-scaling (target / training length); needs --rope-scaling")
     parser.add_argument("--max-positions", type=int, default=None,

@@ -178,6 +178,31 @@ def lab_methods() -> tuple[str, ...]:
                  if m.fit is None and m.train_positions is None and name != "longrope")
 
 
+def config_methods() -> tuple[str, ...]:
+    """The extension methods a config edit at a factor expresses: all but the searched (``fit``) methods and the
+    PoSE fine-tuning modes (``train_positions``). longrope is one: ``posenc extend`` writes its unsearched factors."""
+    from posenc.extensions import METHODS
+
+    return tuple(name for name, m in METHODS.items() if m.fit is None and m.train_positions is None)
+
+
+def check_config_method(name, argument: str, also: tuple[str, ...] = ()) -> str:
+    """``name`` if it is one of ``also`` or ``config_methods``, else a ConfigError naming ``argument`` and what to use
+    instead: a PoSE fine-tuning mode untrained is its base method's config, a searched method needs ``posenc
+    search``."""
+    from posenc._validate import check_choice
+    from posenc.extensions import METHODS
+
+    if name in METHODS and name not in config_methods():
+        m = METHODS[name]
+        if m.train_positions is not None:
+            raise ConfigError(f"{argument}: {name} is a fine-tuning mode (it trains with other positions); without "
+                              f"its fine-tuning it is its base method's config: use {name.removeprefix('pose-')}")
+        raise ConfigError(f"{argument}: {name} computes its factors by a search on the model: run `posenc search`, "
+                          "then pass the config it writes")
+    return check_choice(name, argument, also + config_methods(), error=ConfigError)
+
+
 def lab_config_factor(method: str, factor: float, original: int) -> float:
     """The ``factor`` the lab writes into the scaling for ``method`` at extension ``factor`` (dynamic NTK: 1.0,
     the NTK base for exactly L / original at every length L); ``factor`` itself for methods the lab lacks."""

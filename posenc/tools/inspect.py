@@ -64,8 +64,19 @@ def _length(cfg: Mapping, *keys) -> int | None:
 _HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 
 
+def _rotary_fraction(cfg: Mapping) -> tuple[str | None, Any]:
+    """(key, value) of the rotary fraction a config gives (partial_rotary_factor, GPT-NeoX's rotary_pct; at the
+    top level or in the RoPE dict), or (None, None)."""
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    for where in (cfg, scaling if isinstance(scaling, Mapping) else {}):
+        key, value = _first(where, "partial_rotary_factor", "rotary_pct")
+        if key is not None:
+            return key, value
+    return None, None
+
+
 def detect_scheme(cfg: Mapping, _nested: bool = False) -> tuple[str, str]:
-    """Return (scheme, why) with scheme in rope / alibi / learned / sinusoidal / relative_bias / unknown."""
+    """Return (scheme, why) with scheme in rope / nope / alibi / learned / sinusoidal / relative_bias / unknown."""
     from posenc.rope.config import vision_config_of
 
     model_type = str(cfg.get("model_type", "")).lower()
@@ -82,6 +93,9 @@ def detect_scheme(cfg: Mapping, _nested: bool = False) -> tuple[str, str]:
         return "alibi", "Baichuan 13B (hidden_size 5120) uses ALiBi; the 7B uses RoPE (heuristic on hidden_size)"
     if model_type in _T5_TYPES or "relative_attention_num_buckets" in cfg:
         return "relative_bias", "T5-style learned relative position buckets"
+    key, fraction = _rotary_fraction(cfg)
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and fraction == 0:
+        return "nope", f"{key} is 0: no dimension is rotated"
     if any(cfg.get(k) is not None for k in _ROPE_KEYS):
         return "rope", "RoPE keys present"
     if model_type in _ROPE_TYPES:
@@ -429,6 +443,8 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
         report["sinusoidal"] = {"table_size": _length(cfg, "max_position_embeddings", "max_source_positions"),
                                 "dim": None if dim_key is None else check_int(dim, dim_key, min=1, error=ConfigError)}
         report["warnings"] = []
+    elif scheme == "nope":
+        report["warnings"] = []
     else:
         report["warnings"] = ["positional encoding not recognised; nothing to describe"]
     report["description"] = _describe(report)
@@ -449,6 +465,9 @@ def _describe(report: dict[str, Any]) -> str:
                 f"{n} do not exist: no extrapolation, and extending needs new rows plus training.")
     if scheme == "sinusoidal":
         return "Fixed sinusoidal table added to the embeddings (the original Transformer); poor extrapolation."
+    if scheme == "nope":
+        return (f"No positional encoding (NoPE; {report['detected_by']}): order comes only from the causal mask "
+                "(Kazemnejad et al. 2023). Nothing to rescale for a longer context.")
     if scheme == "relative_bias":
         r = report["relative_bias"]
         return (f"T5 relative position buckets: {r['num_buckets']} learned biases per head, log-spaced up to "

@@ -371,3 +371,41 @@ def test_write_outputs_as_a_library_call_refuses_a_folder_with_results(model_dir
     assert run / "results.json" in written and json.loads((run / "results.json").read_text()) == doc
     fresh = tmp_path / "fresh"
     assert (fresh / "report.md") in write_outputs(doc, fresh)
+
+
+@pytest.mark.parametrize("method, message", [
+    ("pose-linear", "methods: pose-linear is a fine-tuning mode (it trains with other positions); without its "
+                    "fine-tuning it is its base method's config: use linear"),
+    ("longrope-search", "methods: longrope-search computes its factors by a search on the model: run `posenc "
+                        "search`"),
+])
+def test_methods_a_config_edit_cannot_express_are_refused_up_front(method, message):
+    """A PoSE mode untrained is its base method (its rows would be the base's numbers under another name); a
+    searched method has no factors to write. eval and export refuse both before any work."""
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        EvalSettings(methods=["none", method], factor=2.0).validate()
+    with pytest.raises(ConfigError, match=message.replace("methods:", "rope_scaling:").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        export_lab_model("unused.safetensors", "unused", rope_scaling=method, factor=2.0)
+
+
+def test_every_method_is_checked_against_the_model_before_the_first_one_runs(tmp_path, capsys, no_model_loading):
+    """--methods none,linear on a model whose config already has a scaling (no --replace), or on a model without
+    RoPE: refused before anything loads (not after 'none' has been evaluated), and --out is not created."""
+    folder = tmp_path / "scaled"
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=256, max_position_embeddings=4 * TRAIN_LEN, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})
+    transformers.LlamaForCausalLM(config).save_pretrained(str(folder))
+    save_byte_tokenizer(folder)
+    out = tmp_path / "out"
+    argv = [str(folder), "--methods", "none,linear", "--factor", "2", "--eval-lens", "32", "--no-progress",
+            "--out", str(out)]
+    assert "already" in fails(capsys, eval_main, argv) and not out.exists()
+    gpt2 = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, n_positions=64,
+                                                         vocab_size=256)).save_pretrained(str(gpt2))
+    save_byte_tokenizer(gpt2)
+    argv[0] = str(gpt2)
+    assert "extend needs a RoPE config" in fails(capsys, eval_main, argv) and not out.exists()

@@ -173,6 +173,10 @@ def test_non_byte_tokenizer_counts_its_own_tokens(tmp_path, text_file):
     assert lm["n_scored"] == 300 and math.isfinite(lm["value"])
     pk = [r for r in doc["results"] if r["task"] == "passkey"][0]
     assert 0.0 <= pk["value"] <= 1.0 and pk["chars"] == passkey_chars(tok, 100, byte_level=False)
+    from posenc.hf.evaluate import report_tables
+
+    tables = report_tables({**doc, "results": [{**r, "train_len": 50} for r in doc["results"]]})   # the lab's
+    assert "Perplexity (per token of the model's tokenizer, non-overlapping" in tables and "byte-level" not in tables
 
 
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")

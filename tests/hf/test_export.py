@@ -16,6 +16,7 @@ transformers = pytest.importorskip(
 from posenc.errors import CheckpointError, ConfigError  # noqa: E402
 from posenc.hf.export import export_lab_model, export_main  # noqa: E402
 from posenc.hf.lab_bridge import build_lab_model, save_lab_model, set_lab_extension  # noqa: E402
+from posenc.tools.inspect import detect_scheme  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -114,6 +115,9 @@ def test_architectures_and_limits(tmp_path):
                                max_positions=100 if scheme == "alibi" else None, check=False)
         assert AutoConfig.from_pretrained(str(out)).model_type == model_type
         assert res.max_positions == limit
+        # read back as the scheme it was trained with (posenc eval labels its rows with it)
+        detected = detect_scheme(json.loads((out / "config.json").read_text()))[0]
+        assert detected == {"sinusoidal": "learned"}.get(scheme, scheme)
     rope = AutoConfig.from_pretrained(str(tmp_path / "nope")).rope_parameters
     assert rope["partial_rotary_factor"] == 0.0  # NoPE: transformers rotates no dimension
 

@@ -113,6 +113,11 @@ def test_alibi_models(name, heads):
     ({"model_type": "t5", "relative_attention_num_buckets": 32}, "relative_bias"),
     ({"model_type": "marian", "max_position_embeddings": 512}, "sinusoidal"),
     ({"model_type": "mystery"}, "unknown"),
+    # posenc export's NoPE model: GPT-NeoX rotating zero dims (5.x rope dict, 4.x top-level keys)
+    ({"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 4,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.0}}, "nope"),
+    ({"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 4, "rotary_pct": 0}, "nope"),
+    ({"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 4, "rotary_pct": 0.25}, "rope"),
 ])
 def test_detect_scheme(cfg, scheme):
     assert detect_scheme(cfg)[0] == scheme

@@ -74,6 +74,12 @@ def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride
     return out
 
 
+def token_unit(rows: list[dict]) -> str:
+    """What the rows' lengths and losses count: "byte" (the lab's byte tokens, rows without a ``unit``) or the
+    ``unit`` ``posenc eval`` records for a model with its own tokenizer ("token")."""
+    return rows[0].get("unit", "byte") if rows else "byte"
+
+
 def sliding_stride(setting: int, length: int) -> int:
     """The lab's --sliding-stride: S as given, or half the window for -1."""
     return setting if setting > 0 else max(1, length // 2)
@@ -120,7 +126,8 @@ class LanguageModelling(Task):
         rows = [r for r in results if r["task"] == self.name]
         if not rows:
             return ""
-        parts = ["Perplexity (byte-level, non-overlapping windows), train length "
+        unit = "byte-level" if token_unit(rows) == "byte" else "per token of the model's tokenizer"
+        parts = [f"Perplexity ({unit}, non-overlapping windows), train length "
                  f"{rows[0]['train_len']}:\n" + lm_table(results)]
         for p in sorted({r["protocol"] for r in rows if r["protocol"].startswith("sliding")}):
             parts.append(f"Perplexity, {p}:\n" + lm_table(results, p))
@@ -193,7 +200,8 @@ def position_plot(doc: dict, out: Path) -> list[str]:
         if pts:
             ax.plot(*zip(*pts), label=label, **{**style(row), "marker": None})
     ax.axvline(train_len, color="0.6", linewidth=1)
-    ax.set(xlabel="position in window", ylabel="mean loss (nats/byte)",
+    unit = token_unit([r for r in doc["results"] if r["task"] == "lm"])
+    ax.set(xlabel="position in window", ylabel=f"mean loss (nats/{unit})",
            title="Loss at each position (non-overlapping windows, longest eval length)")
     ax.set_ylim(top=min(ax.get_ylim()[1], 6.0))
     legend(ax)
