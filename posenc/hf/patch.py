@@ -115,11 +115,19 @@ class PosencRotaryEmbedding(nn.Module):
         module_name = type(self.original).__module__
         if self not in _installed.get(module_name, ((), ()))[1]:  # a deep copy or unpickled model: route again
             _install_dispatcher(module_name, self)
-        last = position_ids.max().reshape(1, 1)
+        first, last = torch.aminmax(position_ids)
         # transformers' own length rule (dynamic / longrope) on the largest position, as its forward would apply it
+        last = last.reshape(1, 1)
         self.original(x, last) if layer_type is None else self.original(x, last, layer_type)
-        cos, sin = self._table(layer_type, int(last) + 1, position_ids.device)
+        lowest, highest = torch.stack([first, last[0, 0]]).tolist()            # one host sync for both
         rows = position_ids[0] if position_ids.shape[0] == 1 else position_ids
+        if lowest < 0:        # a negative position has no table row (indexing would wrap to the end): its own angles
+            from posenc.rope.apply import rope_cos_sin
+
+            inv_freq, scaling = self._frequencies(layer_type)
+            table = RopeTable(*rope_cos_sin(rows, inv_freq.detach().to(rows.device, torch.float32), scaling))
+            return table, table
+        cos, sin = self._table(layer_type, highest + 1, position_ids.device)
         table = RopeTable(cos[rows], sin[rows])
         return table, table
 

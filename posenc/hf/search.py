@@ -50,7 +50,7 @@ class ModelSearchResult:
 
 def _read_config(model_dir: Path, replace: bool):
     from posenc.hf.evaluate import read_config
-    from posenc.rope.config import load_rope_config
+    from posenc.rope.config import load_rope_config, rope_layer_types
     from posenc.tools.contexts import original_context
     from posenc.tools.inspect import detect_scheme
 
@@ -59,6 +59,11 @@ def _read_config(model_dir: Path, replace: bool):
     scheme, why = detect_scheme(data)
     if scheme != "rope":
         raise ConfigError(f"model {model_dir}: LongRoPE rescales RoPE frequencies; this model is {scheme} ({why})")
+    layer_types = rope_layer_types(data)
+    if layer_types:
+        raise ConfigError(f"model {model_dir}: its RoPE parameters differ per layer type ({', '.join(layer_types)}; "
+                          "e.g. Gemma 3's local and global bases); the search rescales a single set of frequencies "
+                          "and does not support this model")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rc = load_rope_config(data)

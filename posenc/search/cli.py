@@ -88,6 +88,9 @@ def _reserved(source: Path, given: int | None) -> int:
 
 
 def run(args) -> int:
+    if not Path(args.source).exists() and args.source not in ("-h", "--help"):
+        raise FileNotFoundError(f"source {args.source}: no such file or folder (expected a transformers model "
+                                "folder, a posenc lab run folder or a lab checkpoint)")
     if is_model_folder(Path(args.source)):
         from posenc.hf import search as hf_search
 

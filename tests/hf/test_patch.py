@@ -41,6 +41,11 @@ def build(family: str, rope: dict | None = None, **extra):
         "gemma3_text": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM,
                         {"head_dim": 16, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}),
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, {"num_local_experts": 2, "num_experts_per_tok": 1}),
+        "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, {"num_experts": 2, "num_experts_per_tok": 1,
+                                                                  "moe_intermediate_size": 32,
+                                                                  "shared_expert_intermediate_size": 32}),
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, {"num_experts": 2, "num_experts_per_tok": 1,
+                                                                  "moe_intermediate_size": 32, "head_dim": 16}),
         "gpt_neox": (tf.GPTNeoXConfig, tf.GPTNeoXForCausalLM, {}),
     }
     config_class, model_class, defaults = classes[family]
@@ -75,7 +80,8 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-FAMILIES = ["llama", "qwen2", "mistral", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "gpt_neox"]
+FAMILIES = ["llama", "qwen2", "mistral", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "mixtral", "gpt_neox",
+            "qwen2_moe", "qwen3_moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -203,3 +209,16 @@ def test_unsupported_models_are_refused_by_name():
         posenc.patch(model)
     with pytest.raises(PosencError, match="expected a transformers model"):
         posenc.patch("llama")
+
+
+def test_negative_position_ids_rotate_by_negative_angles():
+    """Explicit position_ids below 0 (a caller's own offsets): transformers rotates by the negative angle; a
+    cached-table lookup would wrap to the table's end instead."""
+    reference = build("llama")
+    model = posenc.patch(copy.deepcopy(reference))
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(2))
+    for positions in (torch.arange(-4, 4)[None], torch.stack([torch.arange(-7, 1), torch.arange(8)])):
+        with torch.no_grad():
+            want = reference(input_ids=ids, position_ids=positions, use_cache=False).logits
+            got = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        close(got, want)

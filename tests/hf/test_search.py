@@ -191,3 +191,12 @@ def test_the_checkpoint_never_replaces_a_model_file_or_the_written_config(tmp_pa
         search_model(folder, 64, checkpoint=elsewhere, out_config=out, **kw)
     assert elsewhere.read_text() == '{"mine": 1}'
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_per_layer_type_rope_is_refused_by_name(tmp_path):
+    """Gemma 3 (local and global RoPE bases per layer type): the search rescales one set of frequencies."""
+    config = transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=256)
+    config.save_pretrained(str(tmp_path))
+    with pytest.raises(ConfigError, match="its RoPE parameters differ per layer type .*does not support this model"):
+        search_model(tmp_path, 4 * config.max_position_embeddings, progress=False)

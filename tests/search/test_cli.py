@@ -139,3 +139,10 @@ def test_a_search_folder_resumes_only_its_own_model(searched, tmp_path, capsys):
     assert "was written by a search with other arguments" in capsys.readouterr().err
     assert (out / "search.json").read_bytes() == before
     assert main(argv) == 0                                # its own model resumes the finished record
+
+
+def test_a_missing_source_is_named(tmp_path, capsys):
+    assert main(["search", str(tmp_path / "nowhere"), "--target-length", "64", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"source {tmp_path / 'nowhere'}: no such file or folder" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
