@@ -65,7 +65,7 @@ TASKS = ("lm", "passkey")
 # logits of one forward are [rows, T, vocab] float32: cap them near 256 MiB unless --batch-tokens says otherwise
 _LOGIT_BUDGET = 1 << 26
 # what --out receives; a folder already holding one of them (a lab run, an earlier eval) needs --overwrite
-OUTPUT_FILES = ("results.json", "report.md")
+OUTPUT_FILES = ("results.json", "report.md", "ppl_vs_length.png", "per_position_loss.png", "passkey_accuracy.png")
 # the weight files transformers' from_pretrained looks for in a local folder (transformers.utils' *_NAME constants)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -225,7 +225,8 @@ def check_model_files(model_dir: str | os.PathLike, config, tokenizer: bool = Tr
 
 def check_out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """``out_dir`` as a folder ``write_outputs`` may write into, checked before any evaluation: not a file, not
-    holding results.json / report.md unless ``overwrite`` (a lab run's, an earlier eval's), and writable."""
+    holding any of ``OUTPUT_FILES`` (results.json, report.md, the plots) unless ``overwrite`` (a lab run's, an
+    earlier eval's), and writable."""
     from posenc._atomic import check_writable_folder
 
     out = Path(out_dir)
@@ -233,8 +234,15 @@ def check_out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Pat
         raise ConfigError(f"out {out_dir}: exists and is not a folder")
     held = [name for name in OUTPUT_FILES if (out / name).exists()]
     if held and not overwrite:
-        raise ConfigError(f"out {out_dir}: already holds {' and '.join(held)} (a lab run or an earlier eval); pass "
-                          "overwrite (--overwrite) to replace them, or choose another folder")
+        listed = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
+        what = "a lab run or an earlier eval"
+        try:
+            if json.loads((out / "results.json").read_text(encoding="utf-8"))["meta"].get("incomplete"):
+                what = "an interrupted eval, which does not resume: --overwrite runs every method again"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        raise ConfigError(f"out {out_dir}: already holds {listed} ({what}); pass overwrite (--overwrite) to replace "
+                          "them, or choose another folder")
     check_writable_folder(out, f"out {out_dir} (--out)")
     return out
 
@@ -695,7 +703,7 @@ def side_by_side(doc: dict) -> str:
     return "\n".join(out)
 
 
-def write_results(doc: dict, out_dir: str) -> Path:
+def _write_results(doc: dict, out_dir: str) -> Path:
     from posenc._atomic import atomic_write_json
 
     path = Path(out_dir) / "results.json"
@@ -705,16 +713,20 @@ def write_results(doc: dict, out_dir: str) -> Path:
 
 def write_outputs(doc: dict, out_dir: str, *, overwrite: bool = False) -> list[Path]:
     """results.json, the lab's plots and report.md into ``out_dir`` (created) -> the paths written. A folder already
-    holding results.json or report.md (a lab run, an earlier eval) is refused unless ``overwrite``."""
+    holding any of them (a lab run, an earlier eval) is refused unless ``overwrite``, which also removes an earlier
+    run's plot this one does not make."""
     from posenc._atomic import atomic_write_text
     from posenc.hf.lab_bridge import lab_plots
 
     out = check_out_folder(out_dir, overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    written = [write_results(doc, out)]
+    written = [_write_results(doc, out)]
     plots = lab_plots(doc, out) if _lab_readable(doc) else []
     written += [out / name for name in plots]
     written.append(atomic_write_text(out / "report.md", report_markdown(doc, plots)))
+    for name in OUTPUT_FILES:          # an earlier run's plot this run did not make would sit beside its report
+        if out / name not in written and (out / name).is_file():
+            (out / name).unlink()
     return written
 
 
@@ -818,7 +830,7 @@ def run(args) -> int:
     # keeps them, marked incomplete; the full results, report and plots replace them at the end
     def saved(partial: dict) -> None:     # (the folder is made with the first results: a refused run leaves none)
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_results(partial, args.out)
+        _write_results(partial, args.out)
     doc = evaluate_model(args.model, settings, progress=not args.no_progress,
                          on_method_done=saved if args.out else None)
     print(report_tables(doc))

@@ -402,7 +402,9 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
             save_byte_tokenizer(tmp)
         err, length = None, None
         if check:
-            length = min(limit or 10**9, (int(math.ceil(factor * a.max_len)) if factor else a.max_len), 256)
+            # 256 tokens keep the check cheap; an extension is checked past the training length too, where it acts
+            cap = max(256, a.max_len + 128) if factor else 256
+            length = min(limit or 10**9, (int(math.ceil(factor * a.max_len)) if factor else a.max_len), cap)
             with _positions_fit(sized, a):
                 err = _check(tmp, model, length)
             if not err <= CHECK_RTOL:

@@ -349,6 +349,7 @@ def test_an_interrupted_eval_keeps_the_methods_it_finished(model_dir, tmp_path, 
     assert E.eval_main(argv) == 130
     doc = json.loads((out / "results.json").read_text())
     assert doc["meta"]["incomplete"] == "methods still to run: linear"
+    assert "an interrupted eval, which does not resume" in fails(capsys, E.eval_main, argv)
     assert {r["scaling"] for r in doc["results"]} == {"none"} and all(r["value"] for r in doc["results"])
     monkeypatch.setattr(E, "load_causal_lm", real)
     assert E.eval_main([*argv, "--overwrite"]) == 0
@@ -371,6 +372,15 @@ def test_write_outputs_as_a_library_call_refuses_a_folder_with_results(model_dir
     assert run / "results.json" in written and json.loads((run / "results.json").read_text()) == doc
     fresh = tmp_path / "fresh"
     assert (fresh / "report.md") in write_outputs(doc, fresh)
+    # a plot alone is held too; overwriting removes an earlier run's plot this run does not make
+    plot_only = tmp_path / "plot-only"
+    plot_only.mkdir()
+    (plot_only / "ppl_vs_length.png").write_bytes(b"old")
+    with pytest.raises(ConfigError, match="already holds ppl_vs_length.png"):
+        write_outputs(doc, plot_only)
+    (run / "passkey_accuracy.png").write_bytes(b"an earlier passkey run")
+    written = write_outputs(doc, run, overwrite=True)
+    assert not (run / "passkey_accuracy.png").exists() and all(p.exists() for p in written)
 
 
 @pytest.mark.parametrize("method, message", [

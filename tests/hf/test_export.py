@@ -249,3 +249,12 @@ def test_export_command(tmp_path, capsys):
     assert export_main([str(path), "--out", str(tmp_path / "cli")]) == 2  # not empty, no --overwrite
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc export: error: out ") and "\n" not in err
+
+
+def test_the_export_check_reaches_past_the_training_length_with_an_extension(tmp_path):
+    """A model trained on more than 256 tokens with an extension written: the check runs past the training
+    length, where the method acts (dynamic NTK grows only there)."""
+    path = save(tmp_path, lab_model("rope", max_len=300))
+    res = export_lab_model(path, tmp_path / "dyn", rope_scaling="dynamic", factor=2.0)
+    assert res.check_length == 300 + 128 and res.check_max_rel_err <= 1e-4
+    assert export_lab_model(path, tmp_path / "plain").check_length == 256
