@@ -77,3 +77,13 @@ def lm_perplexity(model: Callable, tokens: torch.Tensor, length: int, *, windows
         count += loss.numel()
     mean = total / count
     return math.exp(mean) if mean < 700 else math.inf  # exp overflows past ~709
+
+
+def evaluation_prefix(settings: dict) -> int:
+    """Validation tokens [0, n) that the lab's reported perplexity may read under ``settings`` (a LabConfig dict):
+    each protocol (posenc.lab.tasks.lm.lm_eval) reads at most max(its token budget, its longest window) + 1 tokens
+    from the start, since it scores at least one window. Anything fitted on the validation text (LongRoPE's
+    search) starts after them."""
+    lens = list(settings.get("eval_lens") or []) + list(settings.get("sliding_lens") or [])
+    return max([settings.get("eval_tokens", 0), settings.get("sliding_tokens", 0), *lens]) + 1
+

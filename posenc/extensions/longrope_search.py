@@ -116,7 +116,7 @@ def _fit(spec: ExtensionSpec, ctx: FitContext) -> tuple[dict, dict]:
     s = ctx.settings
     budget = SearchBudget(population=s.get("search_population", 32), generations=s.get("search_generations", 10),
                           windows=s.get("search_windows", 4))
-    from posenc.lab.tasks.lm import evaluation_prefix
+    from posenc.perplexity import evaluation_prefix
 
     reserved = evaluation_prefix(s)
     scheme = getattr(ctx.model.cfg, "scheme", "model")

@@ -168,13 +168,13 @@ class LabConfig:
         device = resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
         check_fits_in_memory(self.model, device)
         self._check_randomized()
-        self._check_schemes()
         for t in self.tasks:
             get_task(t).check(self)
             if self.train_until and not get_task(t).has_criterion():
                 raise ConfigError(f"train_until: task {t!r} has no training criterion (tasks with one: "
                                   f"{', '.join(n for n in task_names() if get_task(n).has_criterion())}); "
                                   "use 0 (off) or drop the task")
+        self._check_schemes()
         return self
 
     def _check_scheme_step_scale(self) -> None:

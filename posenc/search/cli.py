@@ -82,7 +82,7 @@ def _reserved(source: Path, given: int | None) -> int:
     results = source / "results.json" if source.is_dir() else source.parent.parent / "results.json"
     if results.exists():
         settings = json.loads(results.read_text(encoding="utf-8")).get("meta", {}).get("settings", settings)
-    from posenc.lab.tasks.lm import evaluation_prefix
+    from posenc.perplexity import evaluation_prefix
 
     return evaluation_prefix(settings)
 

@@ -241,21 +241,31 @@ def _inspect_vision(vision: Mapping) -> dict[str, Any]:
     from posenc.rope.config import load_rope_config
     from posenc.rope.scaling import rope_parameters
 
+    from posenc.rope.layers import rope_layout
+
     rc = load_rope_config(vision)
     inv, _ = rope_parameters(rc)
     half = inv.numel() // 2
+    llama4 = vision.get("model_type") == "llama4_vision_model"     # axis 0 is the column there
+    first, second = ("column", "row") if llama4 else ("row", "column")
+    helper = "llama4_vision_position_ids: (column + 1, row + 1), CLS at 0" if llama4 else "vision_position_ids"
     return {
         "model_type": vision.get("model_type"),
         "rope_type": rc.rope_type,
         "rope_theta": rc.theta,
         "head_dim": rc.head_dim,
         "rotary_dim": rc.rotary_dim,
-        "pairs_per_axis": {"row": half, "column": inv.numel() - half},
-        "layout": "half",
+        "pairs_per_axis": {first: half, second: inv.numel() - half},
+        "layout": rope_layout(vision),
         "longest_wavelength_patches": _finite(2 * math.pi / float(inv.min())) if float(inv.min()) > 0 else None,
-        "note": "positions are (row, column) patch coordinates of each image (posenc.rope.mm_positions."
-                "vision_position_ids); they are bounded by the image size, so context extension does not apply",
+        "note": f"positions are the patch coordinates of each image (posenc.rope.mm_positions.{helper}); they are "
+                "bounded by the image size, so context extension does not apply",
     }
+
+
+def _axes_text(vision: dict) -> str:
+    """"22 pairs by patch row, 22 by patch column", axes in the tower's pair order."""
+    return ", ".join(f"{n} pairs by patch {axis}" for axis, n in vision["pairs_per_axis"].items())
 
 
 def _schedule(cfg: Mapping) -> dict[str, Any]:
@@ -475,7 +485,7 @@ def _describe(report: dict[str, Any]) -> str:
     if scheme == "rope" and not report["rope"]:
         v = report["vision"]
         return (f"Vision tower with 2-D RoPE ({v['rope_type']}): rotates all {v['head_dim']} dims per head, "
-                f"{v['pairs_per_axis']['row']} pairs by patch row and {v['pairs_per_axis']['column']} by column.")
+                f"{_axes_text(v)}.")
     if scheme == "rope":
         e = report["rope"][0]
         text = f"RoPE ({e['rope_type']}): rotates {e['rotary_dim']} of {e['head_dim']} dims per head"
@@ -565,8 +575,7 @@ def format_report(report: dict[str, Any]) -> str:
         v = report["vision"]
         lines += [f"\nvision tower ({v['model_type']})",
                   f"  rope_type            {v['rope_type']}   rope_theta {v['rope_theta']:g}   layout {v['layout']}",
-                  f"  head_dim / rotary    {v['head_dim']} / {v['rotary_dim']} ({v['pairs_per_axis']['row']} pairs "
-                  f"by patch row, {v['pairs_per_axis']['column']} by column)",
+                  f"  head_dim / rotary    {v['head_dim']} / {v['rotary_dim']} ({_axes_text(v)})",
                   f"  longest wavelength   {_fmt_num(v['longest_wavelength_patches'], ',.0f')} patches",
                   f"  note                 {v['note']}"]
     if "alibi" in report:

@@ -26,14 +26,6 @@ def scored_tokens(n_tokens: int, eval_len: int) -> int:
     return max(1, n_tokens // eval_len) * eval_len
 
 
-def evaluation_prefix(settings: dict) -> int:
-    """Validation tokens [0, n) that the lab's reported evaluation may read under ``settings`` (a LabConfig dict):
-    each protocol reads at most max(its token budget, its longest window) + 1 tokens from the start (``lm_eval``
-    scores at least one window). Anything fitted on the validation text (LongRoPE's search) starts after them."""
-    lens = list(settings.get("eval_lens") or []) + list(settings.get("sliding_lens") or [])
-    return max([settings.get("eval_tokens", 0), settings.get("sliding_tokens", 0), *lens]) + 1
-
-
 @torch.no_grad()
 def lm_eval(model, tokens: torch.Tensor, eval_len: int, *, n_tokens: int, stride: int | None = None,
             device="cpu", batch_tokens: int = EVAL_BATCH_TOKENS) -> dict | None:

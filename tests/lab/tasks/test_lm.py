@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from posenc.errors import ConfigError
 from posenc.lab.tasks.lm import lm_eval
+from posenc.perplexity import evaluation_prefix
 from posenc.nn.model import ModelConfig, TinyLM
 
 TOKENS = torch.tensor(list(b"def f(x):\n    return x * 2 + 1\n" * 40), dtype=torch.uint8)
@@ -96,4 +97,4 @@ def test_evaluation_prefix_covers_every_token_the_evaluation_reads(eval_tokens, 
         if stride:
             for L in sliding_lens or [max(eval_lens)]:
                 lm.lm_eval(model, val, L, n_tokens=sliding_tokens, stride=lm.sliding_stride(stride, L))
-    assert max(read) < lm.evaluation_prefix(cfg)
+    assert max(read) < evaluation_prefix(cfg)
