@@ -106,6 +106,9 @@ AXIAL_VISION_TYPES = {
     "paddleocr_vl_vision": "axial", "pixtral": "axial_pixtral",
     "llama4_vision_model": "axial",   # interleaved pairs (rope_layout); positions: llama4_vision_position_ids
 }
+# model types whose transformers config class reads the base from another key before a top-level rope_theta
+# (GPTNeoXConfig: rotary_emb_base)
+BASE_KEY_TYPES = {"gpt_neox": "rotary_emb_base", "gpt_neox_japanese": "rotary_emb_base"}
 # parent model_type -> model_type of its vision tower (read when the vision_config does not say)
 VISION_TOWER_OF = {
     "qwen2_vl": "qwen2_vl_vision", "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_vl": "qwen3_vl_vision",
@@ -550,6 +553,8 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
     rope_type = _rope_type_of(cfg, entry)
 
     theta = entry.get("rope_theta")
+    if theta is None and BASE_KEY_TYPES.get(model_type_of(cfg)) in cfg:
+        theta = cfg[BASE_KEY_TYPES[model_type_of(cfg)]]   # what that family's config class reads first
     if theta is None:
         theta = cfg.get("rope_theta", cfg.get("rotary_emb_base"))
     if theta is None:

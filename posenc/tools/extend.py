@@ -34,16 +34,19 @@ from typing import Any, Mapping
 from posenc._validate import check_choice, check_float, check_int
 from posenc.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
-from posenc.rope.config import KEY_ALIASES, load_rope_config
+from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
 from posenc.tools.contexts import MAX_CONTEXT, original_context
-from posenc.tools.inspect import detect_scheme
+from posenc.tools.inspect import HEAD_DIM_DERIVED_TYPES, detect_scheme
 
 HELP = "Write a config.json extended to a longer context with a RoPE scaling method (linear, ntk, yarn, ...)."
 
 # transformers' GPT-J and CodeGen build their sin/cos table from rotary_dim with base 10000 and read no RoPE keys
 IGNORES_ROPE_KEYS = {"gptj", "codegen"}
+# model types whose transformers config class accepts only some rope types (Phi3Config.validate_rope: default and
+# longrope; it also renames yarn to longrope and then asks for factor lists)
+ACCEPTED_ROPE_TYPES = {"phi3": ("default", "longrope"), "phi4_multimodal": ("default", "longrope")}
 
 
 @dataclass
@@ -129,8 +132,15 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     options = {k: v for k, v in (("short_factor", short_factor), ("long_factor", long_factor)) if v is not None}
     written = transformers_config(method, method_config(method, spec, **options), spec)
     scaling, notes = dict(written.scaling), list(written.notes)
-    # M-RoPE keys say how positions split over the pairs (Qwen2-VL ...): they stay with any scaling
-    scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params})
+    accepted = ACCEPTED_ROPE_TYPES.get(cfg.get("model_type"))
+    if accepted is not None and scaling["rope_type"] not in accepted:
+        raise ConfigError(f"model_type {cfg['model_type']!r}: transformers' config class accepts rope_type "
+                          f"{' or '.join(accepted)} only and would refuse {scaling['rope_type']!r}; use --method "
+                          "longrope (`posenc search` finds its factors) or ntk (written as a new base)")
+    # M-RoPE keys say how positions split over the pairs (Qwen2-VL ...): they stay with any scaling, as the file
+    # gives them (a default filled in by posenc's reader is not written: transformers would flag the unknown key)
+    given = {k for d in (cfg.get("rope_scaling"), cfg.get("rope_parameters")) if isinstance(d, Mapping) for k in d}
+    scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params and k in given})
     theta = scaling.pop("rope_theta", rc.theta)
     new = dict(cfg)
     lmax_key = "max_position_embeddings"
@@ -150,11 +160,20 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         new.pop("rope_theta", None)     # moved inside rope_parameters
     else:
         new["rope_scaling"] = None if scaling == {"rope_type": "default"} else scaling
-        new["rope_theta"] = theta
+        base_key = BASE_KEY_TYPES.get(cfg.get("model_type"))
+        if base_key is not None and base_key in cfg:     # the key transformers reads first for this family
+            new[base_key] = theta
+        if base_key is None or base_key not in cfg or "rope_theta" in cfg:
+            new["rope_theta"] = theta
         new.pop("rope_parameters", None)
         if partial is None and "partial_rotary_factor" in old_inner:
             new["partial_rotary_factor"] = old_inner["partial_rotary_factor"]
 
+    if cfg.get("model_type") in HEAD_DIM_DERIVED_TYPES and not cfg.get("head_dim"):
+        # transformers' yarn / dynamic / longrope read config.head_dim, which e.g. MixtralConfig leaves None
+        new["head_dim"] = rc.head_dim
+        notes.append(f"head_dim written explicitly ({rc.head_dim} = hidden_size / num_attention_heads, what the "
+                     "attention derives anyway): transformers' yarn, dynamic and longrope read config.head_dim")
     # check the result through the registry: it must load, give finite frequencies, and the rope type must be right
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

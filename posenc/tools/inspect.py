@@ -122,7 +122,7 @@ def detect_scheme(cfg: Mapping, _nested: bool = False) -> tuple[str, str]:
 # builds no model (Llama's attention fails on head_dim ** -0.5) although its rotary alone would derive the ratio:
 # refused like any other non-positive head_dim.
 # null / absent head_dim is "derive it" in every family (the config classes fill it in).
-_HEAD_DIM_ZERO_DERIVES = {"mistral", "mixtral", "ministral3", "starcoder2", "minimax", "voxtral_realtime"}
+HEAD_DIM_DERIVED_TYPES = {"mistral", "mixtral", "ministral3", "starcoder2", "minimax", "voxtral_realtime"}
 
 
 def _check_head_dim(cfg: Mapping) -> None:
@@ -133,7 +133,7 @@ def _check_head_dim(cfg: Mapping) -> None:
         return
     model_type = model_type_of(cfg)
     if head_dim == 0 and not isinstance(head_dim, bool):
-        if model_type in _HEAD_DIM_ZERO_DERIVES:
+        if model_type in HEAD_DIM_DERIVED_TYPES:
             return
         raise ConfigError(f"head_dim must be a positive integer, got 0: transformers' {model_type or 'model'} "
                           "attention takes head_dim as given and cannot build 0-wide heads; omit it or set it to "
