@@ -22,7 +22,8 @@ from posenc._validate import check_int
 from posenc.errors import ConfigError, DataError
 from posenc.extensions.registry import ExtensionSpec, FitContext, register_method
 from posenc.search.fitness import perplexity_fitness
-from posenc.search.longrope import LongRopeResult, LongRopeSettings, longrope_search, tensor_fingerprint
+from posenc._fingerprint import state_fingerprint, tensor_fingerprint
+from posenc.search.longrope import LongRopeResult, LongRopeSettings, longrope_search
 from posenc.search.longrope_space import longrope_scaling
 
 
@@ -121,8 +122,11 @@ def _fit(spec: ExtensionSpec, ctx: FitContext) -> tuple[dict, dict]:
     reserved = evaluation_prefix(s)
     scheme = getattr(ctx.model.cfg, "scheme", "model")
     checkpoint = Path(ctx.out) / "search" / f"{ctx.task}-{scheme}-seed{ctx.seed}-longrope.json" if ctx.out else None
+    # the record belongs to this trained model and these splits: a retrained model or other evaluation settings
+    # (another reserved prefix) are refused on --resume instead of handed the old search's factors
     result, where = search_lab_model(ctx.model, ctx.corpus.val, spec, reserved=reserved, budget=budget, seed=ctx.seed,
-                                 checkpoint=checkpoint, resume=ctx.resume, progress=ctx.progress, device=ctx.device)
+                                 checkpoint=checkpoint, resume=ctx.resume, progress=ctx.progress, device=ctx.device,
+                                 problem={"model": state_fingerprint(ctx.model)})
     return result.rope_scaling(), search_details(result, where)
 
 

@@ -122,8 +122,8 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
                                     check_model_files, load_causal_lm, load_tokenizer)
     from posenc.hf.patch import find_rotary
     from posenc.search.fitness import perplexity_fitness
-    from posenc.search.longrope import (LongRopeSettings, file_fingerprint, is_search_checkpoint, longrope_search,
-                                        tensor_fingerprint)
+    from posenc._fingerprint import file_fingerprint, tensor_fingerprint
+    from posenc.search.longrope import LongRopeSettings, is_search_checkpoint, longrope_search
 
     folder = Path(model_dir)
     settings = settings or LongRopeSettings()

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from posenc._atomic import atomic_write_json
+from posenc._fingerprint import state_fingerprint
 from posenc.extensions import FitContext, get_method
 from posenc.lab.context import DIVERGED, Evaluation, Run
 from posenc.lab.curriculum import LengthWarmupSampler
@@ -414,8 +415,11 @@ def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method:
         torch.manual_seed(seed + 20_000)  # PoSE draws from torch's RNG, which checkpoints restore on --resume
     sampler = get_task(task).sampler(run, length, batch, seed + 10_000)
     settings = training(cfg, cfg.finetune_steps, cfg.train.lr * 0.3)
+    # "base": the trained model this fine-tune starts from; a checkpoint of a fine-tune of another base (the base was
+    # retrained with other settings) is refused on --resume instead of reported beside the new base
     run_settings = {"task": task, "seed": seed, "finetune": method, "len": length, "batch": batch,
-                    "positions": "pose" if pose else "contiguous", "scaling": config and config.scaling}
+                    "positions": "pose" if pose else "contiguous", "scaling": config and config.scaling,
+                    "base": state_fingerprint(model)}
     t0, c0 = time.perf_counter(), time.process_time()
     out = train(ft, sampler, settings, device=run.device,
                 ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"), resume=run.resume,

@@ -136,7 +136,7 @@ def _run_lab_search(args) -> int:
     from posenc.extensions import ExtensionSpec
     from posenc.extensions.longrope_search import SearchBudget, search_lab_model
     from posenc.hf.lab_bridge import find_run_checkpoint, load_lab_model, validation_bytes
-    from posenc.search.longrope import file_fingerprint
+    from posenc._fingerprint import file_fingerprint
     from posenc.rope.config import load_rope_config
     from posenc.tools._io import write_json_atomic
 

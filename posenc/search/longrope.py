@@ -27,7 +27,6 @@ the fitness is assumed deterministic). A finished checkpoint returns its result 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import numbers
@@ -173,30 +172,6 @@ class LongRopeResult:
 
 # ------------------------------------------------------------------------------- what a checkpoint belongs to
 
-_HASHED_BYTES = 64 << 20      # files up to this size are identified by their SHA-256, larger ones by size and mtime
-
-
-def file_fingerprint(path: str | Path) -> dict:
-    """A file's identity for a search's ``problem``: name, size and SHA-256 (size and modification time for files
-    over 64 MiB, e.g. a large model's weights, which would take long to hash)."""
-    path = Path(path)
-    stat = path.stat()
-    out = {"name": path.name, "bytes": stat.st_size}
-    if stat.st_size <= _HASHED_BYTES:
-        out["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    else:
-        out["mtime_ns"] = stat.st_mtime_ns
-    return out
-
-
-def tensor_fingerprint(tokens: torch.Tensor) -> str:
-    """SHA-256 of a tensor's dtype, shape and values (e.g. the token splits a fitness scores)."""
-    t = tokens.detach().cpu().contiguous()
-    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
-
-
 def is_search_checkpoint(path: str | Path) -> bool:
     """True if ``path`` is a JSON file in this module's checkpoint format."""
     try:
@@ -224,7 +199,7 @@ def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original
     checkpoint, resume: JSON state file; resume=False starts afresh and overwrites it (only a search checkpoint:
         any other file there is refused).
     problem: what the fitness scores, as JSON-able values (the model's and the data's fingerprints, windows, dtype:
-        ``file_fingerprint``, ``tensor_fingerprint``); a checkpoint resumes only a search of the same problem, so
+        ``posenc._fingerprint``); a checkpoint resumes only a search of the same problem, so
         another model's or another text's record is refused instead of returned.
     Returns a ``LongRopeResult`` (role "long"); ``result.rope_scaling()`` is the config.
     """

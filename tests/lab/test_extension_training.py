@@ -138,3 +138,28 @@ def test_longrope_search_writes_the_factor_it_scored_with():
     result, _ = search_lab_model(model, text, spec, reserved=10, progress=False, seed=0,
                                  budget=SearchBudget(population=4, generations=0, windows=1))
     assert scored and set(scored) == {result.rope_scaling()["factor"]} == {3.3}
+
+
+def test_a_retrained_base_does_not_resume_its_old_fine_tunes_or_search(run, tmp_path):
+    """The base model retrained (its checkpoint deleted, other steps) under --resume: the old base's fine-tune and
+    LongRoPE-search records are refused, not reported beside the new base."""
+    import shutil
+
+    from posenc.errors import CheckpointError
+
+    cfg, out, _ = run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "checkpoints" / "lm-rope-seed0.safetensors").unlink()
+    cfg2 = get_preset("smoke", tasks=["lm"], schemes=["rope"], data=cfg.data, out=str(copy), steps=4,
+                      sliding_stride=0, extensions=["yarn", "test-pose-spy"], finetune_steps=2)
+    with pytest.raises(CheckpointError, match="lm-rope-ft-none-seed0.safetensors: was written with different "
+                                              "settings"):
+        run_lab(cfg2, resume=True, progress=False, log=lambda *a: None)
+    for ft in (copy / "checkpoints").glob("lm-rope-ft-*"):
+        ft.unlink()
+    cfg3 = get_preset("smoke", tasks=["lm"], schemes=["rope"], data=cfg.data, out=str(copy), steps=4,
+                      sliding_stride=0, extensions=["longrope-search"], finetune_steps=0, randomized_positions=0)
+    (copy / "checkpoints" / "lm-rope-seed0.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="was written by a search with other arguments"):
+        run_lab(cfg3, resume=True, progress=False, log=lambda *a: None)
