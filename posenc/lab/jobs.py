@@ -99,8 +99,9 @@ def run_units(run, units: list[Unit], jobs: int, threads: int, run_unit: Callabl
     if jobs == 1:
         for i, unit in enumerate(units):
             partial.update(rows=[], curves={})
-            yield i, run_unit(run, unit, partial["rows"], partial["curves"])
-            partial.clear()
+            result = run_unit(run, unit, partial["rows"], partial["curves"])
+            partial.clear()     # before the yield: the finished unit's rows are the caller's now, not in progress
+            yield i, result
         return
     plugins = worker_plugins(run.cfg)
     if isinstance(plugins, str):

@@ -177,7 +177,7 @@ def run_unit(run: Run, unit: Unit, rows: list, curves: dict) -> dict:
     extensions = None
     if scheme in cfg.extended_schemes and not randomized:
         ext: dict = {}
-        rows += evaluate_extensions(run, model, task, scheme, seed, curves, ext)
+        evaluate_extensions(run, model, task, scheme, seed, curves, ext, rows=rows)   # (rows grow as each ends)
         extensions = (f"{task}/{scheme}/seed{seed}", ext)
     t_eval = time.perf_counter() - t0 - t_train
     timing = {"train": round(t_train, 1), "eval": round(t_eval, 1), **throughput(model.cfg, cfg, trained)}
@@ -330,7 +330,8 @@ def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0
         start = (checkpoint_step(ckpt) or 0) if run.resume else 0
         model.train_positions = RandomizedTrainPositions(randomized, seed, start)
     until = None
-    if cfg.train_until:  # train to the task's criterion (steps is the cap)
+    if cfg.train_until:  # train to the task's criterion (steps is the cap); absent when off: older checkpoints resume
+        run_settings.update(train_until=cfg.train_until, check_every=cfg.check_every)
         def until() -> bool:
             with autocast(run.precision, run.device):
                 return get_task(task).criterion(run, model, seed) >= cfg.train_until
@@ -357,16 +358,17 @@ def finetune_batch(cfg: LabConfig, length: int) -> int:
 
 
 def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: int, curves: dict,
-                        info: dict | None = None) -> list[dict]:
+                        info: dict | None = None, rows: list | None = None) -> list[dict]:
     """Zero-shot (and with --finetune-steps, fine-tuned) evaluation of an extendable model under each method.
 
     ``info`` (filled in, for results.json): per method the time and details of its ``fit`` (LongRoPE's search),
     and per fine-tune its steps, length, batch, tokens, position mode and wall time. Fine-tuned rows carry the
-    same as ``finetune``.
+    same as ``finetune``. ``rows``: the list the rows are appended to as each evaluation ends (the unit's own, so
+    an interrupt keeps the finished ones); returned.
     """
     cfg = run.cfg
     info = {} if info is None else info
-    rows = []
+    rows = [] if rows is None else rows
     fit = FitContext(model=model, task=task, corpus=run.corpus, device=run.device, seed=seed,
                      eval_lens=list(cfg.eval_lens), settings=cfg.to_dict(), out=run.out, progress=run.progress,
                      resume=run.resume)

@@ -119,8 +119,8 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     after that many total steps (used to test interruption); a checkpoint is written then and at the end.
     ``precision``: "fp32" or "bf16" (autocast of the forward pass and loss; recorded in the run settings).
 
-    ``until``: a training criterion, called (model in eval mode, no grad) every ``check_every`` steps and once
-    on resuming, after step ``check_from`` only (earlier steps cannot pass: a length warmup trains on shorter
+    ``until``: a training criterion, called (model in eval mode, no grad) every ``check_every`` steps (on resuming
+    at such a step too), after step ``check_from`` only (earlier steps cannot pass: a length warmup trains on shorter
     sequences than the criterion scores); training ends at the first check that returns True
     (``settings.steps`` stays the cap and the learning-rate schedule's length, so the steps before a stop are
     those of an uninterrupted run). A resumed run
@@ -160,7 +160,9 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     if until is not None:
         check_int(check_every, "check_every", min=1, error=ConfigError)
         check_int(check_from, "check_from", min=0, error=ConfigError)
-    met = until is not None and check_from < start < end and _criterion(model, until, world_size)
+    # on resuming, the check an uninterrupted run made at this step (a checkpoint between checks makes none)
+    met = until is not None and check_from < start < end and start % check_every == 0 \
+        and _criterion(model, until, world_size)
     if met:
         end = start
     losses: list = []  # 0-d tensors (floats under DDP), read every 10 steps for the bar and once at the end

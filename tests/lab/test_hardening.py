@@ -303,3 +303,43 @@ def test_extension_settings_that_would_fail_after_training_are_refused_first(ove
     # a non-RoPE scheme listed but not trained is not refused (nothing would run it); no extensions: nothing to check
     get_preset("default", threads=1, schemes=["rope"], extended_schemes=["rope", "alibi"], extensions=["yarn"])
     get_preset("default", threads=1, schemes=["alibi"], extended_schemes=["alibi"], extensions=[])
+
+
+def test_an_interrupt_while_a_finished_unit_is_logged_writes_its_rows_once(tmp_path):
+    """Ctrl-C arriving while the lab prints a finished model's line: that model's rows are in the partial results
+    once (not twice, which would merge into a two-seed mean of one seed)."""
+    cfg = get_preset("default", tasks=["lm"], schemes=["rope", "alibi"], d_model=16, n_layers=1, n_heads=2,
+                     train_len=16, batch_size=4, steps=3, warmup=1, eval_lens=[16, 32], eval_tokens=128,
+                     sliding_stride=0, extensions=[], threads=1, jobs=1, out=str(tmp_path))
+
+    def log(line, *_):
+        if "seed 0: train" in str(line):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_lab(cfg, progress=True, log=log)
+    doc = strict_json(tmp_path / "results.json")
+    assert doc["meta"]["incomplete"] and doc["results"]
+    assert all(r["seed"] == 0 and r["std"] is None for r in doc["results"])
+
+
+def test_an_interrupt_during_the_extensions_keeps_the_rows_already_evaluated(tmp_path, monkeypatch):
+    """The unit in progress: its base rows and the extension rows finished before the interrupt are written."""
+    import posenc.lab.run as R
+
+    cfg = get_preset("default", tasks=["lm"], schemes=["rope"], d_model=16, n_layers=1, n_heads=2, train_len=16,
+                     batch_size=4, steps=3, warmup=1, eval_lens=[16, 32], eval_tokens=128, sliding_stride=0,
+                     extensions=["linear", "yarn"], threads=1, out=str(tmp_path))
+    real, calls = R.evaluate, []
+
+    def interrupt_third(run, ev):
+        calls.append(ev.scaling)
+        if len(calls) == 3:               # base, linear, then yarn is interrupted
+            raise KeyboardInterrupt
+        return real(run, ev)
+
+    monkeypatch.setattr(R, "evaluate", interrupt_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_lab(cfg, progress=False, log=lambda *_: None)
+    doc = strict_json(tmp_path / "results.json")
+    assert doc["meta"]["incomplete"] and {r["scaling"] for r in doc["results"]} == {"none", "linear"}

@@ -159,6 +159,27 @@ def test_training_to_a_criterion_stops_at_the_first_check_that_holds(tmp_path):
     assert r3["step"] == 30 and not r3["criterion_met"]
 
 
+def test_a_resume_between_checks_makes_no_check_the_uninterrupted_run_did_not(tmp_path):
+    """Checkpoints every 7 steps, checks every 5: a run killed after its step-7 checkpoint resumes without checking
+    at step 7 (an uninterrupted run checks at 5 and 10 only), so it stops where the uninterrupted run stops."""
+    sampler = CopySampler(16, 4, seed=1)
+    s = TrainSettings(steps=30, warmup=2, lr=1e-2, ckpt_every=7)
+    ckpt = tmp_path / "k.safetensors"
+    first = train(_model(), sampler, s, ckpt_path=ckpt, stop_after=7, progress=False)
+    assert first["step"] == 7
+    checked_at: list[int] = []
+    model = _model()
+
+    def until():
+        checked_at.append(1)
+        return True
+
+    r = train(model, sampler, s, ckpt_path=ckpt, resume=True, until=until, check_every=5, progress=False)
+    assert r["resumed_from"] == 7 and r["step"] == 10 and len(checked_at) == 1
+    reference = train(_model(), sampler, s, until=lambda: True, check_every=5, check_from=5, progress=False)
+    assert reference["step"] == 10
+
+
 def test_no_check_before_check_from():
     # a length warmup's steps cannot pass the criterion: the first check comes after check_from, also on resume
     sampler = CopySampler(16, 4, seed=1)
