@@ -4,6 +4,7 @@
     the environment refused (OSError: read-only or missing --out, no space)  one line naming the path, exit 2
     a closed pipe (``posenc pick ... | head``)                              quiet, exit 141 (128 + SIGPIPE)
     Ctrl-C                                                                   one line, exit 130
+    SIGTERM (posenc lab: its finished results are written first)             one line, exit 143
     an optional package missing (transformers for export / eval)            one line naming the extra, exit 2
     a warning (a suspicious but usable value)                                one line "posenc CMD: warning: ...", once
     out of memory                                                            one line, exit 1
@@ -16,6 +17,7 @@ calling it user error would send the user hunting for a mistake they did not mak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -95,6 +97,31 @@ def one_line_warnings(prefix: str):
     return show
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``timeout``, ``kill``) raised in the main thread like Ctrl-C, so that what cleans up
+    after an interrupt runs (the lab writes its finished results); the command exits 143."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Inside this block (main thread only) SIGTERM raises ``Terminated`` instead of ending the process at once."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(prefix: str, fn: Callable[[], int | None]) -> int:
     from posenc.errors import PosencError
 
@@ -105,9 +132,10 @@ def _run(prefix: str, fn: Callable[[], int | None]) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return EXIT_PIPE
-    except KeyboardInterrupt:
-        print(f"{prefix}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"{prefix}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except PosencError as exc:
         print(f"{prefix}: error: {exc}", file=sys.stderr)
         return EXIT_USER

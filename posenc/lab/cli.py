@@ -205,6 +205,7 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from posenc.lab import distributed, launch
     from posenc.lab.data import load_corpus
+    from posenc.faults import sigterm_raises
     from posenc.lab.run import run_lab
     from posenc.plugins import load_plugins
 
@@ -219,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
         if status is not None:
             return status
         with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
-            run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
+            with sigterm_raises():      # a SIGTERM writes the finished results too, as Ctrl-C does
+                run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
     except PosencError as exc:
         if exc.args and isinstance(exc.args[0], str):
             exc.args = (to_flags(exc.args[0]), *exc.args[1:])

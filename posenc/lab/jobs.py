@@ -12,6 +12,7 @@ the corpus and returns its unit's rows, curves and timings. Only the parent writ
 from __future__ import annotations
 
 import multiprocessing
+import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -109,17 +110,55 @@ def run_units(run, units: list[Unit], jobs: int, threads: int, run_unit: Callabl
     settings = dict(cfg=run.cfg, out=run.out, resume=run.resume, precision=run.precision, threads=threads,
                     plugins=plugins, run_unit=run_unit)
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_die_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         pending = {pool.submit(_worker, settings, unit): i for i, unit in enumerate(units)}
+        finished = False
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=pending.get):
                     i = pending.pop(future)
                     yield i, future.result()
+            finished = True
         finally:
-            for future in pending:
-                future.cancel()
+            if not finished:      # an error, an interrupt or a termination: stop the workers now, not after their
+                _stop(pool)       # units (their checkpoints are what --resume continues from)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued units and end the running workers (the executor keeps them in ``_processes``, which
+    shutdown clears: read it first)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer: a worker whose parent dies (kill -9, a crash) ends too, instead of training on and
+    writing checkpoints into a folder another run may have taken over. Linux: the kernel's parent-death signal;
+    elsewhere: a thread watching the parent's pid."""
+    import signal
+    import threading
+    import time
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:      # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _worker(settings: dict, unit: Unit) -> dict:

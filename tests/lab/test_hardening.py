@@ -343,3 +343,45 @@ def test_an_interrupt_during_the_extensions_keeps_the_rows_already_evaluated(tmp
         run_lab(cfg, progress=False, log=lambda *_: None)
     doc = strict_json(tmp_path / "results.json")
     assert doc["meta"]["incomplete"] and {r["scaling"] for r in doc["results"]} == {"none", "linear"}
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_killed_jobs_run_leaves_no_worker_behind(tmp_path, how):
+    """--jobs 2, the parent killed mid-training: with SIGTERM it ends its workers and exits 143 (one line); with
+    kill -9 the workers end with it (parent-death signal) instead of training on into a folder a new run may take."""
+    import signal
+    import time
+
+    argv = [sys.executable, "-m", "posenc", "lab", *TINY, "--steps", "100000", "--ckpt-every", "0", "--jobs", "2",
+            "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and len(_children(proc.pid)) < 3:     # two workers and the resource tracker
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.stderr.read()
+    time.sleep(3.0)                                        # training under way in both workers
+    workers = _children(proc.pid)
+    assert len(workers) >= 2
+    proc.send_signal(getattr(signal, how))
+    code = proc.wait(timeout=60)
+    if how == "SIGTERM":
+        err = proc.stderr.read().strip()
+        assert code == 143 and err == "posenc lab: terminated", (code, err)
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.2)
+    assert not any(_alive(w) for w in workers), "a worker outlived the run"
