@@ -3,6 +3,7 @@ its own section (posenc/lab/tasks/), in registry order."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -49,12 +50,24 @@ def _jobs(n: int) -> str:
     return f" per model, {n} models at once" if n > 1 else ""
 
 
+def _linked_plots(report: Path) -> set[str]:
+    """The plot files an earlier report.md in the folder shows (``![name](name)`` lines written below)."""
+    try:
+        text = report.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {name for name in re.findall(r"^!\[[^\]]*\]\(([^)/\\]+\.png)\)$", text, re.M)}
+
+
 def write_report(doc: dict, out: Path) -> Path:
     """Write report.md and the plots into ``out``."""
     meta = doc["meta"]
     s = meta["settings"]
     m, t = s["model"], s["train"]
+    earlier = _linked_plots(out / "report.md")
     plots = make_plots(doc, out)
+    for name in earlier - set(plots):        # an earlier run's plot (a task this run does not have): not ours now
+        (out / name).unlink(missing_ok=True)
     data = meta.get("data") or {}
     incomplete = meta.get("incomplete")
     lines = [

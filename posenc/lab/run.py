@@ -130,6 +130,8 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     # the out folder is this job's until it ends (rank 0 holds the lock: only it writes)
     lock = out_lock(run.out, "posenc " + " ".join(sys.argv[1:])) if is_main_process() else contextlib.nullcontext()
     with lock:
+        if not run.resume and is_main_process():
+            _set_aside_earlier_results(run)
         done: dict[int, dict] = {}
         partial: dict = {}  # the unit in progress (one process): its rows so far
         try:
@@ -229,6 +231,19 @@ def _finish(meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: 
     if replaced:  # a plug-in task's row or curve with NaN: recorded, not fatal
         doc["meta"]["non_finite_replaced"] = replaced
     return doc
+
+
+def _set_aside_earlier_results(run: Run) -> None:
+    """A new run (not --resume) in a folder holding an earlier run's results: they are kept as results.previous.json
+    and report.previous.md, so that until this run writes its own, the folder does not present the earlier numbers
+    beside this run's checkpoints."""
+    moved = []
+    for name, previous in (("results.json", "results.previous.json"), ("report.md", "report.previous.md")):
+        if (run.out / name).is_file():
+            os.replace(run.out / name, run.out / previous)
+            moved.append(previous)
+    if moved:
+        run.log(f"kept the earlier run's results as {' and '.join(moved)} (this run does not --resume it)")
 
 
 def _write_partial(run: Run, meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: float,

@@ -385,3 +385,25 @@ def test_a_killed_jobs_run_leaves_no_worker_behind(tmp_path, how):
     while time.time() < deadline and any(_alive(w) for w in workers):
         time.sleep(0.2)
     assert not any(_alive(w) for w in workers), "a worker outlived the run"
+
+
+def test_a_new_run_sets_the_earlier_results_aside_and_a_report_drops_plots_it_no_longer_makes(tmp_path):
+    cfg = get_preset("default", tasks=["lm"], schemes=["rope"], d_model=16, n_layers=1, n_heads=2, train_len=16,
+                     batch_size=4, steps=3, warmup=1, eval_lens=[16, 32], eval_tokens=128, sliding_stride=0,
+                     extensions=[], threads=1, out=str(tmp_path))
+    first = run_lab(cfg, progress=False, log=lambda *_: None)
+    # an earlier run's plot of a task this run lacks, shown by its report
+    (tmp_path / "copy_accuracy.png").write_bytes(b"png")
+    report = tmp_path / "report.md"
+    report.write_text(report.read_text() + "\n![copy_accuracy.png](copy_accuracy.png)\n")
+    again = run_lab(cfg, resume=True, progress=False, log=lambda *_: None)
+    assert not (tmp_path / "copy_accuracy.png").exists() and (tmp_path / "ppl_vs_length.png").exists()
+    assert not (tmp_path / "results.previous.json").exists()
+    assert [r["value"] for r in again["results"]] == [r["value"] for r in first["results"]]
+    # a fresh run (no --resume) into the folder: the earlier results are kept aside, not shown as this run's
+    cfg.train.steps = 4
+    logged: list[str] = []
+    run_lab(cfg, progress=False, log=lambda *a: logged.append(str(a[0])))
+    assert strict_json(tmp_path / "results.previous.json")["meta"]["settings"]["train"]["steps"] == 3
+    assert strict_json(tmp_path / "results.json")["meta"]["settings"]["train"]["steps"] == 4
+    assert (tmp_path / "report.previous.md").exists() and any("results.previous.json" in line for line in logged)
