@@ -52,6 +52,7 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -310,8 +311,8 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     Raises ConfigError / CheckpointError (ValueErrors) naming the reason for schemes transformers cannot express.
     """
     from posenc._validate import check_float, check_int
-    from posenc.hf.lab_bridge import (absolute_table, anatomy, check_config_method, lab_methods, load_lab_model,
-                                      set_lab_extension, set_lab_scaling)
+    from posenc.hf.lab_bridge import (absolute_table, anatomy, check_config_method, checkpoint_progress, lab_methods,
+                                      load_lab_model, set_lab_extension, set_lab_scaling)
     from posenc.hf.tokenizer import save_byte_tokenizer
     from posenc.tools.contexts import MAX_CONTEXT
 
@@ -343,6 +344,12 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     if rope_scaling is not None and a.scheme != "rope":
         raise ConfigError(f"rope_scaling: only a RoPE model takes an extension method; this one is {a.scheme}")
     notes: list[str] = []
+    progress = checkpoint_progress(path)
+    if progress["step"] < progress["steps"] and not progress["stopped_by_criterion"]:
+        partial = (f"checkpoint {path} holds step {progress['step']} of {progress['steps']}: an interrupted run's "
+                   "model, exported as it is (finish it with posenc lab --resume first)")
+        warnings.warn(partial, stacklevel=2)
+        notes.append(partial)
     limit = max_positions or 16 * a.max_len
     if a.scheme in ("rope", "nope"):
         config, sd = _neox(a, rotary=a.scheme == "rope")
@@ -413,7 +420,8 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
         res = ExportResult(out_dir=str(out_dir), checkpoint=str(path), scheme=a.scheme,
                            architecture=type(hf).__name__, max_positions=limit, rope_scaling=written_scaling,
                            check_max_rel_err=err, check_length=length, notes=notes)
-        (tmp / "posenc_export.json").write_text(json.dumps({**asdict(res), "lab_model": settings}, indent=2) + "\n")
+        (tmp / "posenc_export.json").write_text(json.dumps({**asdict(res), "lab_model": settings,
+                                                            "training": progress}, indent=2) + "\n")
         _move_into_place(tmp, out_dir)
     finally:
         if tmp.exists():

@@ -64,6 +64,17 @@ def load_lab_model(path: str | os.PathLike) -> tuple[torch.nn.Module, dict]:
     return model.float().eval(), cfg.to_dict()
 
 
+def checkpoint_progress(path: str | os.PathLike) -> dict:
+    """How far a lab checkpoint trained: {"step", "steps" (the run's cap), "stopped_by_criterion"} -- a step below
+    the cap without a training criterion (--train-until) means an interrupted run."""
+    from posenc.lab.checkpoint import read_checkpoint
+
+    _, meta = read_checkpoint(path)
+    steps = (meta["settings"].get("train") or {}).get("steps")
+    steps = steps if isinstance(steps, int) else meta["step"]
+    return {"step": meta["step"], "steps": steps, "stopped_by_criterion": "train_until" in meta["settings"]}
+
+
 def build_lab_model(**settings) -> torch.nn.Module:
     """A freshly initialised TinyLM (eval mode) from ModelConfig fields: for tests and examples."""
     from posenc.nn.model import ModelConfig, TinyLM

@@ -113,16 +113,34 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         state: dict = {}
         for k, v in tensors.items():
             if k.startswith("optim."):
-                _, idx, key = k.split(".", 2)
-                state.setdefault(int(idx), {})[key] = v
+                parts = k.split(".", 2)
+                if len(parts) != 3 or not parts[1].isdigit():
+                    raise CheckpointError(f"checkpoint {path}: invalid optimizer entry {k!r} (expected "
+                                          "optim.<index>.<name>)")
+                state.setdefault(int(parts[1]), {})[parts[2]] = v
         groups = meta["param_groups"]
-        if len(groups) != len(optimizer.param_groups):
-            raise CheckpointError(f"checkpoint {path}: optimizer has {len(groups)} param groups, expected "
-                                  f"{len(optimizer.param_groups)}")
+        if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups) \
+                or not all(isinstance(g, dict) for g in groups):
+            raise CheckpointError(f"checkpoint {path}: optimizer has {len(groups) if isinstance(groups, list) else '?'}"
+                                  f" param groups, expected {len(optimizer.param_groups)}")
+        # the hyperparameters are the run's (its settings), not the file's: a group that disagrees is refused
+        for saved, fresh in zip(groups, optimizer.param_groups):
+            differ = sorted(k for k in fresh if k not in ("params", "lr", "initial_lr") and k in saved
+                            and saved[k] != (list(fresh[k]) if isinstance(fresh[k], tuple) else fresh[k]))
+            if differ:
+                raise CheckpointError(f"checkpoint {path}: optimizer hyperparameters {differ} differ from this run's; "
+                                      "delete it (or run without --resume) to retrain that model")
         try:
             optimizer.load_state_dict({"state": state, "param_groups": groups})
         except (ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"checkpoint {path}: optimizer state does not match ({exc})") from None
     if restore_rng and "rng.torch" in tensors:
-        torch.set_rng_state(tensors["rng.torch"])
+        rng = tensors["rng.torch"]
+        if rng.dtype != torch.uint8 or rng.dim() != 1:
+            raise CheckpointError(f"checkpoint {path}: invalid RNG state (expected a 1-D uint8 tensor, got "
+                                  f"{rng.dtype} {list(rng.shape)})")
+        try:
+            torch.set_rng_state(rng)
+        except RuntimeError as exc:
+            raise CheckpointError(f"checkpoint {path}: invalid RNG state ({exc})") from None
     return meta

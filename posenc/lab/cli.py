@@ -18,7 +18,7 @@ import json
 import re
 
 from posenc.argtypes import floats, ints, items
-from posenc.errors import PosencError
+from posenc.errors import ConfigError, PosencError
 
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
@@ -202,6 +202,27 @@ def config_from_args(args: argparse.Namespace):
     return get_preset(args.preset, **{dest: getattr(args, dest) for _, dest, _, _ in FLAGS})
 
 
+def check_processes(cfg, nproc: int) -> None:
+    """What --nproc N needs of the other settings, checked before any process starts: one lab process per rank
+    (no --jobs), and every training batch -- pre-training and each fine-tune -- at least one row per process, so
+    that N processes train on the very batches one process trains on."""
+    from posenc.lab.distributed import check_batch_size
+
+    if nproc <= 1:
+        return
+    if cfg.jobs > 1:
+        raise ConfigError(f"jobs: {cfg.jobs} worker processes and --nproc {nproc} do not combine; use --jobs 1 "
+                          "with --nproc")
+    check_batch_size(cfg.batch_size, nproc)
+    if cfg.finetune_steps and any(s in cfg.schemes for s in cfg.extended_schemes):
+        length = cfg.finetune_len or max(cfg.eval_lens)
+        rows = cfg.batch_size * cfg.train_len // length
+        if rows < nproc:
+            raise ConfigError(f"finetune_len: a fine-tune at {length} tokens takes batch_size x train_len // "
+                              f"{length} = {rows} rows per step, fewer than the {nproc} processes (one process "
+                              "would train on other batches); raise --batch-size, lower --finetune-len or --nproc")
+
+
 def run(args: argparse.Namespace) -> int:
     from posenc.lab import distributed, launch
     from posenc.lab.data import load_corpus
@@ -214,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         load_plugins(args.plugin)
         cfg = config_from_args(args)
         timeout = distributed.timeout_seconds(args.dist_timeout)
+        check_processes(cfg, int(getattr(args, "nproc", 1) or 1))
         if cfg.data is not None:
             load_corpus(cfg.data)  # exists, readable, text
         status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead

@@ -46,6 +46,14 @@ def _threads(n: int) -> str:
     return f"{n} thread" + ("" if n == 1 else "s")
 
 
+def _processes(n: int) -> str:
+    return f" per process, {n} processes (--nproc)" if n > 1 else ""
+
+
+def _cpu_of(n: int) -> str:
+    return ", of rank 0 alone" if n > 1 else ""
+
+
 def _jobs(n: int) -> str:
     return f" per model, {n} models at once" if n > 1 else ""
 
@@ -75,8 +83,10 @@ def write_report(doc: dict, out: Path) -> Path:
         "",
         *([f"**Incomplete run** ({incomplete}): only the models that finished are reported below; "
            "`posenc lab --resume` with the same settings and --out completes it.", ""] if incomplete else []),
-        f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time {meta.get('cpu_s', '?')} s, workers included) on "
-        f"{meta['device']} ({_threads(meta['threads'])}{_jobs(meta.get('jobs', 1))}) in "
+        f"Measured wall time: **{meta['wall_s']:.0f} s** (CPU time {meta.get('cpu_s', '?')} s, workers included"
+        f"{_cpu_of(meta.get('processes', 1))}) on "
+        f"{meta['device']} ({_threads(meta['threads'])}{_jobs(meta.get('jobs', 1))}"
+        f"{_processes(meta.get('processes', 1))}) in "
         f"{meta.get('precision', 'fp32')}, "
         f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
         f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",

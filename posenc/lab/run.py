@@ -121,7 +121,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
     run = Run(cfg, corpus, device, out_dir(cfg), resume=resume, progress=progress, log=log, precision=precision)
     meta = {
         "preset": cfg.preset, "settings": cfg.to_dict(), "device": str(device), "threads": torch.get_num_threads(),
-        "jobs": jobs, "precision": precision, "native_bf16": native_bf16(device),
+        "jobs": jobs, "processes": current().world_size, "precision": precision, "native_bf16": native_bf16(device),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},

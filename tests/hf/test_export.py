@@ -258,3 +258,16 @@ def test_the_export_check_reaches_past_the_training_length_with_an_extension(tmp
     res = export_lab_model(path, tmp_path / "dyn", rope_scaling="dynamic", factor=2.0)
     assert res.check_length == 300 + 128 and res.check_max_rel_err <= 1e-4
     assert export_lab_model(path, tmp_path / "plain").check_length == 256
+
+
+def test_an_interrupted_runs_checkpoint_is_exported_with_a_warning(tmp_path):
+    from posenc.lab.checkpoint import save_checkpoint
+
+    model = lab_model("rope")
+    path = save_checkpoint(tmp_path / "half.safetensors", model, None, 2,
+                           {"model": model.cfg.to_dict(), "train": {"steps": 10}})
+    with pytest.warns(UserWarning, match="holds step 2 of 10: an interrupted run's model"):
+        res = export_lab_model(path, tmp_path / "out", check=False)
+    record = json.loads((tmp_path / "out" / "posenc_export.json").read_text())
+    assert record["training"] == {"step": 2, "steps": 10, "stopped_by_criterion": False}
+    assert any("interrupted run" in n for n in res.notes)

@@ -101,3 +101,32 @@ def test_killed_writer_temporary_is_removed_by_the_next_write(tmp_path):
     assert len(list(tmp_path.glob(".results.json.*.tmp*"))) == 1
     atomic_write_text(target, "{}")
     assert target.read_text() == "{}" and not list(tmp_path.glob(".results.json.*"))
+
+
+def _resave(path, edit):
+    """Rewrite a checkpoint with ``edit(tensors, meta)`` applied and a valid checksum (a crafted, not damaged,
+    file: the checks below must not rely on the checksum)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    edit(tensors, meta)
+    meta["sha256"] = payload_sha256(tensors, meta)
+    save_file(tensors, str(path), metadata=meta)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t, m: t.__setitem__("rng.torch", t["rng.torch"].float()), "invalid RNG state"),
+    (lambda t, m: t.__setitem__("optim.x.exp_avg", t.pop("optim.0.exp_avg")), "invalid optimizer entry 'optim.x"),
+    (lambda t, m: m.__setitem__("param_groups", m["param_groups"].replace('"eps": 1e-08', '"eps": 0.5')),
+     r"optimizer hyperparameters \['eps'\] differ"),
+])
+def test_crafted_metadata_is_refused_by_name(tmp_path, edit, message):
+    path = tmp_path / "c.safetensors"
+    _save(path)
+    _resave(path, edit)
+    model = _model()
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path, model, torch.optim.AdamW(model.parameters()))

@@ -407,3 +407,18 @@ def test_a_new_run_sets_the_earlier_results_aside_and_a_report_drops_plots_it_no
     assert strict_json(tmp_path / "results.previous.json")["meta"]["settings"]["train"]["steps"] == 3
     assert strict_json(tmp_path / "results.json")["meta"]["settings"]["train"]["steps"] == 4
     assert (tmp_path / "report.previous.md").exists() and any("results.previous.json" in line for line in logged)
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--jobs", "2"], "--jobs: 2 worker processes and --nproc 2 do not combine"),
+    (["--batch-size", "1"], "--batch-size: a training batch of 1 rows cannot be split across 2 processes"),
+    (["--batch-size", "2", "--finetune-steps", "2", "--schemes", "rope", "--eval-lens", "16,64"],
+     "a fine-tune at 64 tokens takes --batch-size x --train-len // 64 = 0 rows per step, fewer than the 2"),
+])
+def test_settings_nproc_cannot_take_are_refused_before_any_process_starts(flags, match, tmp_path, capsys,
+                                                                         monkeypatch):
+    from posenc.lab import launch
+
+    monkeypatch.setattr(launch, "relaunch", lambda args: pytest.fail("relaunched before the check"))
+    assert main(["lab", *TINY, *flags, "--nproc", "2", "--out", str(tmp_path / "run")]) == 2
+    assert match in one_line_error(capsys, "lab")
