@@ -188,8 +188,10 @@ def cached_template(slopes: torch.Tensor, q_len: int, k_len: int, offset: int, c
 
 @lru_cache(maxsize=8)
 def _template_cache(slopes: tuple, q_len, k_len, offset, causal, dtype, device, reverse) -> torch.Tensor:
-    t = bias_template(torch.tensor(slopes, dtype=torch.float32, device=device), q_len, k_len, offset, causal, dtype)
-    return t.flip(1) if reverse else t
+    with torch.inference_mode(False):       # cached across calls: never an inference tensor (autograd saves it)
+        t = bias_template(torch.tensor(slopes, dtype=torch.float32, device=device), q_len, k_len, offset, causal,
+                          dtype)
+        return t.flip(1) if reverse else t
 
 
 def hankel_view(template: torch.Tensor, first: int, rows: int, cols: int) -> torch.Tensor:

@@ -12,8 +12,10 @@ posenc.kernels.rope_dispatch applies them here, before anything is written:
 - inference tensors are written only inside ``torch.inference_mode()``.
 
 Stricter than torch in one corner: torch skips the overlap checks for views it cannot analyse cheaply ("too hard":
-non-dense views such as ``x[..., :64]``) and then writes whatever falls out. Here such views are checked exactly
-(row by row, once per geometry), and a written view whose own elements may collide is refused.
+non-dense views such as ``x[..., :64]``) and then writes whatever falls out. Here such views are checked exactly:
+two views of one geometry (q and k of a fused qkv buffer, even and odd columns) at any size by a branch and bound
+over their strides, other pairs row by row (once per geometry) up to 2^22 rows, past which they are treated as
+overlapping; a written view whose own elements may collide is refused.
 The autograd rules (version counters, ``out=`` with tensors that require grad, leaves written in place) live in
 posenc.kernels.rope_dispatch.
 """
@@ -87,7 +89,11 @@ def _elements_overlap(delta: int, shape_a: tuple, stride_a: tuple, esize_a: int,
                       esize_b: int) -> bool:
     """Whether any byte of tensor a (at 0) is also a byte of tensor b (at ``delta`` bytes): exact, row by row.
 
-    Translation-invariant, so cached by geometry: a model's layers hit the same entry every call."""
+    Translation-invariant, so cached by geometry: a model's layers hit the same entry every call. Two views of one
+    geometry (q and k of a fused qkv buffer, even and odd columns) are decided exactly at any size
+    (``_translate_overlap``); other pairs row by row, up to ``_MAX_INTERVALS`` rows."""
+    if shape_a == shape_b and stride_a == stride_b and esize_a == esize_b and not _layout(shape_a, stride_a)[1]:
+        return _translate_overlap(delta, shape_a, stride_a, esize_a)
     count = max(_numel(shape_a[:-1] if stride_a[-1] == 1 else shape_a),
                 _numel(shape_b[:-1] if stride_b[-1] == 1 else shape_b))
     if count > _MAX_INTERVALS:
@@ -99,6 +105,30 @@ def _elements_overlap(delta: int, shape_a: tuple, stride_a: tuple, esize_a: int,
     nxt = i + 1
     after = (nxt < a.shape[0]) & (a[nxt.clamp(max=a.shape[0] - 1), 0] < b[:, 1])
     return bool((before | after).any())
+
+
+def _translate_overlap(delta: int, shape: tuple, stride: tuple, esize: int) -> bool:
+    """Whether a tensor's elements and the same elements shifted by ``delta`` bytes share a byte: is there an index
+    difference k (|k_d| < n_d) with |sum k_d * stride_d * esize - delta| < esize? Exact branch and bound over the
+    dims by decreasing stride: what the smaller dims can still add is at most their reach, which (a layout without
+    self-overlap) is below the current stride, so each dim leaves at most a few candidate digits."""
+    dims = sorted(((st * esize, n) for n, st in zip(shape, stride) if n > 1), reverse=True)
+    reach = [0] * (len(dims) + 1)                 # reach[i]: the most dims i.. can add, in bytes
+    for i in range(len(dims) - 1, -1, -1):
+        reach[i] = reach[i + 1] + dims[i][0] * (dims[i][1] - 1)
+
+    def search(i: int, rest: int) -> bool:
+        slack = reach[i] + esize - 1              # |rest| must end below esize after the remaining dims
+        if abs(rest) > slack:
+            return False
+        if i == len(dims):
+            return abs(rest) < esize
+        st, n = dims[i]
+        low = max(-(n - 1), -((-(rest - reach[i + 1] - esize + 1)) // st))     # ceil
+        high = min(n - 1, (rest + reach[i + 1] + esize - 1) // st)
+        return any(search(i + 1, rest - k * st) for k in range(low, high + 1))
+
+    return search(0, delta)
 
 
 def _numel(shape) -> int:

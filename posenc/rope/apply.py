@@ -313,7 +313,8 @@ class RopeTableCache:
             except KeyError:                     # evicted by another thread meanwhile: still valid for this call
                 pass
             return entry
-        entry = build()
+        with torch.inference_mode(False):        # cached across calls: never an inference tensor (see grow)
+            entry = build()
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
@@ -333,9 +334,12 @@ class RopeTableCache:
             if rows <= have:
                 return True
             target = min(cap, max(rows, 2 * have, self.min_rows))
-            cos, sin = angles_cos_sin(torch.arange(have, target), entry.inv64, entry.scaling, entry.dtype)
-            if have:      # only the new rows are computed: the old ones stay bit for bit
-                cos, sin = torch.cat((entry.cos_sin[0], cos)), torch.cat((entry.cos_sin[1], sin))
+            # a table built inside torch.inference_mode() would be an inference tensor, which a later call with
+            # autograd cannot save for backward: cached tensors are always made as ordinary ones
+            with torch.inference_mode(False):
+                cos, sin = angles_cos_sin(torch.arange(have, target), entry.inv64, entry.scaling, entry.dtype)
+                if have:      # only the new rows are computed: the old ones stay bit for bit
+                    cos, sin = torch.cat((entry.cos_sin[0], cos)), torch.cat((entry.cos_sin[1], sin))
             entry.cos_sin = (cos, sin)               # new tensors: a table handed out earlier is never mutated
             self._evict(entry)
         return True

@@ -221,10 +221,11 @@ class Rotary(Float32Buffers):
         else:
             rows = self.cos_cached.shape[0] if self._table_is_current() else 0
             if seq_len > rows:
-                n = max(seq_len, 2 * rows)
-                inv = self.inv_freq
-                table = torch.arange(n, device=inv.device)
-                self.cos_cached, self.sin_cached = rope_cos_sin(table, inv, self.attention_scaling)
+                n = min(max(seq_len, 2 * rows), _MAX_CACHED_POSITIONS)      # the cap bounds the table, not only
+                inv = self.inv_freq                                          # the position that grows it
+                with torch.inference_mode(False):     # kept across calls: never an inference tensor
+                    table = torch.arange(n, device=inv.device)
+                    self.cos_cached, self.sin_cached = rope_cos_sin(table, inv, self.attention_scaling)
                 self._table_source = (inv, inv._version, self.attention_scaling)
             positions = positions.long()
             cos, sin = self.cos_cached[positions], self.sin_cached[positions]

@@ -12,6 +12,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import posenc
 from posenc.errors import PosencError
@@ -322,3 +324,71 @@ def test_double_backward(backend, layout):
         (g,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
         assert g.grad_fn is not None
         torch.testing.assert_close(g, 2 * x)               # R^T (2 R x): the rotation is orthogonal
+
+
+def test_caches_filled_under_inference_mode_serve_later_autograd_calls():
+    """An evaluation under torch.inference_mode() before training: the tables it caches are ordinary tensors, so
+    the later calls with autograd work (an inference tensor cannot be saved for backward)."""
+    import posenc
+    from posenc.rope.apply import TABLES
+
+    TABLES.clear()
+    pos = torch.arange(7)
+    rot = posenc.Rotary(16)
+    q = torch.randn(1, 2, 7, 16)
+    with torch.inference_mode():
+        posenc.apply_rope(q, pos)
+        rot(q, q, pos)
+        posenc.alibi_attention(q, q, q, causal=True)
+    x = q.clone().requires_grad_(True)
+    posenc.apply_rope(x, pos).sum().backward()
+    sum(t.sum() for t in rot(x, x, pos)).backward()
+    posenc.alibi_attention(x, x, x, causal=True).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_rotary_table_never_grows_past_its_cap(monkeypatch):
+    import posenc.rope.module as M
+
+    monkeypatch.setattr(M, "_MAX_CACHED_POSITIONS", 1000)
+    rot = M.Rotary(8)
+    q = torch.randn(1, 1, 1, 8)
+    rot(q, q, torch.tensor([600]))
+    rot(q, q, torch.tensor([999]))              # doubling would ask 1202 rows
+    assert rot.cos_cached.shape[0] == 1000
+    torch.testing.assert_close(rot(q, q, torch.tensor([999]))[0], posenc.apply_rope(q, torch.tensor([999])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), gaps=st.lists(st.integers(0, 3), min_size=3,
+       max_size=3), order=st.permutations([0, 1, 2]), esize=st.sampled_from([1, 2, 4]), delta=st.integers(-80, 80))
+def test_two_views_of_one_geometry_overlap_exactly_when_their_bytes_meet(shape, gaps, order, esize, delta):
+    """The exact any-size test for same-geometry views against enumerating every byte."""
+    from posenc.kernels.rope_checks import _intervals, _layout, _translate_overlap
+
+    stride, cur = [0] * len(shape), 1
+    for d in [o for o in order if o < len(shape)]:
+        stride[d], cur = cur, cur * shape[d] + gaps[d]
+    shape, stride = tuple(shape), tuple(stride)
+    if _layout(shape, stride)[1]:
+        return
+    a = {b for lo, hi in _intervals(shape, stride, esize).tolist() for b in range(lo, hi)}
+    want = any(b + delta in a for b in a)
+    assert _translate_overlap(delta, shape, stride, esize) == want
+
+
+def test_q_and_k_views_of_a_long_fused_buffer_are_not_taken_for_overlapping():
+    """Past 2^22 rows (131073 tokens x 32 heads): disjoint q and k views of one qkv buffer rotate in place, and
+    even -> odd columns of one buffer take out=; a truly shifted out= is still refused."""
+    import posenc
+
+    T = (1 << 17) + 1
+    qkv = torch.randn(1, T, 3, 32, 4, dtype=torch.bfloat16)
+    q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)      # [1, H, T, D] views, disjoint
+    want = posenc.apply_rope_qk(q.clone(), k.clone(), torch.arange(T))
+    posenc.apply_rope_qk(q, k, torch.arange(T), inplace=True)
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+    x = torch.randn(4097, 2048)
+    posenc.apply_rope(x[:, ::2], torch.arange(4097), out=x[:, 1::2])
+    with pytest.raises(RopeAliasError):
+        posenc.apply_rope(x[:, :1024], torch.arange(4097), out=x[:, 1:1025])
