@@ -376,10 +376,13 @@ def eager_rope_into(x, cos, sin, out, layout: str, rotary_dim: int, inverse: boo
         dst = oc[..., :rotary_dim] if direct else torch.empty_like(src)
         a, b = _pairs(src, layout)
         da, db = _pairs(dst, layout)
+        # each product rounded, then the sum: the C kernel's arithmetic (addcmul may fuse into one FMA rounding)
+        tmp = torch.mul(b, sc)
         torch.mul(a, cc, out=da)
-        da.addcmul_(b, sc, value=-sign)               # a cos - b sin
+        da.sub_(tmp) if sign > 0 else da.add_(tmp)    # a cos - b sin
+        torch.mul(a, sc, out=tmp)
         torch.mul(b, cc, out=db)
-        db.addcmul_(a, sc, value=sign)                # b cos + a sin
+        db.add_(tmp) if sign > 0 else db.sub_(tmp)    # b cos + a sin
         if not direct:
             oc[..., :rotary_dim].copy_(dst)
         if not in_place and rotary_dim < x.shape[-1]:

@@ -81,22 +81,22 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     return angles_cos_sin(positions, inv64, attention_scaling, dtype)
 
 
-def check_position_dtype(positions: torch.Tensor) -> torch.Tensor:
+def check_position_dtype(positions: torch.Tensor, name: str = "positions") -> torch.Tensor:
     """Reject position dtypes that cannot hold positions exactly (bf16 rounds 257 to 256; fp16 stops at 65504).
 
     uint16 / uint32 / uint64 positions (which most torch ops do not implement) come back as int64; a uint64 value
     past int64's range is refused rather than wrapped to a negative position.
     """
     if positions.is_complex() or positions.dtype == torch.bool:
-        raise PosencError(f"positions must be integers or real numbers, got dtype {positions.dtype}")
+        raise PosencError(f"{name} must be integers or real numbers, got dtype {positions.dtype}")
     if positions.dtype in (torch.float16, torch.bfloat16):
-        raise PosencError(f"positions must be integers, float32 or float64, got {positions.dtype}: half precision "
+        raise PosencError(f"{name} must be integers, float32 or float64, got {positions.dtype}: half precision "
                           "cannot represent positions exactly (bf16 rounds 257 to 256)")
     if positions.dtype in _WIDE_UNSIGNED:
         wide = positions.dtype == torch.uint64
         positions = positions.to(torch.int64)
         if wide and positions.device.type != "meta" and bool((positions < 0).any()):
-            raise PosencError("positions must fit in int64, got a uint64 value of 2**63 or more")
+            raise PosencError(f"{name} must fit in int64, got a uint64 value of 2**63 or more")
     return positions
 
 
@@ -105,26 +105,29 @@ def math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def as_positions(positions, device=None) -> torch.Tensor:
+def as_positions(positions, device=None, name: str = "positions") -> torch.Tensor:
     """positions as a tensor on ``device`` (None: where it is); a PosencError for non-numbers, half precision, NaN/inf.
 
-    Integer positions cost no scan; float positions are checked to be finite (NaN/inf would rotate by NaN)."""
+    Integer positions cost no scan; float positions are checked to be finite (NaN/inf would rotate by NaN).
+    ``name``: the argument the messages name."""
     if isinstance(positions, torch.Tensor):
         p = positions
     else:
         if isinstance(positions, (str, bytes)):
-            raise PosencError(f"positions must be integers (a tensor, an int or a sequence of ints), "
+            raise PosencError(f"{name} must be integers (a tensor, an int or a sequence of ints), "
                               f"got the string {positions!r}")
         try:
             p = torch.as_tensor(positions)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise PosencError(f"positions must be integers (a tensor, an int or a sequence of ints), got "
+            raise PosencError(f"{name} must be integers (a tensor, an int or a sequence of ints), got "
                               f"{type(positions).__name__} {str(positions)[:60]!r} ({exc})") from None
     if p.dtype not in _INT_DTYPES:
-        p = check_position_dtype(p)
+        p = check_position_dtype(p, name)
         if p.dtype in _FLOAT_POSITIONS and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
-            raise PosencError("positions must be finite numbers, got NaN or inf")
+            raise PosencError(f"{name} must be finite numbers, got NaN or inf")
     if device is not None and p.device != device:
+        if p.device.type == "meta":
+            raise PosencError(f"{name} are on the meta device (shapes only, no values); expected them on {device}")
         p = p.to(device)
     return p
 
@@ -497,6 +500,9 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
         x: [..., seq, dim] queries or keys (any float dtype; math in float32, float64 for float64 x; output in x.dtype).
         positions: [seq] or broadcastable to x.shape[:-1] (e.g. [batch, 1, seq] for x [batch, heads, seq, dim]);
             integers (any offset: KV-cache continuation, packed sequences) or finite float32/float64 numbers.
+            Broadcasting is torch's, aligned from the right: per-sequence positions for x [batch, heads, seq, dim]
+            are [batch, 1, seq]; a [batch, seq] tensor would align with [heads, seq] (``Rotary`` reads [batch, seq]
+            as per-sequence rows).
         base: RoPE theta, used when ``inv_freq`` is not given.
         inv_freq: [rotary_dim // 2] frequencies overriding base (scaled variants: see ``posenc.rope_parameters``).
         layout: "interleaved" (pairs 2j, 2j+1) or "half" (pairs j, j + rotary_dim/2).
@@ -577,7 +583,7 @@ def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotar
         return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
     if len(cshape) != 2:
         raise PosencError(f"with index=, cos and sin must be tables [rows, rotary_dim // 2], got {list(cshape)}")
-    idx = as_positions(index, device)
+    idx = as_positions(index, device, "index")
     if idx.dtype not in _INT_DTYPES:
         raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
     if idx.dim() == 0:

@@ -110,7 +110,8 @@ class Rotary(Float32Buffers):
         self._kernel_freqs: tuple | None = None    # (inv_freq it was made from, its version, scaling, inv64, packed)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
-        self._table_source: tuple = (None, -1, None)   # (inv_freq the table was made from, its version, scaling)
+        # (inv_freq the table was made from, its version, scaling, a copy of its values)
+        self._table_source: tuple = (None, -1, None, None)
         axes = position_axes(config)
         if axes is not None and axes.numel() != len(inv_freq):
             raise PosencError(f"the position axes cover {axes.numel()} pairs but rope_type {config.rope_type!r} "
@@ -163,16 +164,21 @@ class Rotary(Float32Buffers):
         return Angles(positions, cached[3], scaling, cached[4])
 
     def clear_cache(self) -> None:
-        """Drop the cos/sin table (it is rebuilt on the next call)."""
+        """Drop the cos/sin table and the kernel's frequencies (rebuilt on the next call). Needed after writing
+        ``inv_freq`` through ``.data`` on a GPU, which bypasses the version counter (on the CPU the table also
+        compares the values)."""
         self.cos_cached = self.cos_cached.new_empty(0, self.rotary_dim // 2)
         self.sin_cached = self.sin_cached.new_empty(0, self.rotary_dim // 2)
-        self._table_source = (None, -1, None)
+        self._table_source = (None, -1, None, None)
+        self._kernel_freqs = None
 
     def _table_is_current(self) -> bool:
         """Whether the cos/sin table was made from the current ``inv_freq`` (same tensor, not modified in place
-        since) and ``attention_scaling``: assigning either, or editing inv_freq in place, invalidates it."""
+        since, same values: a write through ``.data`` keeps the version counter) and ``attention_scaling``:
+        assigning either, or editing inv_freq, invalidates it."""
         inv, source = self._buffers["inv_freq"], self._table_source
-        return source[0] is inv and source[1] == inv._version and source[2] == self.attention_scaling
+        return source[0] is inv and source[1] == inv._version and source[2] == self.attention_scaling \
+            and torch.equal(source[3], inv)
 
     def update(self, seq_len: int) -> None:
         """Apply the type's length rule for a call whose largest position is seq_len - 1 (transformers' rule)."""
@@ -226,7 +232,7 @@ class Rotary(Float32Buffers):
                 with torch.inference_mode(False):     # kept across calls: never an inference tensor
                     table = torch.arange(n, device=inv.device)
                     self.cos_cached, self.sin_cached = rope_cos_sin(table, inv, self.attention_scaling)
-                self._table_source = (inv, inv._version, self.attention_scaling)
+                self._table_source = (inv, inv._version, self.attention_scaling, inv.detach().clone())
             positions = positions.long()
             cos, sin = self.cos_cached[positions], self.sin_cached[positions]
         if self.axes is not None:
@@ -238,7 +244,9 @@ class Rotary(Float32Buffers):
         [A, B, T] with the axis dim first, see ``cos_sin``). Any float dtype: math in float32 (float64 inputs: float64
         math over the float32 table).
 
-        Returns (q, k) rotated, in their input dtypes. Only the first rotary_dim dims are rotated.
+        Returns (q, k) rotated, in their input dtypes. Only the first rotary_dim dims are rotated. Positions must
+        be >= 0 on the CPU (its table has rows 0..n-1); on CUDA, where cos/sin are computed in the kernel without a
+        host sync to inspect them, a negative position is rotated by its negative angle (as ``apply_rope`` does).
         """
         if not (q.is_floating_point() and k.is_floating_point()):
             raise PosencError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")

@@ -86,14 +86,20 @@ def test_strided_inputs_and_outputs(native):
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")
-def test_native_and_eager_agree_on_a_real_shape():
-    q = torch.randn(1, 8, 300, 128)
-    positions = torch.arange(300) + 4096
-    _, cos, sin = table(positions, 128, torch.float32)
-    for layout in ("interleaved", "half"):
-        a = cpu_rope.rope_into(q, cos, sin, torch.empty_like(q), layout=layout, rotary_dim=128, native=True)
-        b = cpu_rope.rope_into(q, cos, sin, torch.empty_like(q), layout=layout, rotary_dim=128, native=False)
-        assert torch.allclose(a, b, atol=1e-6, rtol=1e-6)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_native_and_eager_agree_bit_for_bit(dtype, inverse):
+    """The C kernel and the eager fallback (no compiler, POSENC_NATIVE=0, a strided view) round alike: both form
+    each product, then the sum (no fused multiply-add), so an input's memory layout never changes the bits."""
+    q = (torch.randn(1, 8, 300, 128) * 3).to(dtype)
+    positions = torch.arange(300) * 37 + 4096
+    _, cos, sin = table(positions, 128, torch.float64 if dtype == torch.float64 else torch.float32)
+    for layout, rotary_dim in (("interleaved", 128), ("half", 128), ("half", 64)):
+        a = cpu_rope.rope_into(q, cos[..., :rotary_dim // 2], sin[..., :rotary_dim // 2], torch.empty_like(q),
+                               layout=layout, rotary_dim=rotary_dim, inverse=inverse, native=True)
+        b = cpu_rope.rope_into(q, cos[..., :rotary_dim // 2], sin[..., :rotary_dim // 2], torch.empty_like(q),
+                               layout=layout, rotary_dim=rotary_dim, inverse=inverse, native=False)
+        assert torch.equal(a, b), (layout, rotary_dim)
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")

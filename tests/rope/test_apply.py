@@ -208,6 +208,11 @@ def test_bad_arguments_name_the_argument(kwargs, match):
         apply_rope(torch.randn(2, 5, 8), torch.arange(5), **kwargs)
 
 
+def test_positions_on_the_meta_device_are_named():
+    with pytest.raises(PosencError, match="positions are on the meta device"):
+        apply_rope(torch.randn(2, 5, 8), torch.arange(5, device="meta"))
+
+
 def test_odd_head_dim_is_rejected():
     with pytest.raises(PosencError, match="rotary_dim must be even"):
         apply_rope(torch.randn(5, 7), torch.arange(5))
@@ -396,6 +401,10 @@ def test_apply_rope_table_with_index_reads_table_rows(layout):
             apply_rope_table(q, cos, sin, index=bad, layout=layout)
     with pytest.raises(PosencError, match="integer row numbers"):
         apply_rope_table(q, cos, sin, index=torch.arange(5.0))
+    for bad, message in ((torch.ones(5, dtype=torch.bool), "index must be integers or real numbers"),
+                         (torch.arange(5).bfloat16(), "index must be integers, float32 or float64")):
+        with pytest.raises(PosencError, match=message):
+            apply_rope_table(q, cos, sin, index=bad, layout=layout)
 
 
 def test_a_list_of_scalar_tensors_as_inv_freq_is_read_by_value_every_call():

@@ -214,7 +214,8 @@ def test_bad_construction():
         Rotary(16, rope_type="dynamic", factor=2.0)             # no max_position_embeddings
 
 
-@pytest.mark.parametrize("change", ["in-place inv_freq", "assigned inv_freq", "attention_scaling"])
+@pytest.mark.parametrize("change", ["in-place inv_freq", "assigned inv_freq", "attention_scaling",
+                                    "inv_freq through .data"])
 def test_the_cached_table_follows_the_frequencies_it_was_made_from(change):
     """Editing inv_freq in place, assigning it, or setting attention_scaling after a call must not leave the cached
     cos/sin table (and the CPU fast path that reads it) behind: the result equals a fresh apply_rope_qk."""
@@ -227,6 +228,8 @@ def test_the_cached_table_follows_the_frequencies_it_was_made_from(change):
             rot.inv_freq.mul_(0.5)
     elif change == "assigned inv_freq":
         rot.inv_freq = rot.inv_freq * 0.25
+    elif change == "inv_freq through .data":         # weight loaders do this: no version-counter bump
+        rot.inv_freq.data.mul_(2.0)
     else:
         rot.attention_scaling = 2.0
     got_q, got_k = rot(q, k, pos)
