@@ -15,7 +15,7 @@ from typing import Any
 
 from posenc._validate import check_choice, check_float, check_int
 from posenc.errors import PosencError
-from posenc.extensions import ExtensionSpec, method_config
+from posenc.extensions import ExtensionSpec, get_method, method_config
 from posenc.tools.contexts import MAX_CONTEXT
 
 # the snippet's rope_theta when the existing model's base is not given: visibly not a number to copy
@@ -130,11 +130,14 @@ def _check_inputs(target_context, train_context, budget, task, rope_theta):
             raise PosencError(f"rope_theta must be a number > 1, got {rope_theta!r}")
 
 
-def _snippet(method: str, train: int, target: int, theta: float, lmax: int | None = None) -> dict[str, Any]:
+def _snippet(method: str, train: int, target: int, theta: float, lmax: int | None = None,
+             rotary_dim: int | None = None) -> dict[str, Any]:
     """The config keys ``method`` writes (from the extension-method registry), transformers 5.x form.
     lmax: the config's current max_position_embeddings (default ``train``): the snippet sets it when it differs."""
-    written = method_config(method, ExtensionSpec(original=train, factor=_factor(target, train), rotary_dim=None,
-                                                  theta=theta, target=target))
+    # a method the lab evaluates at its own factor (dynamic NTK: 1) is recommended at it: that is what was measured
+    factor = get_method(method).lab_factor or _factor(target, train)
+    written = method_config(method, ExtensionSpec(original=train, factor=factor, rotary_dim=rotary_dim, theta=theta,
+                                                  target=target))
     snippet: dict[str, Any] = {}
     if written.max_position_embeddings != (train if lmax is None else lmax):
         snippet["max_position_embeddings"] = written.max_position_embeddings
@@ -248,6 +251,11 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
                                 f"rope_parameters), sized from the trained context {train_context:,} (`posenc "
                                 "extend CONFIG --method ... --replace` does the same); the model was trained with "
                                 "the old scaling, so its behaviour inside the range that scaling served changes too")
+        if config is not None and rec.config_snippet.get("rope_parameters"):
+            _per_layer_type(rec, config)
+            _family_rope_types(rec, config, train_context, target_context,
+                               10_000.0 if rope_theta is None else float(rope_theta), entry["max_position_embeddings"],
+                               entry["rotary_dim"])
         if rope_theta is None and rec.config_snippet:  # never a made-up base for an existing model
             rec.config_snippet["rope_parameters"]["rope_theta"] = THETA_PLACEHOLDER
             rec.parameters["rope_theta"] = THETA_PLACEHOLDER
@@ -255,6 +263,50 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
                              "config.json` or `--rope-theta` fills it in; `posenc inspect config.json` shows it)")
     rec.inputs = inputs
     return rec
+
+
+def _family_rope_types(rec: Recommendation, config, L: int, T: int, theta: float, lmax, rotary_dim: int) -> None:
+    """A family whose transformers config accepts only some rope types (Phi-3: longrope): a snippet of another type
+    would not load, so the recommendation becomes LongRoPE's (unsearched factors; ``posenc search`` finds better)."""
+    from posenc.tools._io import read_config
+    from posenc.tools.extend import ACCEPTED_ROPE_TYPES
+
+    model_type = read_config(config).get("model_type")
+    accepted = ACCEPTED_ROPE_TYPES.get(model_type)
+    rope_type = rec.config_snippet["rope_parameters"].get("rope_type")
+    if accepted is None or rope_type in accepted:
+        return
+    rec.method = f"longrope (model_type {model_type} accepts rope_type {' or '.join(accepted)} only)"
+    rec.config_snippet = _snippet("longrope", L, T, theta, lmax, rotary_dim)
+    rec.parameters = {**rec.config_snippet["rope_parameters"],
+                      **{k: v for k, v in rec.config_snippet.items() if k != "rope_parameters"}}
+    rec.reasons = [f"transformers' config class for {model_type} refuses rope_type {rope_type!r} (it accepts "
+                   f"{' or '.join(accepted)}), so the {rope_type} recommendation for other RoPE models cannot be "
+                   "written for this one; Phi-3's own long-context checkpoints use LongRoPE (Ding et al. 2024)",
+                   EVIDENCE["lab_longrope"]]
+    rec.notes = [n for n in rec.notes if "`posenc extend CONFIG" not in n and rope_type not in n
+                 and not n.startswith("factor 1:")]
+    rec.notes.insert(0, "the snippet is LongRoPE with posenc extend's unsearched factors; `posenc search MODEL_DIR` "
+                        "finds factors for the model, and `posenc extend CONFIG --method longrope` (with --replace "
+                        "when the config has a scaling already) writes the unsearched ones")
+
+
+def _per_layer_type(rec: Recommendation, config) -> None:
+    """A config with RoPE parameters per layer type (Gemma 3: local and global layers): the snippet rescales the
+    full-attention entry only and keeps the others, in the nested form transformers reads (a flat rope_parameters
+    would be taken for neither, and the full-attention layers would stay plain RoPE)."""
+    from posenc.rope.config import layer_type_parameters, rope_section
+    from posenc.tools._io import read_config
+
+    entries = layer_type_parameters(rope_section(read_config(config)))
+    if entries is None:
+        return
+    flat = rec.config_snippet["rope_parameters"]
+    rec.config_snippet["rope_parameters"] = {**{k: v for k, v in entries.items()}, "full_attention": flat}
+    rec.notes = [n for n in rec.notes if "`posenc extend CONFIG" not in n]
+    rec.notes.append("this config has RoPE parameters per layer type: the snippet rescales the full_attention "
+                     "(global) entry and keeps the others as they are; merge it by hand (`posenc extend` refuses "
+                     "per-layer-type configs)")
 
 
 def _covers(ex: dict[str, Any], T: int, budget: str) -> bool:
@@ -410,7 +462,8 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                          "(`posenc lab` passkey task) before trusting it")
         return Recommendation(
             scheme="RoPE (existing model)", method="dynamic NTK (zero-shot)",
-            parameters={"rope_type": "dynamic", "factor": s, "max_position_embeddings": L, "rope_theta": theta},
+            parameters={"rope_type": "dynamic", "factor": get_method("dynamic").lab_factor or s,
+                        "max_position_embeddings": L, "rope_theta": theta},
             reasons=reasons,
             alternatives=[
                 _alt("static NTK-aware (raise rope_theta)", "zero-shot works (lab default preset: 8.78 at 4x vs "
@@ -427,7 +480,10 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
             config_snippet=_snippet("dynamic", L, T, theta, lmax),
             notes=notes + ["keep max_position_embeddings at the original context: dynamic NTK scales relative to "
                            "it; cache keys before rotation for exactness under a KV cache (docs/scaling.md, the "
-                           "Rotary module)"])
+                           "Rotary module)",
+                           f"factor 1: past the original context, a length L gets static NTK's base for exactly "
+                           f"L / {L} (what the lab numbers above measured); transformers' rule with factor {s:g} "
+                           f"interpolates more: {s * s - s + 1:g}x instead of {s:g}x at the target"])
     # budget == "finetune"
     reasons = [EVIDENCE["yarn"], EVIDENCE["pi"], EVIDENCE["lab_finetune"],
                "YaRN interpolates only the low-frequency pairs (wavelength > original context) and keeps the "

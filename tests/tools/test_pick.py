@@ -84,7 +84,10 @@ def test_laws(target, train, budget, task, extrapolate):
         assert rec.method == "none" and rec.config_snippet == {}
     rp = rec.config_snippet.get("rope_parameters")
     if rp and "factor" in rp:
-        assert rp["factor"] == pytest.approx(target / train, rel=1e-5) and rp["factor"] > 1
+        if rp["rope_type"] == "dynamic":     # recommended at the factor the lab measured: 1 (static NTK's base for
+            assert rp["factor"] == 1.0       # exactly L / L0 at every length L)
+        else:
+            assert rp["factor"] == pytest.approx(target / train, rel=1e-5) and rp["factor"] > 1
         # an existing model's base is not guessed: without --rope-theta the snippet holds a visible placeholder
         assert (rp["rope_theta"] == THETA_PLACEHOLDER) == (budget != "pretrain")
         snippet = {**rec.config_snippet, "rope_parameters": {**rp, "rope_theta": 10000.0}}
@@ -212,7 +215,7 @@ def test_config_whose_scaling_falls_short_is_replaced_from_its_original_context(
     zero = pick(262144, config=LLAMA31)
     assert "replacing the config's llama3 scaling" in zero.method
     assert zero.config_snippet["max_position_embeddings"] == 8192
-    assert zero.config_snippet["rope_parameters"]["factor"] == 32.0
+    assert zero.config_snippet["rope_parameters"]["factor"] == 1.0 and "993x instead of 32x" in " ".join(zero.notes)
 
 
 def test_config_with_dynamic_ntk_covers_zero_shot_and_is_replaced_for_a_fine_tune():
@@ -239,3 +242,27 @@ def test_explicit_rope_theta_is_used_for_pretraining(capsys):
     assert alibi.scheme == "ALiBi" and any("rope_theta 5 (given) is not used" in n for n in alibi.notes)
     # an explicit theta also wins over the config's
     assert pick(262144, config=LLAMA31, rope_theta=1e6).config_snippet["rope_parameters"]["rope_theta"] == 1e6
+
+
+def test_per_layer_type_config_gets_a_nested_snippet_transformers_applies(tmp_path):
+    """Gemma 3: the snippet rescales the full-attention entry and keeps the local one; merged into the file,
+    transformers' own Gemma 3 rotary applies YaRN to the global layers only."""
+    transformers = pytest.importorskip("transformers", minversion="5.0")
+    path = Path(__file__).parent.parent / "fixtures" / "configs" / "gemma-3-1b-it.json"
+    rec = pick(131072, budget="finetune", config=path)
+    rp = rec.config_snippet["rope_parameters"]
+    assert rp["full_attention"]["rope_type"] == "yarn" and rp["sliding_attention"]["rope_type"] == "default"
+    assert not any("posenc extend CONFIG" in n for n in rec.notes)
+    merged = {**json.loads(path.read_text()), **rec.config_snippet}
+    (tmp_path / "config.json").write_text(json.dumps(merged))
+    config = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    assert config.rope_parameters["full_attention"]["rope_type"] == "yarn"
+    assert config.rope_parameters["sliding_attention"]["rope_type"] == "default"
+
+
+def test_phi3_family_is_recommended_the_rope_type_its_config_accepts():
+    path = Path(__file__).parent.parent / "fixtures" / "configs" / "phi-4.json"
+    for budget in ("none", "finetune"):
+        rec = pick(65536, budget=budget, config=path)
+        assert rec.config_snippet["rope_parameters"]["rope_type"] == "longrope", budget
+        assert "accepts rope_type default or longrope only" in rec.method
