@@ -213,6 +213,10 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
     train_context default to what it says (``config_context``).
     """
     existing, theta_from = None, "given"
+    if config is not None and budget != "pretrain":
+        kept = _non_rope_model(config, target_context, train_context, budget, task, extrapolation_needed)
+        if kept is not None:
+            return kept
     if config is not None:   # explicit arguments win over what the config says
         entry = _config_rope(config)
         if rope_theta is None:
@@ -307,6 +311,30 @@ def _per_layer_type(rec: Recommendation, config) -> None:
     rec.notes.append("this config has RoPE parameters per layer type: the snippet rescales the full_attention "
                      "(global) entry and keeps the others as they are; merge it by hand (`posenc extend` refuses "
                      "per-layer-type configs)")
+
+
+def _non_rope_model(config, target: int, train: int | None, budget: str, task: str,
+                    extrapolate: bool) -> Recommendation | None:
+    """An existing ALiBi model needs no change to run longer: the recommendation says so (None for other configs,
+    which ``_config_rope`` reads or refuses by name)."""
+    from posenc.tools.inspect import inspect_config
+
+    report = inspect_config(config)
+    if report["scheme"] != "alibi":
+        return None
+    notes = [EVIDENCE["alibi_sliding"] + " -- check long-range retrieval (`posenc lab` passkey task) before "
+             "trusting it"] if task in ("retrieval", "code") else []
+    return Recommendation(
+        scheme="ALiBi (existing model)", method="none",
+        parameters={"target_context": target, "budget": budget},
+        reasons=["ALiBi has no position embedding to rescale: its -m*distance bias is defined at every distance, so "
+                 "the model runs past its trained length as it is; " + EVIDENCE["alibi_table2"]],
+        alternatives=[_alt("a RoPE extension method", "there are no rotary frequencies to rescale")],
+        config_snippet={},
+        notes=notes + ["raise the serving length in the config if it caps inputs (MPT's max_seq_len; BLOOM has no "
+                       "cap)"],
+        inputs={"target_context": target, "train_context": train, "budget": budget, "task": task,
+                "extrapolation_needed": bool(extrapolate), "rope_theta": None, "existing_scaling": None})
 
 
 def _covers(ex: dict[str, Any], T: int, budget: str) -> bool:
@@ -527,8 +555,9 @@ def format_recommendation(rec: Recommendation) -> str:
     i = rec.inputs
     head = f"Recommendation: {rec.scheme} -- {rec.method}"
     if i:
-        ratio = i["target_context"] / i["train_context"]
-        head += (f"\n  for {i['target_context']} tokens (trained at {i['train_context']}, x{ratio:g}), "
+        trained = ("" if i["train_context"] is None else
+                   f" (trained at {i['train_context']}, x{i['target_context'] / i['train_context']:g})")
+        head += (f"\n  for {i['target_context']} tokens{trained}, "
                  f"budget {i['budget']}, task {i['task']}"
                  + (", extrapolation needed" if i["extrapolation_needed"] else ""))
         if i.get("existing_scaling"):

@@ -266,3 +266,12 @@ def test_phi3_family_is_recommended_the_rope_type_its_config_accepts():
         rec = pick(65536, budget=budget, config=path)
         assert rec.config_snippet["rope_parameters"]["rope_type"] == "longrope", budget
         assert "accepts rope_type default or longrope only" in rec.method
+
+
+def test_an_alibi_config_needs_no_extension(capsys):
+    path = Path(__file__).parent.parent / "fixtures" / "configs" / "mpt-7b.json"
+    rec = pick(8192, config=path)
+    assert rec.scheme == "ALiBi (existing model)" and rec.method == "none" and rec.config_snippet == {}
+    assert all(CITATION.search(r) for r in rec.reasons)
+    assert main(["pick", "--config", str(path), "--target-context", "8192"]) == 0
+    assert "ALiBi (existing model) -- none" in capsys.readouterr().out
