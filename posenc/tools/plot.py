@@ -25,7 +25,7 @@ import torch
 
 from posenc._atomic import atomic_path
 from posenc._validate import check_float, check_int, even_int, positive_float
-from posenc.errors import PosencError
+from posenc.errors import ConfigError, PosencError
 from posenc.extensions import METHODS
 from posenc.tools.contexts import MAX_CONTEXT, claimed_context, original_context
 
@@ -185,10 +185,24 @@ def _rope_mapping(config, *, head_dim: int | None = None, theta: float | None = 
     lmax = max_position_embeddings
     if lmax is None and original is not None:
         lmax = int(original * (factor or 1)) if rope_type != "dynamic" else original
+    _check_required_lengths(rope_type, original, lmax)
     mapping = {"head_dim": _positive_int(head_dim, "head_dim", MAX_DIM), "rope_parameters": params}
     if lmax is not None:
         mapping["max_position_embeddings"] = lmax
     return mapping
+
+
+def _check_required_lengths(rope_type: str, original, lmax) -> None:
+    """The lengths a rope type needs, named by the flags that give them (not by the config keys they fill)."""
+    from posenc.rope.registry import rope_type_function
+
+    required = rope_type_function(rope_type).required_keys
+    if "original_max_position_embeddings" in required and original is None:
+        raise ConfigError(f"--original: rope type {rope_type} needs the original (trained) context, e.g. --original "
+                          "4096")
+    if "max_position_embeddings" in required and lmax is None:
+        raise ConfigError(f"--original or --max-position-embeddings: rope type {rope_type} needs the context its "
+                          "length rule starts from")
 
 
 def _takes_factor(rope_type: str) -> bool:

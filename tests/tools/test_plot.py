@@ -156,6 +156,9 @@ def test_cli_sinusoidal_prints_measured_widths(tmp_path, capsys):
     (["rope", "--config", "{tmp}/none.json", "--out", "{tmp}/x.png"], "not found"),
     (["rope", "--config", str(CONFIGS / "bloom-560m.json"), "--out", "{tmp}/x.png"], "does not use RoPE"),
     (["scaling", "--factor", "1", "--out", "{tmp}/x.png"], "factor"),
+    (["rope", "--rope-type", "yarn", "--factor", "4", "--out", "{tmp}/x.png"], "--original: rope type yarn needs"),
+    (["rope", "--rope-type", "dynamic", "--factor", "4", "--out", "{tmp}/x.png"],
+     "--original or --max-position-embeddings: rope type dynamic needs"),
 ])
 def test_cli_bad_input_one_line(tmp_path, capsys, argv, needle):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
