@@ -280,7 +280,8 @@ def _family_rope_types(rec: Recommendation, config, L: int, T: int, theta: float
     rope_type = rec.config_snippet["rope_parameters"].get("rope_type")
     if accepted is None or rope_type in accepted:
         return
-    rec.method = f"longrope (model_type {model_type} accepts rope_type {' or '.join(accepted)} only)"
+    replacing = rec.method[rec.method.find(", replacing"):] if ", replacing" in rec.method else ""
+    rec.method = f"longrope (model_type {model_type} accepts rope_type {' or '.join(accepted)} only){replacing}"
     rec.config_snippet = _snippet("longrope", L, T, theta, lmax, rotary_dim)
     rec.parameters = {**rec.config_snippet["rope_parameters"],
                       **{k: v for k, v in rec.config_snippet.items() if k != "rope_parameters"}}

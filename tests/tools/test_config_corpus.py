@@ -17,7 +17,7 @@ import torch
 from posenc import rope_parameters
 from posenc.errors import PosencError
 from posenc.rope.config import rope_layer_types, rope_section
-from posenc.tools.extend import extend_config
+from posenc.tools.extend import ACCEPTED_ROPE_TYPES, extend_config
 from posenc.tools.inspect import format_report, inspect_config
 from posenc.tools.pick import config_context, pick
 
@@ -203,23 +203,28 @@ def test_extend_extends_or_refuses_with_the_reason(name):
             with pytest.raises(PosencError, match="extend needs a RoPE config"):
                 extend_config(path, target, "yarn")
             return
+        method = "yarn"
+        if load(name).get("model_type") in ACCEPTED_ROPE_TYPES:      # Phi-3: its config class takes longrope only
+            with pytest.raises(PosencError, match="accepts rope_type default or longrope only"):
+                extend_config(path, target, "yarn", replace=True)
+            method = "longrope"
         if "extend" in extra:
             with pytest.raises(PosencError, match=extra["extend"]):
-                extend_config(path, target, "yarn")
+                extend_config(path, target, method)
             if "already uses" not in extra["extend"]:
                 return
-            result = extend_config(path, target, "yarn", replace=True)   # --replace swaps it, from L0
+            result = extend_config(path, target, method, replace=True)   # --replace swaps it, from L0
         else:
-            result = extend_config(path, target, "yarn")
+            result = extend_config(path, target, method)
         new = result.config
         text = rope_section(new)
         params = text["rope_parameters"]
-        assert params["rope_type"] == "yarn" and params["factor"] == pytest.approx(target / original)
+        assert params["rope_type"] == method and params["factor"] == pytest.approx(target / original)
         assert params["original_max_position_embeddings"] == original
         assert (params.get("mrope_section") and sum(params["mrope_section"])) == (extra.get("axes") and
                                                                                     sum(extra["axes"]))
         again = inspect_config(new)
-        assert [e["rope_type"] for e in again["rope"]] == ["yarn"] and again["rope"][0]["claimed_context"] == target
+        assert [e["rope_type"] for e in again["rope"]] == [method] and again["rope"][0]["claimed_context"] == target
         if "vision" in extra:                                   # the vision tower is left as it was
             assert new["vision_config"] == load(name)["vision_config"]
 
@@ -236,8 +241,10 @@ def test_pick_reads_theta_and_length(name):
     # past what the config claims, an extension is needed: sized from the original context, replacing (and
     # saying so) a scaling the config already has
     rec = pick(2 * (claimed or original), config=CONFIGS / f"{name}.json", budget="finetune")
-    assert rec.config_snippet["rope_parameters"]["rope_theta"] == theta
-    assert rec.config_snippet["rope_parameters"]["original_max_position_embeddings"] == (original or claimed)
+    snippet = rec.config_snippet["rope_parameters"]
+    snippet = snippet.get("full_attention", snippet)      # per-layer-type configs: the global entry is rescaled
+    assert snippet["rope_theta"] == theta
+    assert snippet["original_max_position_embeddings"] == (original or claimed)
     rope_type = (entries.get(None) or entries["full_attention"])[0]
     assert ("replacing the config's" in rec.method) == (rope_type != "default"), rec.method
     if claimed and original and claimed > original:     # within the claimed context the config's scaling serves
