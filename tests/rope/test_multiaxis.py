@@ -322,12 +322,10 @@ _SEGMENT = st.one_of(st.tuples(st.just(0), st.integers(1, 4)),
                                                                   st.integers(1, 3))))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
-@given(rows=st.lists(st.lists(_SEGMENT, min_size=1, max_size=5), min_size=1, max_size=3),
-       family=st.sampled_from(["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]), pad=st.integers(0, 3),
-       seconds=st.lists(st.sampled_from([0.5, 1.0, 2.0, 0.1]), min_size=8, max_size=8))
-def test_mrope_position_ids_match_get_rope_index(rows, family, pad, seconds):
-    merge = 2
+def _mm_batch(rows, merge: int, *, frames_apart: bool = False, end_token: bool = False, pad: int = 0):
+    """Token types for drawn segments (text runs, image / video grids after a vision-start token; Qwen3-VL:
+    timestamp text before every frame), left-padded as generation pads -> (token_types, mask, image grid, video
+    grid, each row's unpadded types)."""
     types_rows, images, videos = [], [], []
     for segments in rows:
         row = []
@@ -339,19 +337,31 @@ def test_mrope_position_ids_match_get_rope_index(rows, family, pad, seconds):
             t = 1 if modality == 1 else t
             row.append(0)                                    # <|vision_start|>: grids never touch
             (images if modality == 1 else videos).append([t, h * merge, w * merge])
-            if modality == 2 and family == "qwen3_vl":       # Qwen3-VL: timestamp text before every frame
+            if modality == 2 and frames_apart:
                 row += ([0] + [2] * (h * w)) * t
             else:
                 row += [modality] * (t * h * w)
+            row += [0] if end_token else []                  # <|vision_end|>
         types_rows.append(row)
     length = max(map(len, types_rows)) + pad
     token_types = torch.zeros(len(rows), length, dtype=torch.long)
     mask = torch.zeros(len(rows), length, dtype=torch.long)
-    for b, row in enumerate(types_rows):                    # left padding, as generation uses
+    for b, row in enumerate(types_rows):
         token_types[b, length - len(row):] = torch.tensor(row)
         mask[b, length - len(row):] = 1
-    image_grid = torch.tensor(images) if images else None
-    video_grid = torch.tensor(videos) if videos else None
+    return (token_types, mask, torch.tensor(images) if images else None, torch.tensor(videos) if videos else None,
+            types_rows)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(rows=st.lists(st.lists(_SEGMENT, min_size=1, max_size=5), min_size=1, max_size=3),
+       family=st.sampled_from(["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]), pad=st.integers(0, 3),
+       seconds=st.lists(st.sampled_from([0.5, 1.0, 2.0, 0.1]), min_size=8, max_size=8))
+def test_mrope_position_ids_match_get_rope_index(rows, family, pad, seconds):
+    merge = 2
+    token_types, mask, image_grid, video_grid, _ = _mm_batch(rows, merge, frames_apart=family == "qwen3_vl",
+                                                             pad=pad)
+    videos = video_grid.tolist() if video_grid is not None else []
     kwargs = {}
     if family == "qwen2_5_vl" and videos:
         kwargs = {"second_per_grid_ts": torch.tensor(seconds[:len(videos)])}
@@ -381,26 +391,10 @@ def test_after_each_image_or_video_qwens_rule_continues_past_every_earlier_posit
     """after_vision="max" (Qwen's reference get_rope_index): every text token sits one past the largest position
     before it, so text never reuses a video's temporal positions, and generation (max + 1 = length + delta)
     continues right after the last token."""
-    merge, types_rows, images, videos = 2, [], [], []
-    for segments in rows:
-        row = []
-        for modality, size in segments:
-            if modality == 0:
-                row += [0] * size
-                continue
-            t, h, w = size
-            t = 1 if modality == 1 else t
-            (images if modality == 1 else videos).append([t, h * merge, w * merge])
-            row += [0] + [modality] * (t * h * w) + [0]              # vision start / end tokens
-        types_rows.append(row)
-    length = max(map(len, types_rows))
-    token_types = torch.zeros(len(rows), length, dtype=torch.long)
-    mask = torch.zeros(len(rows), length, dtype=torch.long)
-    for b, row in enumerate(types_rows):
-        token_types[b, length - len(row):] = torch.tensor(row)
-        mask[b, length - len(row):] = 1
-    positions, deltas = mrope_position_ids(token_types, torch.tensor(images) if images else None,
-                                           torch.tensor(videos) if videos else None, spatial_merge_size=merge,
+    merge = 2
+    token_types, mask, images, videos, types_rows = _mm_batch(rows, merge, end_token=True)
+    length = token_types.shape[1]
+    positions, deltas = mrope_position_ids(token_types, images, videos, spatial_merge_size=merge,
                                            attention_mask=mask, tokens_per_second=interval)
     for b, row in enumerate(types_rows):
         p = positions[:, b, length - len(row):]
