@@ -130,10 +130,15 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     """Cancel the queued units and end the running workers (the executor keeps them in ``_processes``, which
     shutdown clears: read it first)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         if process.is_alive():
             process.terminate()
+    for process in processes:
+        process.join(timeout=10)
+    if manager is not None:      # it sees the ended workers, releases the queues (no semaphore left behind)
+        manager.join(timeout=10)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -152,6 +157,11 @@ def _die_with_parent(parent: int) -> None:
         pass
     if os.getppid() != parent:      # the parent died before the signal was armed
         os._exit(1)
+    try:      # tqdm would make a multiprocessing lock (a semaphore the resource tracker reports as leaked when
+        from tqdm import tqdm         # a stopped worker cannot release it); a worker's bars are its own
+        tqdm.set_lock(threading.RLock())
+    except ImportError:
+        pass
 
     def watch():
         while os.getppid() == parent:
