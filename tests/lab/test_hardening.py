@@ -422,3 +422,29 @@ def test_settings_nproc_cannot_take_are_refused_before_any_process_starts(flags,
     monkeypatch.setattr(launch, "relaunch", lambda args: pytest.fail("relaunched before the check"))
     assert main(["lab", *TINY, *flags, "--nproc", "2", "--out", str(tmp_path / "run")]) == 2
     assert match in one_line_error(capsys, "lab")
+
+
+def test_a_criterion_run_records_its_bar_in_the_checkpoint_settings(tmp_path, monkeypatch):
+    """--train-until and --check-every decide where training stops, so a checkpoint carries them: a --resume with
+    another bar is refused instead of reporting the old bar's model under the new one."""
+    import posenc.lab.run as R
+
+    seen = []
+    real = R.train
+
+    def spy(model, sampler, settings, **kw):
+        seen.append(kw["run_settings"])
+        return real(model, sampler, settings, **kw)
+
+    monkeypatch.setattr(R, "train", spy)
+    base = dict(tasks=["copy"], schemes=["rope"], d_model=16, n_layers=1, n_heads=2, steps=4, warmup=1,
+                threads=1, extensions=[], out=str(tmp_path), copy_examples=8)
+    run_lab(get_preset("copy", **base, train_until=0.9, check_every=2), progress=False, log=lambda *_: None)
+    assert seen[-1]["train_until"] == 0.9 and seen[-1]["check_every"] == 2
+    from posenc.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="was written with different settings"):
+        run_lab(get_preset("copy", **base, train_until=0.5, check_every=2), resume=True, progress=False,
+                log=lambda *_: None)
+    seen.clear()
+    run_lab(get_preset("copy", **base, train_until=0.0), progress=False, log=lambda *_: None)
+    assert "train_until" not in seen[-1]          # off: absent, so checkpoints from before the setting resume
