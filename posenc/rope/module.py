@@ -258,7 +258,7 @@ class Rotary(Float32Buffers):
         batch, seq = qs[0], qs[2]
         if batch != ks[0] or seq != ks[2]:
             raise PosencError(f"q and k must share batch and seq; got q {list(qs)}, k {list(ks)}")
-        positions = as_positions(positions, q.device)
+        positions = given = as_positions(positions, q.device)
         multi = self.n_axes != 1             # (= self.axes is not None, without nn.Module's buffer lookup: hot path)
         if multi:
             positions = as_axis_positions(positions, self.n_axes)
@@ -266,8 +266,11 @@ class Rotary(Float32Buffers):
         per_axis = ps[1:] if multi else ps
         if not (per_axis == (seq,) or per_axis == (batch, seq) or per_axis == (1, seq)):
             lead = f"[{self.n_axes}, ...] with ... " if multi else ""
+            hint = (f"; a 2-D tensor reads as text positions [batch, seq]: pass {self.n_axes}-axis positions as "
+                    f"[{self.n_axes}, batch, seq] (e.g. positions[:, None] for batch 1)"
+                    if multi and given.dim() == 2 and given.shape[0] == self.n_axes else "")
             raise PosencError(f"positions must have shape {lead}[seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
-                              f"got {list(ps)}")
+                              f"got {list(given.shape)}{hint}")
         if (not multi and self.seq_len_rule is None and q.is_cuda and not positions.is_floating_point()
                 and q.dtype == k.dtype and k.device == q.device):
             # CUDA: the kernel computes cos/sin of these positions itself (float64 angles): no table, no host sync (so

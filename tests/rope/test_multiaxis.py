@@ -167,6 +167,8 @@ def test_mrope_positions_follow_the_length_rule():
 @pytest.mark.parametrize("positions, match", [
     (torch.zeros(2, 1, 5, dtype=torch.long), r"\[3, batch, seq\]"),
     (torch.zeros(3, 2, 4, dtype=torch.long), r"\[3, \.\.\.\] with \.\.\. \[seq\]"),
+    (torch.zeros(3, 5, dtype=torch.long), r"got \[3, 5\]; a 2-D tensor reads as text positions \[batch, seq\]: "
+                                          r"pass 3-axis positions as \[3, batch, seq\]"),
 ])
 def test_bad_mrope_positions(positions, match):
     rot = Rotary(32, layout="half", mrope_section=[4, 6, 6])
