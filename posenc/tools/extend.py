@@ -34,7 +34,7 @@ from typing import Any, Mapping
 from posenc._validate import check_choice, check_float, check_int
 from posenc.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
-from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, load_rope_config
+from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
 from posenc.tools.contexts import MAX_CONTEXT, original_context
@@ -130,7 +130,8 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     spec = ExtensionSpec(original=original, factor=s, rotary_dim=rc.rotary_dim, theta=rc.theta,
                          target=target_length, head_dim=rc.head_dim)
     options = {k: v for k, v in (("short_factor", short_factor), ("long_factor", long_factor)) if v is not None}
-    written = transformers_config(method, method_config(method, spec, **options), spec)
+    own = method_config(method, spec, **options)         # posenc's registry form (the bands below read it)
+    written = transformers_config(method, own, spec)
     scaling, notes = dict(written.scaling), list(written.notes)
     accepted = ACCEPTED_ROPE_TYPES.get(cfg.get("model_type"))
     if accepted is not None and scaling["rope_type"] not in accepted:
@@ -179,7 +180,14 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         warnings.simplefilter("always")
         new_rc = load_rope_config(new)
         inv, attention = rope_parameters(new_rc, target_length)
-        bands = frequency_bands(new_rc, target_length)
+        bands_rc = new_rc
+        if own.scaling["rope_type"] != new_rc.rope_type:    # written in another form (ntk as a raised base): the
+            bands_rc = RopeConfig(                         # bands are the method's against the original base
+                rope_type=own.scaling["rope_type"], theta=rc.theta, head_dim=rc.head_dim, rotary_dim=rc.rotary_dim,
+                partial_rotary_factor=rc.partial_rotary_factor, max_position_embeddings=own.max_position_embeddings,
+                original_max_position_embeddings=original,
+                params={k: v for k, v in own.scaling.items() if k != "rope_type"})
+        bands = frequency_bands(bands_rc, target_length)
     new_warnings = [str(w.message) for w in caught if str(w.message) not in old_warnings]
     if new_rc.rope_type != scaling["rope_type"] or not bool(inv.isfinite().all()):
         raise ConfigError(f"internal check failed: the written config reads back as {new_rc.rope_type!r}")

@@ -69,6 +69,14 @@ def test_ntk_theta_is_the_closed_form(tmp_path):
     assert theta == pytest.approx(1e6 * s ** (d / (d - 2)), rel=1e-6)     # lesson: base * s^(d/(d-2))
     assert result.config["rope_parameters"]["rope_type"] == "default"
     assert any("no 'ntk' rope_type" in n for n in result.notes)
+    # the check's bands are NTK's against the original base (as `posenc plot scaling` counts them), not the written
+    # default type's against its own raised base (which would call every pair kept)
+    from posenc.rope.scaling import frequency_bands
+
+    want = frequency_bands({"head_dim": d, "rope_theta": 1e6, "max_position_embeddings": 131072,
+                            "rope_parameters": {"rope_type": "ntk", "factor": s, "rope_theta": 1e6}}, 131072)
+    assert {k: result.check["bands"][k] for k in ("kept", "blended", "interpolated")} == \
+        {k: want[k] for k in ("kept", "blended", "interpolated")} and want["kept"] < d // 2
 
 
 def test_yarn_parameters():
