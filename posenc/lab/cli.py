@@ -207,6 +207,7 @@ def check_processes(cfg, nproc: int) -> None:
     (no --jobs), and every training batch -- pre-training and each fine-tune -- at least one row per process, so
     that N processes train on the very batches one process trains on."""
     from posenc.lab.distributed import check_batch_size
+    from posenc.lab.run import finetune_length, finetune_rows
 
     if nproc <= 1:
         return
@@ -215,8 +216,8 @@ def check_processes(cfg, nproc: int) -> None:
                           "with --nproc")
     check_batch_size(cfg.batch_size, nproc)
     if cfg.finetune_steps and any(s in cfg.schemes for s in cfg.extended_schemes):
-        length = cfg.finetune_len or max(cfg.eval_lens)
-        rows = cfg.batch_size * cfg.train_len // length
+        length = finetune_length(cfg)
+        rows = finetune_rows(cfg, length)
         if rows < nproc:
             raise ConfigError(f"finetune_len: a fine-tune at {length} tokens takes batch_size x train_len // "
                               f"{length} = {rows} rows per step, fewer than the {nproc} processes (one process "

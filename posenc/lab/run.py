@@ -366,10 +366,20 @@ def evaluate(run: Run, ev: Evaluation) -> list[dict]:
         return get_task(ev.task).evaluate(ev)
 
 
+def finetune_length(cfg: LabConfig) -> int:
+    """The length a full-length fine-tune trains at: --finetune-len, else the longest evaluation length."""
+    return cfg.finetune_len or max(cfg.eval_lens)
+
+
+def finetune_rows(cfg: LabConfig, length: int) -> int:
+    """Rows of the pre-training tokens per step (batch_size x train_len) at ``length``."""
+    return cfg.batch_size * cfg.train_len // length
+
+
 def finetune_batch(cfg: LabConfig, length: int) -> int:
     """Sequences per fine-tuning step at ``length``: the pre-training tokens per step (batch_size x train_len),
     at least one row per rank. Full-length and PoSE fine-tunes thus see about the same tokens per step."""
-    return max(current().world_size, cfg.batch_size * cfg.train_len // length)
+    return max(current().world_size, finetune_rows(cfg, length))
 
 
 def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: int, curves: dict,
@@ -421,7 +431,7 @@ def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method:
     cfg = run.cfg
     m = get_method(method) if method != "none" else None
     pose = m is not None and m.train_positions is not None
-    length = cfg.train_len if pose else (cfg.finetune_len or max(cfg.eval_lens))
+    length = cfg.train_len if pose else finetune_length(cfg)
     batch = finetune_batch(cfg, length)
     ft = copy.deepcopy(model)
     if config is not None:

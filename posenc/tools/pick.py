@@ -256,8 +256,11 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
                                 "extend CONFIG --method ... --replace` does the same); the model was trained with "
                                 "the old scaling, so its behaviour inside the range that scaling served changes too")
         if config is not None and rec.config_snippet.get("rope_parameters"):
-            _per_layer_type(rec, config)
-            _family_rope_types(rec, config, train_context, target_context,
+            from posenc.tools._io import read_config
+
+            raw = read_config(config)           # (read once for both family rules)
+            _per_layer_type(rec, raw)
+            _family_rope_types(rec, raw, train_context, target_context,
                                10_000.0 if rope_theta is None else float(rope_theta), entry["max_position_embeddings"],
                                entry["rotary_dim"])
         if rope_theta is None and rec.config_snippet:  # never a made-up base for an existing model
@@ -269,13 +272,13 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
     return rec
 
 
-def _family_rope_types(rec: Recommendation, config, L: int, T: int, theta: float, lmax, rotary_dim: int) -> None:
+def _family_rope_types(rec: Recommendation, config: dict, L: int, T: int, theta: float, lmax,
+                       rotary_dim: int) -> None:
     """A family whose transformers config accepts only some rope types (Phi-3: longrope): a snippet of another type
     would not load, so the recommendation becomes LongRoPE's (unsearched factors; ``posenc search`` finds better)."""
-    from posenc.tools._io import read_config
     from posenc.tools.extend import ACCEPTED_ROPE_TYPES
 
-    model_type = read_config(config).get("model_type")
+    model_type = config.get("model_type")
     accepted = ACCEPTED_ROPE_TYPES.get(model_type)
     rope_type = rec.config_snippet["rope_parameters"].get("rope_type")
     if accepted is None or rope_type in accepted:
@@ -296,14 +299,13 @@ def _family_rope_types(rec: Recommendation, config, L: int, T: int, theta: float
                         "when the config has a scaling already) writes the unsearched ones")
 
 
-def _per_layer_type(rec: Recommendation, config) -> None:
+def _per_layer_type(rec: Recommendation, config: dict) -> None:
     """A config with RoPE parameters per layer type (Gemma 3: local and global layers): the snippet rescales the
     full-attention entry only and keeps the others, in the nested form transformers reads (a flat rope_parameters
     would be taken for neither, and the full-attention layers would stay plain RoPE)."""
     from posenc.rope.config import layer_type_parameters, rope_section
-    from posenc.tools._io import read_config
 
-    entries = layer_type_parameters(rope_section(read_config(config)))
+    entries = layer_type_parameters(rope_section(config))
     if entries is None:
         return
     flat = rec.config_snippet["rope_parameters"]
