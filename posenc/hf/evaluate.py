@@ -28,6 +28,8 @@ columns = length) are printed; with ``--out DIR`` also results.json ({meta, resu
 {task, scheme, scaling, finetuned, train_len, eval_len, metric, value, std, seed, protocol, depth} and per-position
 losses), report.md and the lab's plots (posenc.lab.report through posenc.hf.lab_bridge), written atomically; a
 folder already holding results.json or report.md (a lab run, an earlier eval) is replaced only with ``--overwrite``.
+Each finished method's rows are saved at once; ``--resume`` continues an interrupted eval in --out with the same
+arguments (the settings, model files and data are checked), keeping the methods it finished.
 
 Checked before anything long runs: the flags (lists without empty entries, --factor only with an extension method,
 --device present on this machine, an --attn-implementation transformers knows, --threads), the model folder
@@ -72,6 +74,16 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 # files AutoTokenizer builds a tokenizer from (the fast tokenizer, its config, BPE / WordPiece / SentencePiece vocabs)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tekken.json")
+
+def model_files(folder: str | os.PathLike, tokenizer: bool = False) -> list[Path]:
+    """The files of a local model folder its outputs depend on, sorted: config.json, the weights (shards and their
+    index) and, with ``tokenizer``, the tokenizer files. What a resumable record fingerprints (an interrupted eval,
+    a LongRoPE search checkpoint)."""
+    return sorted(p for p in Path(folder).iterdir() if p.is_file() and (
+        p.name == "config.json" or p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FILES
+        or (tokenizer and p.name in TOKENIZER_FILES)))
+
+
 # model_type -> config attribute holding a hard position limit (a learned table, MPT's ALiBi tensor)
 _POSITION_LIMITS = {"gpt2": "n_positions", "mpt": "max_seq_len", "gpt_neo": "max_position_embeddings",
                     "opt": "max_position_embeddings", "gpt_bigcode": "n_positions", "biogpt": "max_position_embeddings"}
@@ -238,7 +250,8 @@ def check_out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Pat
         what = "a lab run or an earlier eval"
         try:
             if json.loads((out / "results.json").read_text(encoding="utf-8"))["meta"].get("incomplete"):
-                what = "an interrupted eval, which does not resume: --overwrite runs every method again"
+                what = ("an interrupted eval: --resume continues it with the same settings, --overwrite runs "
+                        "every method again")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
         raise ConfigError(f"out {out_dir}: already holds {listed} ({what}); pass overwrite (--overwrite) to replace "
@@ -537,11 +550,14 @@ def _windows(n_tokens: int, length: int, stride: int | None) -> int:
 
 @torch.no_grad()
 def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, progress: bool = True,
-                   log=print, on_method_done: Callable[[dict], None] | None = None) -> dict:
+                   log=print, on_method_done: Callable[[dict], None] | None = None,
+                   resume: dict | None = None) -> dict:
     """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results", "curves"} (the lab's row schema).
 
     ``on_method_done(doc)``: called after each method with the document so far (meta.incomplete names the methods
     still to run), so a caller can save finished work before a long run ends (``posenc eval --out`` does).
+    ``resume``: such a document of an interrupted run; its finished methods are kept, not run again, when it was
+    made with the same settings, model files and data (ConfigError naming what differs otherwise).
 
     Rows of method "none" carry scaling "none", except with ``settings.config``: then the method that config applies
     (``config_method``: "longrope" for a searched config), so the lab's tables label them "rope + LongRoPE"."""
@@ -572,13 +588,28 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     rows: list[dict] = []
     unit = {} if byte_level else {"unit": "token"}       # the lab's tables title perplexity by it
     meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s),
-                  "methods": {},
+                  "model_files": model_identity(model_dir, s.config), "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
                   "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
                   "loadavg_start": _loadavg()}
     curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
+    earlier_wall = 0.0
+    if resume is not None:
+        check_resumable(resume, meta)
+        old = resume["meta"]
+        rows, curves = list(resume["results"]), dict(resume["curves"])
+        meta.update(methods=dict(old["methods"]), timings_s=dict(old["timings_s"]), started=old["started"],
+                    loadavg_start=old.get("loadavg_start"),
+                    resumed=[*old.get("resumed", []), {
+                        "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                        "kept": list(old["timings_s"])}])
+        earlier_wall = float(old.get("wall_s") or 0.0)
+        log(f"resuming: kept {', '.join(old['timings_s'])}; running "
+            f"{', '.join(m for m in s.methods if m not in old['timings_s'])}")
     for method in s.methods:
+        if method in meta["timings_s"]:
+            continue                     # finished before the interruption (resume)
         t0 = time.perf_counter()
         model, config, extended = load_causal_lm(model_dir, method=method, factor=s.factor,
                                                  replace_scaling=s.replace_scaling, device=s.device, dtype=s.dtype,
@@ -644,11 +675,52 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         left = s.methods[s.methods.index(method) + 1:]
         if on_method_done is not None and left:
             partial = {**meta, "incomplete": f"methods still to run: {', '.join(left)}",
-                       "wall_s": round(time.perf_counter() - t_start, 1)}
+                       "wall_s": round(earlier_wall + time.perf_counter() - t_start, 1)}
             on_method_done({"meta": partial, "results": list(rows), "curves": dict(curves)})
-    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    meta["wall_s"] = round(earlier_wall + time.perf_counter() - t_start, 1)
     meta["loadavg_end"] = _loadavg()
     return {"meta": meta, "results": rows, "curves": curves}
+
+
+def model_identity(model_dir: str | os.PathLike, config_file: str | os.PathLike | None = None) -> list[dict]:
+    """Fingerprints of what an eval's numbers depend on besides its settings: the model's files (config, weights,
+    tokenizer) and the ``--config`` file it is loaded with."""
+    from posenc._fingerprint import file_fingerprint
+
+    files = model_files(model_dir, tokenizer=True) + ([Path(config_file)] if config_file else [])
+    return [file_fingerprint(p) for p in files]
+
+
+def check_resumable(doc: dict, meta: dict) -> None:
+    """ConfigError unless ``doc`` (an earlier run's results.json) is an interrupted eval that this run (its
+    ``meta`` so far: settings, model files, data) may continue: the same settings, model files and data."""
+    try:
+        old = doc["meta"]
+        finished = old["timings_s"]
+        doc["results"], doc["curves"], old["methods"], old["started"]     # noqa: B018 (present)
+    except (KeyError, TypeError):
+        raise ConfigError("resume: the folder's results.json is not a posenc eval's (no meta, results, curves, "
+                          "methods and timings): pass --overwrite to replace it") from None
+    if not old.get("incomplete"):
+        raise ConfigError("resume: the eval in the folder is complete; nothing to resume (pass --overwrite to run "
+                          "it again)")
+    settings = old.get("settings")
+    if settings != meta["settings"]:
+        differ = sorted(k for k in set(meta["settings"]) | set(settings or {})
+                        if (settings or {}).get(k) != meta["settings"].get(k))
+        shown = "; ".join(f"{k}: {(settings or {}).get(k)!r} then, {meta['settings'].get(k)!r} now" for k in differ)
+        raise ConfigError(f"resume: the interrupted eval ran other settings ({shown}); resume with the same "
+                          "arguments, or pass --overwrite to start again")
+    if old.get("model_files") != meta["model_files"] or str(old.get("model")) != meta["model"]:
+        raise ConfigError(f"resume: the model's files ({meta['model']}: config, weights, tokenizer or --config) "
+                          "differ from the interrupted eval's; pass --overwrite to start again")
+    if old.get("data") != meta["data"]:
+        raise ConfigError("resume: the evaluation text differs from the interrupted eval's (--data); pass "
+                          "--overwrite to start again")
+    unknown = [m for m in finished if m not in meta["settings"]["methods"]]
+    if unknown:
+        raise ConfigError(f"resume: the interrupted eval finished methods {unknown} that these settings do not "
+                          "run; pass --overwrite to start again")
 
 
 def _loadavg() -> list[float] | None:
@@ -799,6 +871,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-tokens", type=int, default=None, help="tokens per forward (default: from vocab)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default or 0: torch's own)")
     parser.add_argument("--out", default=None, help="folder for results.json, report.md and the plots")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted eval in --out (same arguments): finished methods are kept")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace results.json / report.md already in --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (transformers' too)")
@@ -822,7 +896,10 @@ def run(args) -> int:
                             passkey_depths=args.passkey_depths, passkey_trials=args.passkey_trials, seed=args.seed,
                             device=args.device, dtype=args.dtype, device_map=args.device_map,
                             attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens).validate()
-    if args.out:      # (evaluate_model checks the model folder first thing)
+    earlier = None
+    if args.resume:
+        earlier = read_interrupted(args.out, args.overwrite)
+    elif args.out:      # (evaluate_model checks the model folder first thing)
         check_out_folder(args.out, args.overwrite)
     if threads:
         torch.set_num_threads(threads)
@@ -832,7 +909,7 @@ def run(args) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         _write_results(partial, args.out)
     doc = evaluate_model(args.model, settings, progress=not args.no_progress,
-                         on_method_done=saved if args.out else None)
+                         on_method_done=saved if args.out else None, resume=earlier)
     print(report_tables(doc))
     if args.out:
         # (the folder was checked before the run; what it holds now is this run's own partial results)
@@ -840,6 +917,27 @@ def run(args) -> int:
         print(f"wrote {', '.join(p.name for p in written)} into {args.out}")
     print(f"wall {doc['meta']['wall_s']:.1f} s")
     return 0
+
+
+def read_interrupted(out_dir: str | None, overwrite: bool = False) -> dict:
+    """The results.json of the interrupted eval in ``out_dir`` that ``--resume`` continues (checked against this
+    run's settings and model by ``evaluate_model``); ConfigError naming the flag otherwise."""
+    if not out_dir:
+        raise ConfigError("resume (--resume): continues an interrupted eval in --out; pass --out DIR")
+    if overwrite:
+        raise ConfigError("resume (--resume) and overwrite (--overwrite) contradict each other: --resume keeps the "
+                          "finished methods, --overwrite runs them again; pass one")
+    path = Path(out_dir) / "results.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"resume (--resume): {out_dir} holds no results.json, so no eval to continue; run "
+                          "without --resume") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"resume (--resume): cannot read {path} ({exc}); pass --overwrite to replace it") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"resume (--resume): {path} is not a posenc eval's results; pass --overwrite to replace it")
+    return doc
 
 
 def eval_main(argv: list[str] | None = None) -> int:

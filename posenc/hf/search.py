@@ -119,7 +119,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     from posenc._validate import check_choice, check_int, positive_int
     from posenc._atomic import check_writable_folder
     from posenc.hf.evaluate import (DTYPES, WEIGHT_FILES, check_attn_implementation, check_device,
-                                    check_model_files, load_causal_lm, load_tokenizer)
+                                    check_model_files, load_causal_lm, load_tokenizer, model_files)
     from posenc.hf.patch import find_rotary
     from posenc.search.fitness import perplexity_fitness
     from posenc._fingerprint import file_fingerprint, tensor_fingerprint
@@ -180,9 +180,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
         return model(input_ids=tokens, use_cache=False)
 
     # what the fitness scores: a checkpoint of another model, text, tokenizer or window count is refused
-    model_files = sorted(p for p in folder.iterdir() if p.is_file() and (
-        p.name == "config.json" or p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FILES))
-    problem = {"model": str(folder.resolve()), "files": [file_fingerprint(p) for p in model_files],
+    problem = {"model": str(folder.resolve()), "files": [file_fingerprint(p) for p in model_files(folder)],
                "search_tokens": tensor_fingerprint(search_tokens), "heldout_tokens": tensor_fingerprint(heldout_tokens),
                "dtype": dtype, "batch_size": batch_size, "attn_implementation": attn_implementation,
                "replace": replace}

@@ -156,7 +156,8 @@ def _load():
             lib.posenc_rope_run.argtypes = [ctypes.c_int, ctypes.POINTER(_Launch)] + [ctypes.c_void_p] * 7 + \
                 [ctypes.c_int64] * 2
             lib.posenc_rope_has_f16.restype = ctypes.c_int
-            _state.update(lib=lib, path=path, build_seconds=seconds, has_f16=bool(lib.posenc_rope_has_f16()))
+            _state.update(lib=lib, run=lib.posenc_rope_run, path=path, build_seconds=seconds,
+                          has_f16=bool(lib.posenc_rope_has_f16()))
         except Exception as exc:  # any failure: the eager path is exact, only slower
             _state["reason"] = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"posenc: native CPU RoPE kernel unavailable ({_state['reason']}); "
@@ -327,8 +328,74 @@ def native_rope(xs, outs, cos, sin, index, layout: str, rotary_dim: int, inverse
     if rc:
         if rc == 4:
             raise TableIndexError(f"positions must lie in [0, {cos.shape[0]}) to index the cos/sin table")
-        raise RuntimeError(f"posenc native RoPE kernel failed with code {rc}")
+        _failed(rc)
     return True
+
+
+def _failed(rc: int):
+    raise RuntimeError(f"posenc native RoPE kernel failed with code {rc}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the decode fast path: q and k into fresh outputs at rows of a cached table
+# ---------------------------------------------------------------------------------------------------------------
+
+_qk_plans: dict = {}             # (shapes, dtype, layout, ...) -> kernel launches, for qk_plan
+
+
+def qk_plan(q, k, cos, sin, index, layout: str, rotary_dim: int, inplace: bool = False):
+    """The cached kernel plan for ``run_qk`` on tensors of this geometry, writing separate contiguous outputs (or,
+    with ``inplace``, q and k themselves); None where the kernel cannot take them (no compiler, ``eager_only()``,
+    an unsupported dtype): the caller then takes the general path.
+
+    The caller promises what posenc.rope.apply and posenc.Rotary have checked: q [..., Hq, T, D] and k
+    [..., Hk, T, D] contiguous CPU tensors of one dtype; index int64, contiguous, broadcastable to their leading
+    dims; cos, sin a contiguous [rows, rotary_dim // 2] table in the math dtype. Contiguous tensors of one shape
+    share one geometry, so shapes (not strides) key the cache, as in ``native_rope``.
+    """
+    if _force["eager"]:
+        return None
+    key = (q.shape, k.shape, q.dtype, index.shape, cos.shape[1], layout, rotary_dim, inplace, torch.get_num_threads())
+    plan = _qk_plans.get(key, False)
+    if plan is False:
+        if _state["lib"] is None and (_state["tried"] or _load() is None):
+            return None
+        outs = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
+        plan = _plan((q, k), outs, cos, sin, index, q.dtype, layout, rotary_dim, False)
+        if len(_qk_plans) > 256:
+            _qk_plans.clear()
+        _qk_plans[key] = plan
+    return plan
+
+
+def run_qk(plan, q, k, q_out, k_out, cos, sin, index) -> bool:
+    """Write RoPE(q), RoPE(k) into q_out, k_out (q and k themselves for an in-place plan) with a ``qk_plan`` plan
+    made for this geometry. False, with nothing written, when a position lies outside the table or
+    ``eager_only()`` is on: the caller takes the general path. Aliasing is the caller's to have ruled out."""
+    if _force["eager"]:
+        return False
+    rc = _state["run"](plan[1], plan[0], q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr(),
+                       cos.data_ptr(), sin.data_ptr(), index.data_ptr(), index.numel(), cos.shape[0])
+    if rc:
+        if rc == 4:
+            return False
+        _failed(rc)
+    return True
+
+
+def run_fresh_qk(plan, q, k, cos, sin, index):
+    """(RoPE(q), RoPE(k)) as new tensors through a ``qk_plan`` plan (not in place); None where ``run_qk`` is
+    False. (``run_qk``'s body, inlined: this is the whole of a decode step's kernel call.)"""
+    if _force["eager"]:
+        return None
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    rc = _state["run"](plan[1], plan[0], q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr(),
+                       cos.data_ptr(), sin.data_ptr(), index.data_ptr(), index.numel(), cos.shape[0])
+    if rc:
+        if rc == 4:
+            return None
+        _failed(rc)
+    return q_out, k_out
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -161,6 +161,23 @@ def _span(t: torch.Tensor) -> tuple[int, int, bool]:
     return start, start + n * t.element_size(), overlaps
 
 
+def separate(*tensors: torch.Tensor) -> bool:
+    """Whether these contiguous tensors occupy pairwise disjoint bytes and none is an inference tensor written
+    outside ``torch.inference_mode()``: then ``check_writes`` accepts any write among them, so a fast path may
+    skip it. False means "not shown here": take the path that calls ``check_writes`` (which names the fault)."""
+    spans = []
+    for t in tensors:
+        start = t.data_ptr()
+        spans.append((start, start + t.nbytes))
+        if t.is_inference() and not torch.is_inference_mode_enabled():
+            return False
+    spans.sort()
+    for i in range(1, len(spans)):
+        if spans[i][0] < spans[i - 1][1]:
+            return False
+    return True
+
+
 def check_writes(xs: Sequence[torch.Tensor], writes: Sequence[torch.Tensor], x_names: Sequence[str],
                  w_names: Sequence[str]) -> None:
     """Refuse, before anything is written, the writes torch refuses (see the module docstring).

@@ -324,6 +324,16 @@ class RopeTableCache:
             self._evict(entry)
         return entry
 
+    def peek(self, key) -> _Table | None:
+        """The entry for ``key`` if it is cached (marked recently used), else None: builds nothing."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            try:
+                self._entries.move_to_end(key)
+            except KeyError:                     # evicted by another thread meanwhile: still valid for this call
+                pass
+        return entry
+
     def max_rows(self, entry: _Table) -> int:
         return self.max_table_bytes // (entry.rotary_dim * torch.empty((), dtype=entry.dtype).element_size())
 
@@ -359,24 +369,31 @@ class RopeTableCache:
 TABLES = RopeTableCache()
 
 
+def _default_table_key(base, rotary_dim, attention_scaling, dim: int, device: torch.device, dtype: torch.dtype):
+    """TABLES' key for the frequencies of ``base`` (no inv_freq given). Types are part of it: 16.0 == 16 as keys,
+    but only the integer is a valid rotary_dim (the entry's first build validates the arguments)."""
+    return (type(base), base, dim if rotary_dim is None else rotary_dim, type(rotary_dim), type(attention_scaling),
+            attention_scaling, device, dtype)
+
+
 def _table_for(base, inv_freq, rotary_dim, attention_scaling, dim: int, device: torch.device,
                dtype: torch.dtype) -> _Table:
     """The cached entry for these frequencies; arguments are validated when the entry is first made."""
     if inv_freq is None:
-        key = (type(base), base, dim if rotary_dim is None else rotary_dim, type(attention_scaling),
-               attention_scaling, device, dtype)
+        key = _default_table_key(base, rotary_dim, attention_scaling, dim, device, dtype)
     elif isinstance(inv_freq, torch.Tensor):
         if inv_freq.device.type == "cpu":
             t = (inv_freq.detach() if inv_freq.requires_grad else inv_freq).resolve_neg()
             vals = (t if t.dtype in _FLOAT_POSITIONS else t.double()).numpy().tobytes() if t.dim() == 1 else id(t)
-            key = ("values", t.dtype, vals, rotary_dim, type(attention_scaling), attention_scaling, device, dtype)
+            key = ("values", t.dtype, vals, rotary_dim, type(rotary_dim), type(attention_scaling), attention_scaling,
+                   device, dtype)
         else:      # no device->host copy per call: identity + version counter (an in-place change bumps it)
-            key = ("tensor", id(inv_freq), inv_freq._version, rotary_dim, type(attention_scaling),
+            key = ("tensor", id(inv_freq), inv_freq._version, rotary_dim, type(rotary_dim), type(attention_scaling),
                    attention_scaling, device, dtype)
     else:
         try:     # by value: a 0-d tensor element hashes by identity and would miss an in-place change
-            key = ("seq", tuple(map(float, inv_freq)), rotary_dim, type(attention_scaling), attention_scaling,
-                   device, dtype)
+            key = ("seq", tuple(map(float, inv_freq)), rotary_dim, type(rotary_dim), type(attention_scaling),
+                   attention_scaling, device, dtype)
         except (TypeError, ValueError, RuntimeError):
             raise PosencError(f"inv_freq must be a 1-D tensor or sequence of numbers, got "
                               f"{type(inv_freq).__name__}") from None
@@ -477,6 +494,15 @@ def _kernel_rope():
     return fn
 
 
+def _kernel_checks():
+    """posenc.kernels.rope_checks, imported on first use."""
+    checks = _lazy.get("checks")
+    if checks is None:
+        from posenc.kernels import rope_checks as checks
+        _lazy["checks"] = checks
+    return checks
+
+
 def _table_index_error():
     _kernel_rope()
     return _lazy["TableIndexError"]
@@ -535,6 +561,23 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     inplace: overwrite q and k (they must not share memory); out: (q_out, k_out) preallocated like q and k.
     Returns (q_rotated, k_rotated) in their input dtypes. Other arguments: see ``apply_rope``.
     """
+    key = None
+    if inv_freq is None and type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor:
+        mode = _call_mode(inplace, out)
+        if mode is not None:
+            try:
+                key = (mode, q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, layout, base,
+                       type(base), rotary_dim, type(rotary_dim), attention_scaling, type(attention_scaling),
+                       _num_threads())
+                if mode == _OUT:
+                    key += (out[0].shape, out[1].shape, out[0].dtype, out[1].dtype)
+                known = _QK_CALLS.get(key)
+            except TypeError:               # an unhashable argument: the general path names it
+                key = known = None
+            if known is not None:
+                rotated = _run_known(known, mode, q, k, positions, out)
+                if rotated is not None:
+                    return rotated
     _check_x(q, "q")
     _check_x(k, "k")
     qs, ks = q.shape, k.shape
@@ -545,7 +588,94 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
         raise PosencError(f"q and k must share a dtype and device, got q {q.dtype} {q.device}, k {k.dtype} {k.device}")
     q_rot, k_rot = _apply((q, k), positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out,
                           ("q", "k"))
+    if key is not None:
+        _remember(key, q, k, positions, out, base, rotary_dim, attention_scaling, layout)
     return q_rot, k_rot
+
+
+# The decode fast path of apply_rope_qk. A call of a geometry seen before (the key: the mode below, shapes,
+# dtypes, arguments, thread count) that _apply has already checked and sent to the C kernel with a cached table
+# skips to the kernel: everything _apply checks is a function of the key, the kernel range-checks the positions
+# itself (a position past the table returns None here, and the general path grows the table), and what depends on
+# the call itself (devices, strides, autograd, aliasing of the written tensors) is re-checked by _run_known, which
+# leaves anything unusual to the general path. Only CPU calls without autograd, on contiguous tensors with int64
+# positions, are remembered; the table is looked up in TABLES on every call, so clearing or evicting it takes
+# effect at once.
+_NEW, _INPLACE, _OUT = 0, 1, 2          # fresh outputs, inplace=True, out=(q_out, k_out)
+_QK_CALLS: dict = {}
+_Tensor = torch.Tensor
+_num_threads = torch.get_num_threads
+
+
+def _call_mode(inplace, out) -> int | None:
+    if out is None:
+        return _NEW if inplace is False else _INPLACE if inplace is True else None
+    if inplace is False and type(out) is tuple and len(out) == 2 and type(out[0]) is _Tensor \
+            and type(out[1]) is _Tensor:
+        return _OUT
+    return None
+
+
+def _writes(mode, q, k, out):
+    """The tensors a call of this mode writes (their aliasing is re-checked per call), or None if the fast path
+    cannot take them."""
+    if mode == _OUT:
+        qo, ko = out
+        if not (qo.is_cpu and ko.is_cpu and qo.is_contiguous() and ko.is_contiguous()) or qo.requires_grad \
+                or ko.requires_grad or not _kernel_checks().separate(q, k, qo, ko):
+            return None
+        return qo, ko
+    if mode == _INPLACE:
+        return (q, k) if _kernel_checks().separate(q, k) else None
+    return ()
+
+
+def _run_known(known, mode, q, k, p, out):
+    table_key, plan = known
+    if not (q.is_cpu and k.is_cpu and p.is_cpu) or q.requires_grad or k.requires_grad:
+        return None
+    if not (q.is_contiguous() and k.is_contiguous() and p.is_contiguous()):
+        return None
+    entry = TABLES.peek(table_key)
+    table = None if entry is None else entry.cos_sin
+    if table is None:
+        return None
+    cpu = _lazy["cpu_rope"]
+    if mode == _NEW:
+        return cpu.run_fresh_qk(plan, q, k, table[0], table[1], p)
+    writes = _writes(mode, q, k, out)
+    if writes is None or not cpu.run_qk(plan, q, k, writes[0], writes[1], table[0], table[1], p):
+        return None
+    torch.autograd.graph.increment_version(writes)      # as torch's own in-place and out= ops do
+    return writes
+
+
+def _remember(key, q, k, p, out, base, rotary_dim, attention_scaling, layout) -> None:
+    """Record a call the general path has just completed, if the fast path can repeat it (see _QK_CALLS)."""
+    if not (q.is_cpu and k.is_cpu and p.is_cpu and p.dtype == torch.int64 and p.dim() and p.numel() and q.numel()
+            and k.numel()) or q.requires_grad or k.requires_grad:
+        return
+    if not (q.is_contiguous() and k.is_contiguous() and p.is_contiguous()):
+        return
+    if type(base) not in (int, float) or type(attention_scaling) not in (int, float) or layout not in LAYOUTS:
+        return
+    mode = key[0]
+    if mode != _NEW and _writes(mode, q, k, out) is None:
+        return
+    dtype = math_dtype(q.dtype)
+    table_key = _default_table_key(base, rotary_dim, attention_scaling, q.shape[-1], q.device, dtype)
+    entry = TABLES.peek(table_key)
+    table = None if entry is None else entry.cos_sin
+    if table is None:
+        return
+    from posenc.kernels import cpu_rope
+    _lazy["cpu_rope"] = cpu_rope
+    plan = cpu_rope.qk_plan(q, k, table[0], table[1], p, layout, entry.rotary_dim, inplace=mode == _INPLACE)
+    if plan is None:
+        return
+    if len(_QK_CALLS) >= 64:
+        _QK_CALLS.clear()
+    _QK_CALLS[key] = (table_key, plan)
 
 
 def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotary_dim, inplace: bool, out,

@@ -436,6 +436,27 @@ def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
     return dict(_scaling_of(cfg)), False
 
 
+# what the transformers config classes (5.x) put in place of an absent key (an explicit null stays null): Llama 4
+# chunks its RoPE layers' attention by default, the local/global families have a window, the Qwen family's window
+# is off unless use_sliding_window says otherwise, and Falcon's context is 2048 (Falcon-7B/40B's files omit it)
+_QWEN_WINDOW_OFF = {"use_sliding_window": False}
+CONFIG_DEFAULTS = {"llama4": {"attention_chunk_size": 8192}, "llama4_text": {"attention_chunk_size": 8192},
+                   "gemma2": {"sliding_window": 4096}, "gemma3": {"sliding_window": 4096},
+                   "gemma3_text": {"sliding_window": 4096}, "gemma3n": {"sliding_window": 512},
+                   "gemma3n_text": {"sliding_window": 512}, "cohere2": {"sliding_window": 4096},
+                   "olmo3": {"sliding_window": 4096}, "mistral": {"sliding_window": 4096},
+                   "gpt_oss": {"sliding_window": 128}, "falcon": {"max_position_embeddings": 2048},
+                   **{t: _QWEN_WINDOW_OFF for t in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen3",
+                                                    "qwen3_moe", "smollm3")}}
+
+
+def config_value(cfg: Mapping, key: str):
+    """cfg[key], or the model family's default when the key is absent (``CONFIG_DEFAULTS``), else None."""
+    if key in cfg:
+        return cfg[key]
+    return CONFIG_DEFAULTS.get(model_type_of(cfg), {}).get(key)
+
+
 def _get(cfg: Mapping, key: str):
     """cfg[key], or its GPT-J alias (n_embd, n_head, n_positions) when the usual key is absent or null."""
     value = cfg.get(key)
@@ -569,6 +590,8 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
     head_dim, rotary_dim, prf = _rotary_geometry(cfg, prf, prf_given)
 
     max_len = _get(cfg, "max_position_embeddings")
+    if max_len is None and "max_position_embeddings" not in cfg and "n_positions" not in cfg:
+        max_len = config_value(cfg, "max_position_embeddings")      # the config class's default (Falcon)
     orig = entry.get("original_max_position_embeddings")
     top = cfg.get("original_max_position_embeddings")
     if top is not None and not nested:

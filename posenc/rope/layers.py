@@ -33,8 +33,8 @@ import torch
 
 from posenc._validate import check_float, check_int
 from posenc.errors import ConfigError
-from posenc.rope.config import (RopeConfig, as_mapping, layer_type_parameters, load_rope_config, model_type_of,
-                                rope_section)
+from posenc.rope.config import (CONFIG_DEFAULTS, RopeConfig, as_mapping, config_value,  # noqa: F401 (re-exported)
+                                layer_type_parameters, load_rope_config, model_type_of, rope_section)
 from posenc.rope.scaling import yarn_mscale
 
 # model types whose attention rotates interleaved pairs (2j, 2j+1): complex-number RoPE (Llama 4, DeepSeek-V2),
@@ -54,27 +54,6 @@ LAYER_PATTERNS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern",
                   "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4),
                   "modernbert": ("global_attn_every_n_layers", 3),
                   "modernbert-decoder": ("global_attn_every_n_layers", 3)}
-
-
-# what the transformers config classes (5.x) put in place of an absent key (an explicit null stays null): Llama 4
-# chunks its RoPE layers' attention by default, the local/global families have a window, and the Qwen family's
-# window is off unless use_sliding_window says otherwise
-_QWEN_WINDOW_OFF = {"use_sliding_window": False}
-CONFIG_DEFAULTS = {"llama4": {"attention_chunk_size": 8192}, "llama4_text": {"attention_chunk_size": 8192},
-                   "gemma2": {"sliding_window": 4096}, "gemma3": {"sliding_window": 4096},
-                   "gemma3_text": {"sliding_window": 4096}, "gemma3n": {"sliding_window": 512},
-                   "gemma3n_text": {"sliding_window": 512}, "cohere2": {"sliding_window": 4096},
-                   "olmo3": {"sliding_window": 4096}, "mistral": {"sliding_window": 4096},
-                   "gpt_oss": {"sliding_window": 128},
-                   **{t: _QWEN_WINDOW_OFF for t in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen3",
-                                                    "qwen3_moe", "smollm3")}}
-
-
-def config_value(cfg: Mapping, key: str):
-    """cfg[key], or the model family's default when the key is absent (``CONFIG_DEFAULTS``), else None."""
-    if key in cfg:
-        return cfg[key]
-    return CONFIG_DEFAULTS.get(model_type_of(cfg), {}).get(key)
 
 
 def config_mapping(config) -> Mapping:

@@ -28,6 +28,7 @@ import torch
 from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
+from posenc.kernels.cpu_rope import qk_plan, run_fresh_qk
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
 from posenc.rope.angles import Angles, pack_frequencies
@@ -45,6 +46,14 @@ from posenc.rope.scaling import rope_frequencies
 
 # cos/sin tables grow (doubling) up to this many positions; beyond it each call computes its own rows
 _MAX_CACHED_POSITIONS = 1 << 20
+
+# The decode fast path of Rotary.forward: call geometry (shapes, dtypes, layout, rotary and head dims, thread count)
+# -> the kernel plan, for calls forward has checked and sent to the C kernel with the module's own table. The
+# checks forward makes are functions of this key; what depends on the module's state (its table, frequencies,
+# length rule) or on the call (device, autograd, strides) is re-checked on every call.
+_ROTARY_CALLS: dict = {}
+_Tensor = torch.Tensor
+_num_threads = torch.get_num_threads
 
 
 class Rotary(Float32Buffers):
@@ -248,6 +257,24 @@ class Rotary(Float32Buffers):
         be >= 0 on the CPU (its table has rows 0..n-1); on CUDA, where cos/sin are computed in the kernel without a
         host sync to inspect them, a negative position is rotated by its negative angle (as ``apply_rope`` does).
         """
+        if type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor:
+            key = (q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, self.layout, self.rotary_dim,
+                   self.config.head_dim, _num_threads())
+            plan = _ROTARY_CALLS.get(key)
+            # (the body of a decode step: re-check what depends on this call and on the module's state)
+            if plan is not None and q.is_cpu and k.is_cpu and positions.is_cpu and not (
+                    q.requires_grad or k.requires_grad) and q.is_contiguous() and k.is_contiguous() \
+                    and positions.is_contiguous() and self.n_axes == 1 and self.use_cache \
+                    and self.seq_len_rule is None:
+                buffers = self._buffers
+                cos = buffers["cos_cached"]
+                if cos.is_cpu and cos.shape[0] and self._table_is_current():
+                    rotated = run_fresh_qk(plan, q, k, cos, buffers["sin_cached"],
+                                           positions if positions.dim() == 1 else positions.unsqueeze(1))
+                    if rotated is not None:
+                        return rotated
+        else:
+            key = None
         if not (q.is_floating_point() and k.is_floating_point()):
             raise PosencError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
         qs, ks, head_dim = q.shape, k.shape, self.config.head_dim
@@ -286,16 +313,31 @@ class Rotary(Float32Buffers):
         buffers = self._buffers
         cos_cached = buffers["cos_cached"]
         if (not multi and self.use_cache and self.seq_len_rule is None and positions.is_cpu and seq
-                and cos_cached.shape[0] and not positions.is_floating_point() and q.dtype == k.dtype
-                and q.dtype != torch.float64 and k.is_cpu and q.is_cpu and self._table_is_current()):
+                and cos_cached.shape[0] and cos_cached.is_cpu and not positions.is_floating_point()
+                and q.dtype == k.dtype and q.dtype != torch.float64 and k.is_cpu and q.is_cpu
+                and self._table_is_current()):
             index = positions if len(ps) == 1 else positions.unsqueeze(1)      # [B, T] -> [B, 1, T]
             if index.dtype != torch.int64 or not index.is_contiguous():
                 index = index.to(torch.int64).contiguous()
-            try:
-                return rotate_kernel((q, k), cos_cached, buffers["sin_cached"], layout=self.layout,
-                                     rotary_dim=self.rotary_dim, index=index, names=("q", "k"))
-            except TableIndexError:
-                pass
+            sin_cached = buffers["sin_cached"]
+            plan = None
+            if not (q.requires_grad or k.requires_grad) and q.is_contiguous() and k.is_contiguous():
+                # decode: fresh outputs through a plan cached by shape (no autograd, nothing to alias-check)
+                plan = qk_plan(q, k, cos_cached, sin_cached, index, self.layout, self.rotary_dim)
+            if plan is not None:
+                if key is not None and positions.dtype == torch.int64 and positions.is_contiguous():
+                    if len(_ROTARY_CALLS) >= 64:
+                        _ROTARY_CALLS.clear()
+                    _ROTARY_CALLS[key] = plan        # checked: later calls like this one take _run_known
+                rotated = run_fresh_qk(plan, q, k, cos_cached, sin_cached, index)
+                if rotated is not None:
+                    return rotated
+            else:
+                try:
+                    return rotate_kernel((q, k), cos_cached, sin_cached, layout=self.layout,
+                                         rotary_dim=self.rotary_dim, index=index, names=("q", "k"))
+                except TableIndexError:
+                    pass
         cos, sin = self._cos_sin(positions)
         if cos.dim() == 3:  # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

@@ -346,6 +346,11 @@ def _rope_consistency(cfg, rc, claimed, original, longest, at, reach=None) -> li
                    + ": every pair wraps around, so far positions alias onto nearer ones")
     if lmax is None:
         out.append("max_position_embeddings is absent: the config claims no context length")
+    elif "max_position_embeddings" not in cfg and "n_positions" not in cfg:
+        from posenc.rope.config import model_type_of
+
+        out.append(f"max_position_embeddings is absent: transformers' {model_type_of(cfg)} config class puts "
+                   f"{lmax:,} in its place, which is what the model runs with (used here)")
     return out
 
 

@@ -349,7 +349,7 @@ def test_an_interrupted_eval_keeps_the_methods_it_finished(model_dir, tmp_path, 
     assert E.eval_main(argv) == 130
     doc = json.loads((out / "results.json").read_text())
     assert doc["meta"]["incomplete"] == "methods still to run: linear"
-    assert "an interrupted eval, which does not resume" in fails(capsys, E.eval_main, argv)
+    assert "an interrupted eval: --resume continues it" in fails(capsys, E.eval_main, argv)
     assert {r["scaling"] for r in doc["results"]} == {"none"} and all(r["value"] for r in doc["results"])
     monkeypatch.setattr(E, "load_causal_lm", real)
     assert E.eval_main([*argv, "--overwrite"]) == 0
@@ -419,3 +419,70 @@ def test_every_method_is_checked_against_the_model_before_the_first_one_runs(tmp
     save_byte_tokenizer(gpt2)
     argv[0] = str(gpt2)
     assert "extend needs a RoPE config" in fails(capsys, eval_main, argv) and not out.exists()
+
+
+def _interrupted_eval(E, model_dir, out, monkeypatch, extra=()):
+    """An eval of methods none,linear into ``out`` stopped by Ctrl-C while loading linear; -> its argv."""
+    real = E.load_causal_lm
+
+    def interrupt_linear(*args, **kwargs):
+        if kwargs.get("method") == "linear":
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    argv = [str(model_dir), "--eval-lens", "32", "--eval-tokens", "64", "--sliding-stride", "0", "--methods",
+            "none,linear", "--factor", "2", "--out", str(out), "--no-progress", *extra]
+    monkeypatch.setattr(E, "load_causal_lm", interrupt_linear)
+    assert E.eval_main(argv) == 130
+    monkeypatch.setattr(E, "load_causal_lm", real)
+    return argv
+
+
+def test_resume_runs_only_the_methods_an_interrupted_eval_had_left(model_dir, tmp_path, monkeypatch, capsys):
+    """--resume keeps the finished methods' rows (their models are not loaded again) and runs the rest: the
+    results equal an uninterrupted run's, and the report says it was resumed."""
+    from posenc.hf import evaluate as E
+
+    out = tmp_path / "out"
+    argv = _interrupted_eval(E, model_dir, out, monkeypatch)
+    kept = json.loads((out / "results.json").read_text())["results"]
+    real, loaded = E.load_causal_lm, []
+
+    def counting(*args, **kwargs):
+        loaded.append(kwargs.get("method"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(E, "load_causal_lm", counting)
+    assert E.eval_main([*argv, "--resume"]) == 0
+    assert loaded == ["linear"]
+    doc = json.loads((out / "results.json").read_text())
+    assert "incomplete" not in doc["meta"] and doc["meta"]["resumed"][0]["kept"] == ["none"]
+    assert [r for r in doc["results"] if r["scaling"] == "none"] == kept
+    whole = tmp_path / "whole"
+    assert E.eval_main([a if a != str(out) else str(whole) for a in argv]) == 0
+    expected = json.loads((whole / "results.json").read_text())
+    assert [(r["scaling"], r["eval_len"], r["value"]) for r in doc["results"]] == \
+        [(r["scaling"], r["eval_len"], r["value"]) for r in expected["results"]]
+    assert (out / "report.md").is_file()
+    assert "complete; nothing to resume" in fails(capsys, E.eval_main, [*argv, "--resume"])
+
+
+def test_resume_refuses_what_would_mix_two_evaluations(model_dir, tmp_path, monkeypatch, capsys):
+    from posenc.hf import evaluate as E
+
+    out = tmp_path / "out"
+    argv = _interrupted_eval(E, model_dir, out, monkeypatch)
+    other = [a if a != "64" else "96" for a in argv]                    # --eval-tokens 96
+    assert "eval_tokens: 64 then, 96 now" in fails(capsys, E.eval_main, [*other, "--resume"])
+    assert "contradict" in fails(capsys, E.eval_main, [*argv, "--resume", "--overwrite"])
+    no_out = argv[:argv.index("--out")] + argv[argv.index("--out") + 2:]
+    assert "pass --out DIR" in fails(capsys, E.eval_main, [*no_out, "--resume"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "holds no results.json" in fails(capsys, E.eval_main,
+                                            [a if a != str(out) else str(empty) for a in argv] + ["--resume"])
+    changed = tmp_path / "changed"
+    shutil.copytree(model_dir, changed)
+    argv_changed = _interrupted_eval(E, changed, tmp_path / "out2", monkeypatch)
+    (changed / "config.json").write_text((changed / "config.json").read_text() + "\n")     # another file now
+    assert "model's files" in fails(capsys, E.eval_main, [*argv_changed, "--resume"])

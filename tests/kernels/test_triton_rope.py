@@ -228,6 +228,9 @@ def test_public_cuda_route_through_the_interpreter(interpret, monkeypatch, case)
     want_grad = grad_of_rope()
     from posenc.rope import apply as apply_module
     monkeypatch.setattr(apply_module, "KERNEL_ANGLE_DEVICES", frozenset({"cuda", "cpu"}))
+    # (CPU tensors stand in for CUDA ones here: the CPU-only decode fast path must not take the calls)
+    monkeypatch.setattr(apply_module, "_QK_CALLS", {})
+    monkeypatch.setattr(apply_module, "_remember", lambda *args: None)
     monkeypatch.setattr(rope_dispatch, "backend_for", lambda x: rope_dispatch._triton_backend)
     sources, rope_into = [], triton_rope.rope_into
 

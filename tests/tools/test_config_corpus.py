@@ -16,7 +16,7 @@ import torch
 
 from posenc import rope_parameters
 from posenc.errors import PosencError
-from posenc.rope.config import rope_layer_types, rope_section
+from posenc.rope.config import load_rope_config, rope_layer_types, rope_section
 from posenc.tools.extend import ACCEPTED_ROPE_TYPES, extend_config
 from posenc.tools.inspect import format_report, inspect_config
 from posenc.tools.pick import config_context, pick
@@ -43,8 +43,9 @@ CORPUS = {
                          {"mult": g(0.707, 40), "layout": "interleaved", "extend": "already uses rope_type 'yarn'"}),
     "deepseek-v3": ("rope", {None: ("yarn", 1e4, 64, 64)}, 4096, 163840,
                     {"mult": g(1.0, 40), "layout": "interleaved", "extend": "already uses"}),
-    "falcon-7b": ("rope", {None: ("default", 1e4, 64, 64)}, None, None,
-                  {"warnings": ["max_position_embeddings is absent"], "extend": "original context is unknown"}),
+    # the file has no max_position_embeddings: transformers' FalconConfig puts its default 2048 there
+    "falcon-7b": ("rope", {None: ("default", 1e4, 64, 64)}, 2048, 2048,
+                  {"warnings": ["max_position_embeddings is absent: transformers' falcon config class puts 2,048"]}),
     "gemma-2-9b": ("rope", {None: ("default", 1e4, 256, 256)}, 8192, 8192,
                    {"kinds": {"sliding_attention": 21, "full_attention": 21}}),
     "gemma-3-1b-it": ("rope", {"full_attention": ("default", 1e6, 256, 256),
@@ -190,6 +191,29 @@ def test_frequencies_equal_the_family_rotary_built_from_the_file(name):
         torch.testing.assert_close(inv, want.float(), rtol=2e-6, atol=0)
         hf_scaling = emb.attention_scaling if layer_type is None else getattr(emb, f"{layer_type}_attention_scaling")
         assert scaling == pytest.approx(hf_scaling, rel=1e-9)
+
+
+def _states_no_context(name: str) -> bool:
+    text = rope_section({k: v for k, v in load(name).items() if k != "_comment"})
+    return "max_position_embeddings" not in text and "n_positions" not in text
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if CORPUS[n][0] == "rope" and CORPUS[n][1]
+                                  and _states_no_context(n)])
+def test_an_absent_context_is_what_the_transformers_config_class_puts_there(name):
+    pytest.importorskip("transformers")
+    import transformers
+
+    raw = {k: v for k, v in load(name).items() if k != "_comment"}
+    text = dict(rope_section(raw))
+    try:
+        hf = transformers.AutoConfig.for_model(text["model_type"],
+                                               **{k: v for k, v in text.items() if k != "model_type"})
+    except (KeyError, ValueError) as exc:
+        pytest.skip(f"transformers has no config class for {name} ({exc})")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert load_rope_config(raw).max_position_embeddings == getattr(hf, "max_position_embeddings", None)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,318 @@
+"""The decode fast paths of apply_rope_qk and Rotary: a call geometry the general path has already checked skips
+to the C kernel. Every repeat call must agree with the lesson's loops and with the general path, whatever changed
+in between (positions past the table, a cleared table, threads, strides, autograd, aliasing, frequencies)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc import Rotary, apply_rope_qk
+from posenc.errors import PosencError
+from posenc.kernels import cpu_rope
+from posenc.kernels.rope_checks import RopeAliasError
+from posenc.rope import apply as apply_mod
+from posenc.rope import module as module_mod
+from posenc.rope.apply import TABLES, default_inv_freq
+from tests.kernels._oracle import assert_close_to_oracle, reference_rope
+
+pytestmark = pytest.mark.skipif(not cpu_rope.native_available(), reason="the fast path is the C kernel's")
+
+D = 16
+INV = default_inv_freq(D, 10000.0).tolist()
+
+
+def qk(seed: int, hq: int = 4, hk: int = 2, t: int = 1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, hq, t, D, generator=g).to(dtype), torch.randn(1, hk, t, D, generator=g).to(dtype))
+
+
+def call(mode: str, q, k, pos, **kwargs):
+    """apply_rope_qk in one of its three write modes; returns (q_rot, k_rot) and checks where they were written."""
+    if mode == "new":
+        return apply_rope_qk(q, k, pos, **kwargs)
+    if mode == "out":
+        out = (torch.empty_like(q), torch.empty_like(k))
+        result = apply_rope_qk(q, k, pos, out=out, **kwargs)
+        assert result[0] is out[0] and result[1] is out[1]
+        return result
+    q2, k2 = q.clone(), k.clone()
+    result = apply_rope_qk(q2, k2, pos, inplace=True, **kwargs)
+    assert result[0] is q2 and result[1] is k2
+    return result
+
+
+def oracle(q, k, pos, layout):
+    return (reference_rope(q, pos, INV, layout, D), reference_rope(k, pos, INV, layout, D))
+
+
+@pytest.fixture(autouse=True)
+def fresh_memory():
+    """Each test starts with no remembered calls (what other tests left would decide which path a call takes)."""
+    apply_mod._QK_CALLS.clear()
+    module_mod._ROTARY_CALLS.clear()
+
+
+@pytest.fixture
+def hits(monkeypatch):
+    """How many apply_rope_qk calls the fast path finished (a spy on apply._run_known)."""
+    counter = {"n": 0}
+    run = apply_mod._run_known
+
+    def spy(*args):
+        result = run(*args)
+        counter["n"] += result is not None
+        return result
+    monkeypatch.setattr(apply_mod, "_run_known", spy)
+    return counter
+
+
+@settings(max_examples=25, deadline=None)
+@given(mode=st.sampled_from(["new", "out", "inplace"]), layout=st.sampled_from(["half", "interleaved"]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+       positions=st.lists(st.integers(-50, 9000), min_size=2, max_size=5), seed=st.integers(0, 2 ** 16))
+def test_repeat_calls_match_the_lesson_loops(mode, layout, dtype, positions, seed):
+    # positions past the table's 4096 rows make the kernel refuse (the general path grows the table); negative
+    # ones are rotated by their negative angle, as on the general path
+    q, k = qk(seed, dtype=dtype)
+    for p in positions:
+        pos = torch.tensor([[p]])
+        qr, kr = call(mode, q, k, pos, layout=layout)
+        rq, rk = oracle(q, k, pos, layout)
+        assert_close_to_oracle(qr, rq, dtype)
+        assert_close_to_oracle(kr, rk, dtype)
+
+
+@pytest.mark.parametrize("mode", ["new", "out", "inplace"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fast_path_runs_and_equals_the_general_path_bit_for_bit(mode, dtype, hits):
+    q, k = qk(1, t=3, dtype=dtype)
+    pos = torch.tensor([[5, 6, 7]])
+    first = call(mode, q, k, pos, layout="half")
+    with cpu_rope.eager_only():          # the eager fallback (bit-identical to the kernel), not the fast path
+        general = call(mode, q, k, pos + 100, layout="half")
+    assert hits["n"] == 0
+    fast = call(mode, q, k, pos + 100, layout="half")
+    assert hits["n"] == 1
+    assert torch.equal(fast[0], general[0]) and torch.equal(fast[1], general[1])
+    assert not torch.equal(first[0], fast[0])
+
+
+def test_a_cleared_table_is_rebuilt_and_a_grown_one_is_used(hits):
+    q, k = qk(2)
+    call("new", q, k, torch.tensor([[3]]), layout="half")
+    TABLES.clear()
+    qr, _ = call("new", q, k, torch.tensor([[3]]), layout="half")       # no table: the general path rebuilds it
+    assert hits["n"] == 0
+    assert_close_to_oracle(qr, oracle(q, k, torch.tensor([[3]]), "half")[0], torch.float32)
+    call("new", q, k, torch.tensor([[20000]]), layout="half")           # grows the table past 4096 rows
+    qr, _ = call("new", q, k, torch.tensor([[19999]]), layout="half")
+    assert hits["n"] == 1
+    assert_close_to_oracle(qr, oracle(q, k, torch.tensor([[19999]]), "half")[0], torch.float32)
+
+
+def test_a_new_thread_count_gets_its_own_plan():
+    q, k = qk(3, hq=64, hk=64, t=64)          # big enough for the kernel to split the work across threads
+    pos = torch.arange(64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = apply_rope_qk(q, k, pos, layout="half")
+        torch.set_num_threads(2)
+        apply_rope_qk(q, k, pos, layout="half")
+        two = apply_rope_qk(q, k, pos, layout="half")
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_eager_only_after_a_warm_call_runs_the_fallback(monkeypatch):
+    q, k = qk(4)
+    pos = torch.tensor([[9]])
+    apply_rope_qk(q, k, pos)
+    apply_rope_qk(q, k, pos)
+    calls = {"n": 0}
+    run = cpu_rope._state["run"]
+
+    def counting(*args):
+        calls["n"] += 1
+        return run(*args)
+    monkeypatch.setitem(cpu_rope._state, "run", counting)
+    apply_rope_qk(q, k, pos)
+    assert calls["n"] == 1
+    with cpu_rope.eager_only():
+        qr, _ = apply_rope_qk(q, k, pos)
+    assert calls["n"] == 1
+    assert_close_to_oracle(qr, oracle(q, k, pos, "interleaved")[0], torch.float32)
+
+
+def test_aliasing_is_refused_after_warm_calls_of_the_same_shapes():
+    q, k = qk(5)
+    pos = torch.tensor([[1]])
+    for mode in ("inplace", "out"):
+        call(mode, q, k, pos)
+        call(mode, q, k, pos)
+    buf = torch.randn(1, 4, 1, D)
+    with pytest.raises(RopeAliasError, match="rotated twice|share memory"):
+        apply_rope_qk(buf, buf[:, 2:], pos, inplace=True)         # k is q's last two heads
+    with pytest.raises(RopeAliasError):
+        apply_rope_qk(q, k, pos, out=(buf, buf[:, 1:3]))          # the two outputs overlap
+    with pytest.raises(RopeAliasError):
+        apply_rope_qk(buf, k, pos, out=(torch.empty_like(q), buf[:, :2]))     # out[1] overlaps q
+    with torch.inference_mode():
+        made = (torch.empty_like(q), torch.empty_like(k))
+    with pytest.raises(RopeAliasError, match="inference tensor"):
+        apply_rope_qk(q, k, pos, out=made)
+    with torch.inference_mode():
+        qr, _ = apply_rope_qk(q, k, pos, out=made)
+    assert_close_to_oracle(qr, oracle(q, k, pos, "interleaved")[0], torch.float32)
+
+
+def test_an_out_tensor_that_is_its_own_input_still_works():
+    q, k = qk(6)
+    pos = torch.tensor([[4]])
+    ref = oracle(q, k, pos, "interleaved")
+    call("out", q, k, pos)
+    q2, k2 = q.clone(), k.clone()
+    apply_rope_qk(q2, k2, pos, out=(q2, k2))      # out= the inputs themselves: in place, as torch allows
+    assert_close_to_oracle(q2, ref[0], torch.float32)
+    assert_close_to_oracle(k2, ref[1], torch.float32)
+
+
+def test_autograd_after_warm_calls_takes_the_differentiable_path():
+    q, k = qk(7, dtype=torch.float64)
+    pos = torch.tensor([[3]])
+    apply_rope_qk(q, k, pos)
+    apply_rope_qk(q, k, pos)
+    qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+    qr, kr = apply_rope_qk(qg, kg, pos)
+    assert qr.grad_fn is not None
+    (qr.sum() + kr.sum()).backward()
+    # the gradient of sum(R x) is R^T 1: the inverse rotation of ones
+    ones = torch.ones_like(q)
+    assert torch.allclose(qg.grad, reference_rope(ones, pos, INV, "interleaved", D, inverse=True), atol=1e-12)
+    call("out", q, k, pos)
+    with pytest.raises(RopeAliasError, match="automatic differentiation"):
+        apply_rope_qk(q, k, pos, out=(torch.empty_like(q).requires_grad_(), torch.empty_like(k)))
+    with pytest.raises(RopeAliasError, match="leaf Variable"):
+        apply_rope_qk(qg, kg, pos, inplace=True)
+
+
+@pytest.mark.parametrize("mode", ["out", "inplace"])
+def test_written_tensors_get_their_version_bumped_on_the_fast_path(mode, hits):
+    q, k = qk(8)
+    pos = torch.tensor([[2]])
+    call(mode, q, k, pos)
+    out = (torch.empty_like(q), torch.empty_like(k)) if mode == "out" else (q.clone(), k.clone())
+    before = [t._version for t in out]
+    kwargs = {"out": out} if mode == "out" else {"inplace": True}
+    apply_rope_qk(*((q, k) if mode == "out" else out), pos, **kwargs)
+    assert hits["n"] == 1
+    assert all(t._version > v for t, v in zip(out, before))
+
+
+def test_arguments_the_general_path_refuses_are_still_refused_after_warm_calls():
+    q, k = qk(9)
+    pos = torch.tensor([[2]])
+    apply_rope_qk(q, k, pos, rotary_dim=D)
+    apply_rope_qk(q, k, pos, rotary_dim=D)
+    with pytest.raises(PosencError, match="rotary_dim"):
+        apply_rope_qk(q, k, pos, rotary_dim=float(D))           # equal as a number, not an integer
+    with pytest.raises(PosencError, match="inplace"):
+        apply_rope_qk(q, k, pos, inplace=1)
+    with pytest.raises(PosencError, match="layout"):
+        apply_rope_qk(q, k, pos, layout=["half"])
+
+
+def test_non_contiguous_inputs_of_a_remembered_shape_are_rotated_correctly():
+    q, k = qk(10, t=2)
+    pos = torch.tensor([[0, 7]])
+    apply_rope_qk(q, k, pos)
+    apply_rope_qk(q, k, pos)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)        # same shape and values, other strides
+    assert not qt.is_contiguous()
+    qr, _ = apply_rope_qk(qt, k, pos)
+    assert_close_to_oracle(qr, oracle(q, k, pos, "interleaved")[0], torch.float32)
+
+
+def test_the_remembered_calls_are_bounded():
+    pos = torch.tensor([[1]])
+    for t in range(1, 70):
+        q, k = qk(t, t=t)
+        p = torch.arange(t)[None]
+        apply_rope_qk(q, k, p)
+        assert len(apply_mod._QK_CALLS) <= 64
+    q, k = qk(0)
+    qr, _ = apply_rope_qk(q, k, pos)
+    assert_close_to_oracle(qr, oracle(q, k, pos, "interleaved")[0], torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rotary
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def general(monkeypatch):
+    """How many Rotary calls reached the general kernel branch (a spy on module.qk_plan, which only it calls)."""
+    counter = {"n": 0}
+    plan = module_mod.qk_plan
+
+    def spy(*args, **kwargs):
+        counter["n"] += 1
+        return plan(*args, **kwargs)
+    monkeypatch.setattr(module_mod, "qk_plan", spy)
+    return counter
+
+
+@pytest.mark.parametrize("positions", [torch.tensor([5, 6]), torch.tensor([[5, 6], [0, 9]])])
+def test_rotary_repeat_calls_skip_the_checks_and_match_the_loops(positions, general):
+    rot = Rotary(D, layout="half")
+    batch = 1 if positions.dim() == 1 else 2
+    q, k = torch.randn(batch, 4, 2, D), torch.randn(batch, 2, 2, D)
+    for step in range(3):
+        qr, kr = rot(q, k, positions + step)
+        per_row = positions + step if positions.dim() == 1 else (positions + step)[:, None]
+        assert_close_to_oracle(qr, reference_rope(q, per_row, INV, "half", D), torch.float32)
+        assert_close_to_oracle(kr, reference_rope(k, per_row, INV, "half", D), torch.float32)
+    assert general["n"] == 1          # the first call builds the table; the second is the general branch's
+
+
+def test_rotary_sees_frequency_edits_and_growth_after_warm_calls():
+    rot = Rotary(D, layout="half")
+    q, k = qk(11)
+    pos = torch.tensor([3])
+    rot(q, k, pos)
+    rot(q, k, pos)
+    rot.inv_freq.data.mul_(2.0)                    # a weight loader's write: no version-counter bump
+    qr, _ = rot(q, k, pos)
+    doubled = [2 * f for f in INV]
+    assert_close_to_oracle(qr, reference_rope(q, pos, doubled, "half", D), torch.float32)
+    far = torch.tensor([50000])                    # past the table: the general path grows it
+    qr, _ = rot(q, k, far)
+    assert_close_to_oracle(qr, reference_rope(q, far, doubled, "half", D), torch.float32)
+
+
+def test_rotary_head_dim_is_part_of_what_was_checked():
+    q, k = qk(12)
+    pos = torch.tensor([1])
+    small = Rotary(D)
+    small(q, k, pos)
+    small(q, k, pos)
+    with pytest.raises(PosencError, match="head_dim"):
+        Rotary(2 * D, partial_rotary_factor=0.5)(q, k, pos)          # another module, same shapes: still its own check
+
+
+def test_rotary_with_grad_after_warm_calls():
+    rot = Rotary(D, layout="half")
+    q, k = qk(13)
+    pos = torch.tensor([4])
+    rot(q, k, pos)
+    rot(q, k, pos)
+    qg = q.clone().requires_grad_()
+    qr, _ = rot(qg, k, pos)
+    assert qr.grad_fn is not None
+    qr.sum().backward()
+    assert_close_to_oracle(qg.grad, reference_rope(torch.ones_like(q), pos, INV, "half", D, inverse=True),
+                           torch.float32)
