@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from posenc.faults import Parser, run_reporting_faults
+from posenc.faults import Parser, flag_names, run_reporting_faults
 
 # subcommand -> module implementing it
 COMMANDS = {
@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         parser.commands[name] = p
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        # a module with FLAG_ALIASES has its messages' setting names shown as its flags
+        aliases = getattr(module, "FLAG_ALIASES", None)
+        p.set_defaults(_run=module.run, _flags=None if aliases is None else flag_names(p, aliases))
     return parser
 
 
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    return run_reporting_faults(args.command, lambda: args._run(args))
+    return run_reporting_faults(args.command, lambda: args._run(args), flags=args._flags)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,6 +10,9 @@
     out of memory                                                            one line, exit 1
     anything else is a bug in posenc: one line saying so, the traceback saved to a file to attach to a report, exit 1
 
+A bad-input message names the flag to change ("--eval-tokens must be ...") where the library's own message names
+the setting ("eval_tokens must be ..."): ``flag_names`` / ``to_flags``, applied by the commands.
+
 Only posenc's own PosencError family is "your input": a stray ValueError or KeyError from deep inside is a bug, and
 calling it user error would send the user hunting for a mistake they did not make.
 """
@@ -19,10 +22,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import traceback
 import warnings
+from collections.abc import Mapping
 from typing import Callable
 
 ISSUES_HINT = "please report it (the command line and the saved traceback) to the posenc maintainers"
@@ -38,6 +43,52 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USER, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def flag_names(parser: argparse.ArgumentParser, aliases: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Setting name -> the flag that sets it ("eval_tokens" -> "--eval-tokens"): each long option of ``parser``
+    by its destination, then ``aliases`` (other names the library's messages cite, e.g. "replace_scaling")."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest != "help":
+            names.setdefault(action.dest, longs[0])
+    for name, flag in (aliases or {}).items():
+        names.setdefault(name, flag)
+    return names
+
+
+def to_flags(message: str, names: Mapping[str, str]) -> str:
+    """A library message with setting names replaced by the command's flags ("d_model must" -> "--d-model must").
+
+    Names with an underscore are replaced wherever they stand as a word; plain-word names (tasks, data, ...) only
+    where they open the message or a "name/name:" list, so ordinary words in the text stay; a name the message
+    follows with its flag ("out_config PATH (--out-config): ...") stays. Idempotent.
+    """
+    def swap(match: re.Match) -> str:
+        name = match.group(0)
+        flag = names.get(name)
+        if flag is None or re.match(r"\s+(?:\S+\s+)?\(" + re.escape(flag) + r"\)", message[match.end():]):
+            return name
+        return flag
+
+    # not inside a path, an attribute, a flag or a call: "/tmp/eval_tokens.txt", "cfg.eval_tokens", "f_x()"
+    out = re.sub(r"(?<![\w./\\-])[a-z]+_[a-z_]+(?![\w(/\\]|\.\w)", swap, message)
+    return re.sub(r"^[a-z]+(?=:|/| must)", swap, out)
+
+
+@contextlib.contextmanager
+def errors_name_flags(flags: Mapping[str, str]):
+    """Inside this block a PosencError's message names flags instead of settings (``to_flags``), for commands
+    that parse their own arguments below posenc.cli (``posenc search``, ``posenc lab``)."""
+    from posenc.errors import PosencError
+
+    try:
+        yield
+    except PosencError as exc:
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (to_flags(exc.args[0], flags), *exc.args[1:])
+        raise
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -72,13 +123,14 @@ def _quiet_stdout() -> None:
         pass
 
 
-def run_reporting_faults(command: str, fn: Callable[[], int | None]) -> int:
-    """Run ``fn()`` for ``posenc COMMAND`` and turn every fault into its one-line message and exit status."""
+def run_reporting_faults(command: str, fn: Callable[[], int | None], flags: Mapping[str, str] | None = None) -> int:
+    """Run ``fn()`` for ``posenc COMMAND`` and turn every fault into its one-line message and exit status.
+    ``flags`` (``flag_names``): setting names in bad-input messages are shown as the flags that set them."""
     prefix = f"posenc {command}"
     shown_warning = warnings.showwarning
     warnings.showwarning = one_line_warnings(prefix)
     try:
-        return _run(prefix, fn)
+        return _run(prefix, fn, flags)
     finally:
         warnings.showwarning = shown_warning
 
@@ -122,7 +174,7 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run(prefix: str, fn: Callable[[], int | None]) -> int:
+def _run(prefix: str, fn: Callable[[], int | None], flags: Mapping[str, str] | None = None) -> int:
     from posenc.errors import PosencError
 
     try:
@@ -137,7 +189,7 @@ def _run(prefix: str, fn: Callable[[], int | None]) -> int:
         print(f"{prefix}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     except PosencError as exc:
-        print(f"{prefix}: error: {exc}", file=sys.stderr)
+        print(f"{prefix}: error: {to_flags(str(exc), flags) if flags else exc}", file=sys.stderr)
         return EXIT_USER
     except OSError as exc:  # the environment: permissions, missing folders, a file where a folder should be
         print(f"{prefix}: error: {describe_os_error(exc)}", file=sys.stderr)

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from typing import Callable
 
-from posenc.faults import Parser, run_reporting_faults
+from posenc.faults import Parser, flag_names, run_reporting_faults
 
 
-def run_command(name: str, add_arguments: Callable, run: Callable, argv: list[str] | None = None) -> int:
+def run_command(name: str, add_arguments: Callable, run: Callable, argv: list[str] | None = None,
+                flag_aliases: dict[str, str] | None = None) -> int:
+    """``flag_aliases``: as a module's FLAG_ALIASES in posenc.cli (messages name flags, not settings)."""
     parser = Parser(prog=f"posenc {name}")
     add_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:   # --help (0) or a usage error (2, already printed as one line): a status, not a raise
         return exc.code if isinstance(exc.code, int) else 2
-    return run_reporting_faults(name, lambda: run(args))
+    flags = None if flag_aliases is None else flag_names(parser, flag_aliases)
+    return run_reporting_faults(name, lambda: run(args), flags=flags)

@@ -878,6 +878,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (transformers' too)")
 
 
+# EvalSettings' names that differ from their flags' (posenc.cli shows setting names in messages as flags)
+FLAG_ALIASES = {"replace_scaling": "--replace"}
+
+
 def check_threads(threads, name: str = "--threads") -> int | None:
     """CPU threads for torch: None or 0 = torch's own choice, else a count up to the lab's own limit (ConfigError
     naming ``name``): torch.set_num_threads refuses a negative count only with its own RuntimeError."""
@@ -944,4 +948,4 @@ def eval_main(argv: list[str] | None = None) -> int:
     """``posenc eval`` as a function (exit status; errors as one line on stderr)."""
     from posenc.hf.command import run_command
 
-    return run_command("eval", add_arguments, run, argv)
+    return run_command("eval", add_arguments, run, argv, FLAG_ALIASES)

@@ -471,8 +471,12 @@ def run(args) -> int:
     return 0
 
 
+# the setting names export's messages cite are its flags' own (posenc.cli shows them as the flags)
+FLAG_ALIASES: dict[str, str] = {}
+
+
 def export_main(argv: list[str] | None = None) -> int:
     """``posenc export`` as a function (exit status; errors as one line on stderr)."""
     from posenc.hf.command import run_command
 
-    return run_command("export", add_arguments, run, argv)
+    return run_command("export", add_arguments, run, argv, FLAG_ALIASES)

@@ -118,7 +118,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     from posenc._atomic import atomic_write_json
     from posenc._validate import check_choice, check_int, positive_int
     from posenc._atomic import check_writable_folder
-    from posenc.hf.evaluate import (DTYPES, WEIGHT_FILES, check_attn_implementation, check_device,
+    from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device,
                                     check_model_files, load_causal_lm, load_tokenizer, model_files)
     from posenc.hf.patch import find_rotary
     from posenc.search.fitness import perplexity_fitness
@@ -272,11 +272,15 @@ def run(args) -> int:
     return 0
 
 
+# the setting names this search's messages cite are its flags' own (messages show them as the flags)
+FLAG_ALIASES: dict[str, str] = {}
+
+
 def search_main(argv: list[str] | None = None) -> int:
     """The search as a command (exit status; errors as one line on stderr): ``posenc search`` once hooked."""
     from posenc.hf.command import run_command
 
-    return run_command("search", add_arguments, run, argv)
+    return run_command("search", add_arguments, run, argv, FLAG_ALIASES)
 
 
 

@@ -385,17 +385,16 @@ def run_qk(plan, q, k, q_out, k_out, cos, sin, index) -> bool:
 
 def run_fresh_qk(plan, q, k, cos, sin, index):
     """(RoPE(q), RoPE(k)) as new tensors through a ``qk_plan`` plan (not in place); None where ``run_qk`` is
-    False. (``run_qk``'s body, inlined: this is the whole of a decode step's kernel call.)"""
-    if _force["eager"]:
-        return None
+    False."""
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    rc = _state["run"](plan[1], plan[0], q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr(),
-                       cos.data_ptr(), sin.data_ptr(), index.data_ptr(), index.numel(), cos.shape[0])
-    if rc:
-        if rc == 4:
-            return None
-        _failed(rc)
-    return q_out, k_out
+    return (q_out, k_out) if run_qk(plan, q, k, q_out, k_out, cos, sin, index) else None
+
+
+def plain_cpu_call(q, k, index) -> bool:
+    """Whether q, k and the positions are what the fast path (``qk_plan``) takes: contiguous CPU tensors, q and k
+    not requiring grad (autograd, other devices and strides take the general path)."""
+    return (q.is_cpu and k.is_cpu and index.is_cpu and not (q.requires_grad or k.requires_grad)
+            and q.is_contiguous() and k.is_contiguous() and index.is_contiguous())
 
 
 # ---------------------------------------------------------------------------------------------------------------

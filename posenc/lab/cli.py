@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 from posenc.argtypes import floats, ints, items
 from posenc.errors import ConfigError, PosencError
+from posenc.faults import to_flags as faults_to_flags
 
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
@@ -155,19 +155,11 @@ ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", 
 
 
 def to_flags(message: str) -> str:
-    """A library message with setting names replaced by this command's flags ("d_model must" -> "--d-model must").
-
-    Names with an underscore are replaced wherever they stand as a word; plain-word names (tasks, data, ...) only
-    where they open the message or a "name/name:" list, so ordinary words in the text stay.
-    """
+    """A library message with setting names replaced by this command's flags ("d_model must" -> "--d-model must"),
+    by posenc.faults.to_flags's rule."""
     flags = {dest: flag for flag, dest, _, _ in FLAGS}
     flags.update({k: v for k, v in ALIASES.items() if k not in flags})
-
-    def swap(match: re.Match) -> str:
-        return flags.get(match.group(0), match.group(0))
-
-    out = re.sub(r"(?<![\w.-])[a-z]+_[a-z_]+(?![\w(])", swap, message)
-    return re.sub(r"^[a-z]+(?=:|/| must)", swap, out)
+    return faults_to_flags(message, flags)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -632,15 +632,13 @@ def _writes(mode, q, k, out):
 
 def _run_known(known, mode, q, k, p, out):
     table_key, plan = known
-    if not (q.is_cpu and k.is_cpu and p.is_cpu) or q.requires_grad or k.requires_grad:
-        return None
-    if not (q.is_contiguous() and k.is_contiguous() and p.is_contiguous()):
+    cpu = _lazy["cpu_rope"]
+    if not cpu.plain_cpu_call(q, k, p):
         return None
     entry = TABLES.peek(table_key)
     table = None if entry is None else entry.cos_sin
     if table is None:
         return None
-    cpu = _lazy["cpu_rope"]
     if mode == _NEW:
         return cpu.run_fresh_qk(plan, q, k, table[0], table[1], p)
     writes = _writes(mode, q, k, out)
@@ -652,10 +650,10 @@ def _run_known(known, mode, q, k, p, out):
 
 def _remember(key, q, k, p, out, base, rotary_dim, attention_scaling, layout) -> None:
     """Record a call the general path has just completed, if the fast path can repeat it (see _QK_CALLS)."""
-    if not (q.is_cpu and k.is_cpu and p.is_cpu and p.dtype == torch.int64 and p.dim() and p.numel() and q.numel()
-            and k.numel()) or q.requires_grad or k.requires_grad:
-        return
-    if not (q.is_contiguous() and k.is_contiguous() and p.is_contiguous()):
+    from posenc.kernels import cpu_rope
+
+    if not (p.dtype == torch.int64 and p.dim() and p.numel() and q.numel() and k.numel()) \
+            or not cpu_rope.plain_cpu_call(q, k, p):
         return
     if type(base) not in (int, float) or type(attention_scaling) not in (int, float) or layout not in LAYOUTS:
         return
@@ -668,7 +666,6 @@ def _remember(key, q, k, p, out, base, rotary_dim, attention_scaling, layout) ->
     table = None if entry is None else entry.cos_sin
     if table is None:
         return
-    from posenc.kernels import cpu_rope
     _lazy["cpu_rope"] = cpu_rope
     plan = cpu_rope.qk_plan(q, k, table[0], table[1], p, layout, entry.rotary_dim, inplace=mode == _INPLACE)
     if plan is None:

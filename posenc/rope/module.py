@@ -28,7 +28,7 @@ import torch
 from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
-from posenc.kernels.cpu_rope import qk_plan, run_fresh_qk
+from posenc.kernels.cpu_rope import plain_cpu_call, qk_plan, run_fresh_qk
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
 from posenc.rope.angles import Angles, pack_frequencies
@@ -262,9 +262,7 @@ class Rotary(Float32Buffers):
                    self.config.head_dim, _num_threads())
             plan = _ROTARY_CALLS.get(key)
             # (the body of a decode step: re-check what depends on this call and on the module's state)
-            if plan is not None and q.is_cpu and k.is_cpu and positions.is_cpu and not (
-                    q.requires_grad or k.requires_grad) and q.is_contiguous() and k.is_contiguous() \
-                    and positions.is_contiguous() and self.n_axes == 1 and self.use_cache \
+            if plan is not None and plain_cpu_call(q, k, positions) and self.n_axes == 1 and self.use_cache \
                     and self.seq_len_rule is None:
                 buffers = self._buffers
                 cos = buffers["cos_cached"]
@@ -321,14 +319,14 @@ class Rotary(Float32Buffers):
                 index = index.to(torch.int64).contiguous()
             sin_cached = buffers["sin_cached"]
             plan = None
-            if not (q.requires_grad or k.requires_grad) and q.is_contiguous() and k.is_contiguous():
+            if plain_cpu_call(q, k, index):
                 # decode: fresh outputs through a plan cached by shape (no autograd, nothing to alias-check)
                 plan = qk_plan(q, k, cos_cached, sin_cached, index, self.layout, self.rotary_dim)
             if plan is not None:
                 if key is not None and positions.dtype == torch.int64 and positions.is_contiguous():
                     if len(_ROTARY_CALLS) >= 64:
                         _ROTARY_CALLS.clear()
-                    _ROTARY_CALLS[key] = plan        # checked: later calls like this one take _run_known
+                    _ROTARY_CALLS[key] = plan        # checked: later calls like this one skip to the kernel
                 rotated = run_fresh_qk(plan, q, k, cos_cached, sin_cached, index)
                 if rotated is not None:
                     return rotated

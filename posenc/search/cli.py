@@ -22,7 +22,6 @@ the first ``--reserved`` tokens (the text the lab reports on). DIR receives:
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 HELP = ("LongRoPE's evolutionary factor search on a lab model or a transformers model folder; writes a Hugging "
@@ -97,7 +96,7 @@ def run(args) -> int:
         add, go = hf_search.add_arguments, hf_search.run
     else:
         add, go = lab_arguments, run_lab_search
-    from posenc.faults import Parser
+    from posenc.faults import Parser, errors_name_flags, flag_names
 
     parser = Parser(prog="posenc search", description=HELP)
     add(parser)
@@ -105,30 +104,16 @@ def run(args) -> int:
         inner = parser.parse_args([args.source, *args.options])
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed as one line)
         return int(exc.code or 0)
-    return go(inner)
+    with errors_name_flags(flag_names(parser, _FLAGS if go is run_lab_search else hf_search.FLAG_ALIASES)):
+        return go(inner)
 
 
-# the lab's setting names in library messages -> this command's flags
+# the lab's setting names in library messages that differ from this command's flags
 _FLAGS = {"search_population": "--population", "search_generations": "--generations", "search_windows": "--windows",
           "eval_tokens": "--reserved"}
 
 
-def _to_flags(message: str) -> str:
-    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], message)
-
-
 def run_lab_search(args) -> int:
-    from posenc.errors import PosencError
-
-    try:
-        return _run_lab_search(args)
-    except PosencError as exc:
-        if exc.args and isinstance(exc.args[0], str):
-            exc.args = (_to_flags(exc.args[0]), *exc.args[1:])
-        raise
-
-
-def _run_lab_search(args) -> int:
     import torch
 
     from posenc._validate import check_int

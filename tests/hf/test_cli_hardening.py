@@ -112,7 +112,7 @@ def test_export_bounds_max_positions_and_refuses_factor_without_rope_scaling(tmp
     out = tmp_path / "out"
     argv = [str(run), "--scheme", "sinusoidal", "--out", str(out)]
     err = fails(capsys, export_main, [*argv, "--max-positions", "99999999999"])
-    assert "max_positions must be an integer in [1, 1073741824]" in err
+    assert "--max-positions must be an integer in [1, 1073741824]" in err
     assert "--factor needs --rope-scaling" in fails(capsys, export_main, [*argv, "--factor", "4"])
     assert not out.exists()
     with pytest.raises(ConfigError, match="factor: .*given without rope_scaling"):
@@ -196,9 +196,9 @@ def test_eval_names_a_bad_config_or_a_missing_tokenizer_or_weights(model_dir, tm
 
 @pytest.mark.parametrize("flags, message", [
     (["--threads", "-1"], "--threads must be an integer in [0, 4096], got -1"),
-    (["--device", "bogus"], "device: expected cpu, cuda, cuda:N"),
-    (["--device", "cuda:99"], "device: cuda:99 requested but"),
-    (["--attn-implementation", "bogus"], "attn_implementation: expected one of eager, "),
+    (["--device", "bogus"], "--device: expected cpu, cuda, cuda:N"),
+    (["--device", "cuda:99"], "--device: cuda:99 requested but"),
+    (["--attn-implementation", "bogus"], "--attn-implementation: expected one of eager, "),
 ])
 def test_eval_and_search_check_threads_device_and_attention_first(flags, message, model_dir, tmp_path, capsys,
                                                                   no_model_loading):
@@ -473,7 +473,7 @@ def test_resume_refuses_what_would_mix_two_evaluations(model_dir, tmp_path, monk
     out = tmp_path / "out"
     argv = _interrupted_eval(E, model_dir, out, monkeypatch)
     other = [a if a != "64" else "96" for a in argv]                    # --eval-tokens 96
-    assert "eval_tokens: 64 then, 96 now" in fails(capsys, E.eval_main, [*other, "--resume"])
+    assert "--eval-tokens: 64 then, 96 now" in fails(capsys, E.eval_main, [*other, "--resume"])
     assert "contradict" in fails(capsys, E.eval_main, [*argv, "--resume", "--overwrite"])
     no_out = argv[:argv.index("--out")] + argv[argv.index("--out") + 2:]
     assert "pass --out DIR" in fails(capsys, E.eval_main, [*no_out, "--resume"])

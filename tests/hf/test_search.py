@@ -126,7 +126,7 @@ def test_search_command(tmp_path, text_file, capsys):
     assert "| seed yarn |" in printed and "| searched |" in printed and out.is_file()
     assert (tmp_path / "longrope-search-64.json").is_file()
     assert search_main([str(folder), "--target-length", "16", "--no-progress"]) == 2
-    assert "posenc search: error: target_length must be" in capsys.readouterr().err
+    assert "posenc search: error: --target-length must be" in capsys.readouterr().err
 
 
 def test_eval_runs_the_searched_config(searched, text_file):
