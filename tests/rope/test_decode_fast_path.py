@@ -44,6 +44,20 @@ def call(mode: str, q, k, pos, **kwargs):
     return result
 
 
+def warm(fn, *args, **kwargs):
+    """Call twice: the first call checks and records the geometry, the second takes the fast path."""
+    fn(*args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def warm_rotary(seed: int, pos: torch.Tensor):
+    """A half-layout Rotary and (q, k) of decode shape, after two calls at ``pos``."""
+    rot = Rotary(D, layout="half")
+    q, k = qk(seed)
+    warm(rot, q, k, pos)
+    return rot, q, k
+
+
 def oracle(q, k, pos, layout):
     return (reference_rope(q, pos, INV, layout, D), reference_rope(k, pos, INV, layout, D))
 
@@ -131,8 +145,7 @@ def test_a_new_thread_count_gets_its_own_plan():
 def test_eager_only_after_a_warm_call_runs_the_fallback(monkeypatch):
     q, k = qk(4)
     pos = torch.tensor([[9]])
-    apply_rope_qk(q, k, pos)
-    apply_rope_qk(q, k, pos)
+    warm(apply_rope_qk, q, k, pos)
     calls = {"n": 0}
     run = cpu_rope._state["run"]
 
@@ -184,8 +197,7 @@ def test_an_out_tensor_that_is_its_own_input_still_works():
 def test_autograd_after_warm_calls_takes_the_differentiable_path():
     q, k = qk(7, dtype=torch.float64)
     pos = torch.tensor([[3]])
-    apply_rope_qk(q, k, pos)
-    apply_rope_qk(q, k, pos)
+    warm(apply_rope_qk, q, k, pos)
     qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
     qr, kr = apply_rope_qk(qg, kg, pos)
     assert qr.grad_fn is not None
@@ -216,8 +228,7 @@ def test_written_tensors_get_their_version_bumped_on_the_fast_path(mode, hits):
 def test_arguments_the_general_path_refuses_are_still_refused_after_warm_calls():
     q, k = qk(9)
     pos = torch.tensor([[2]])
-    apply_rope_qk(q, k, pos, rotary_dim=D)
-    apply_rope_qk(q, k, pos, rotary_dim=D)
+    warm(apply_rope_qk, q, k, pos, rotary_dim=D)
     with pytest.raises(PosencError, match="rotary_dim"):
         apply_rope_qk(q, k, pos, rotary_dim=float(D))           # equal as a number, not an integer
     with pytest.raises(PosencError, match="inplace"):
@@ -229,8 +240,7 @@ def test_arguments_the_general_path_refuses_are_still_refused_after_warm_calls()
 def test_non_contiguous_inputs_of_a_remembered_shape_are_rotated_correctly():
     q, k = qk(10, t=2)
     pos = torch.tensor([[0, 7]])
-    apply_rope_qk(q, k, pos)
-    apply_rope_qk(q, k, pos)
+    warm(apply_rope_qk, q, k, pos)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)        # same shape and values, other strides
     assert not qt.is_contiguous()
     qr, _ = apply_rope_qk(qt, k, pos)
@@ -280,11 +290,8 @@ def test_rotary_repeat_calls_skip_the_checks_and_match_the_loops(positions, gene
 
 
 def test_rotary_sees_frequency_edits_and_growth_after_warm_calls():
-    rot = Rotary(D, layout="half")
-    q, k = qk(11)
     pos = torch.tensor([3])
-    rot(q, k, pos)
-    rot(q, k, pos)
+    rot, q, k = warm_rotary(11, pos)
     rot.inv_freq.data.mul_(2.0)                    # a weight loader's write: no version-counter bump
     qr, _ = rot(q, k, pos)
     doubled = [2 * f for f in INV]
@@ -297,19 +304,14 @@ def test_rotary_sees_frequency_edits_and_growth_after_warm_calls():
 def test_rotary_head_dim_is_part_of_what_was_checked():
     q, k = qk(12)
     pos = torch.tensor([1])
-    small = Rotary(D)
-    small(q, k, pos)
-    small(q, k, pos)
+    warm(Rotary(D), q, k, pos)
     with pytest.raises(PosencError, match="head_dim"):
         Rotary(2 * D, partial_rotary_factor=0.5)(q, k, pos)          # another module, same shapes: still its own check
 
 
 def test_rotary_with_grad_after_warm_calls():
-    rot = Rotary(D, layout="half")
-    q, k = qk(13)
     pos = torch.tensor([4])
-    rot(q, k, pos)
-    rot(q, k, pos)
+    rot, q, k = warm_rotary(13, pos)
     qg = q.clone().requires_grad_()
     qr, _ = rot(qg, k, pos)
     assert qr.grad_fn is not None
