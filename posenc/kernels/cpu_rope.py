@@ -392,9 +392,11 @@ def run_fresh_qk(plan, q, k, cos, sin, index):
 
 def plain_cpu_call(q, k, index) -> bool:
     """Whether q, k and the positions are what the fast path (``qk_plan``) takes: contiguous CPU tensors, q and k
-    not requiring grad (autograd, other devices and strides take the general path)."""
+    not requiring grad nor negated views (autograd, other devices and strides, negated views take the general
+    path)."""
     return (q.is_cpu and k.is_cpu and index.is_cpu and not (q.requires_grad or k.requires_grad)
-            and q.is_contiguous() and k.is_contiguous() and index.is_contiguous())
+            and q.is_contiguous() and k.is_contiguous() and index.is_contiguous()
+            and not (q.is_neg() or k.is_neg() or index.is_neg()))
 
 
 # ---------------------------------------------------------------------------------------------------------------

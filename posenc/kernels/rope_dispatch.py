@@ -100,9 +100,50 @@ class _Rope(torch.autograd.Function):
             positions, inv_freq, packed, index = ctx.saved_tensors
             cos, sin = Angles(positions, inv_freq, ctx.scaling, packed), None
         layout, rotary_dim, inverse, backend = ctx.spec
-        grads = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]
+        grads = [g if g.stride(-1) == 1 and not g.is_neg() else g.resolve_neg().contiguous() for g in grads]
         outs = _Rope.apply((layout, rotary_dim, not inverse, backend), cos, sin, index, *grads)
         return (None, None, None, None, *outs)
+
+
+def _check_write_rules(xs, writes, inplace, out, names, out_names, grad_mode, needs_grad) -> None:
+    """torch's rules for an in-place or out= write, before anything is written (see the module docstring)."""
+    check_writes(xs, writes, names, names if inplace else (out_names or _names(len(xs), "out", "out")))
+    if out is not None and grad_mode and (needs_grad or any(o.requires_grad for o in out)):
+        raise RopeAliasError("out= does not support automatic differentiation, but one of the arguments requires "
+                             "grad (as for torch's out= ops): call without out=, or under torch.no_grad()")
+    if inplace and needs_grad:
+        for x, name in zip(xs, names):
+            if x.requires_grad and x.is_leaf:
+                raise RopeAliasError(f"a leaf Variable that requires grad ({name}) is being used in an in-place "
+                                     "operation: call without inplace=True, or under torch.no_grad()")
+
+
+def _negated(xs, cos, sin, index, out) -> bool:
+    """Whether a tensor is a negated view (``is_neg()``: torch's lazy negation, e.g. the imaginary part of a
+    conjugate), whose memory holds minus its values: the kernels read and write raw memory and would miss the sign."""
+    for t in (*xs, *(out or ()), cos, sin, index):
+        if isinstance(t, torch.Tensor) and t.is_neg():
+            return True
+    return False
+
+
+def _rope_negated(xs, cos, sin, *, layout, rotary_dim, inplace, out, index, backend, names, out_names):
+    """``rope`` when a tensor is a negated view: rotate resolved copies, then write through torch's ``copy_``,
+    which knows the sign bit (the write rules are checked on the tensors as given, first)."""
+    grad_mode = torch.is_grad_enabled()
+    needs_grad = grad_mode and any(x.requires_grad for x in xs)
+    if inplace or out is not None:
+        names = names or _names(len(xs), "x", "x")
+        _check_write_rules(xs, xs if inplace else out, inplace, out, names, out_names, grad_mode, needs_grad)
+    resolve = [t.resolve_neg() if isinstance(t, torch.Tensor) else t for t in (cos, sin, index)]
+    rotated = rope([x.resolve_neg() for x in xs], *resolve[:2], layout=layout, rotary_dim=rotary_dim,
+                   index=resolve[2], backend=backend)
+    if not inplace and out is None:
+        return rotated
+    writes = xs if inplace else out
+    for w, r in zip(writes, rotated):
+        w.copy_(r)        # (in place with autograd: torch records the write, as on the ordinary path)
+    return tuple(writes)
 
 
 def _names(n: int, prefix: str, single: str) -> tuple[str, ...]:
@@ -124,6 +165,9 @@ def rope(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *, la
     validated (posenc.rope.apply); the memory and autograd rules (module docstring) are checked here.
     """
     backend = backend or backend_for(xs[0])
+    if _negated(xs, cos, sin, index, out):
+        return _rope_negated(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=out,
+                             index=index, backend=backend, names=names, out_names=out_names)
     grad_mode = torch.is_grad_enabled()
     needs_grad = False
     if grad_mode:
@@ -138,15 +182,8 @@ def rope(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *, la
 
     names = names or _names(len(xs), "x", "x")
     writes = xs if inplace else out
-    check_writes(xs, writes, names, names if inplace else (out_names or _names(len(xs), "out", "out")))
-    if out is not None and grad_mode and (needs_grad or any(o.requires_grad for o in out)):
-        raise RopeAliasError("out= does not support automatic differentiation, but one of the arguments requires "
-                             "grad (as for torch's out= ops): call without out=, or under torch.no_grad()")
+    _check_write_rules(xs, writes, inplace, out, names, out_names, grad_mode, needs_grad)
     if inplace and needs_grad:
-        for x, name in zip(xs, names):
-            if x.requires_grad and x.is_leaf:
-                raise RopeAliasError(f"a leaf Variable that requires grad ({name}) is being used in an in-place "
-                                     "operation: call without inplace=True, or under torch.no_grad()")
         tracked = [x for x in xs if x.requires_grad]
         rotated = _Rope.apply((layout, rotary_dim, False, backend), cos, sin, index, *tracked)
         rest = [x for x in xs if not x.requires_grad]

@@ -622,7 +622,7 @@ def _writes(mode, q, k, out):
     if mode == _OUT:
         qo, ko = out
         if not (qo.is_cpu and ko.is_cpu and qo.is_contiguous() and ko.is_contiguous()) or qo.requires_grad \
-                or ko.requires_grad or not _kernel_checks().separate(q, k, qo, ko):
+                or ko.requires_grad or qo.is_neg() or ko.is_neg() or not _kernel_checks().separate(q, k, qo, ko):
             return None
         return qo, ko
     if mode == _INPLACE:

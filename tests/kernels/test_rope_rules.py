@@ -19,7 +19,7 @@ import posenc
 from posenc.errors import PosencError
 from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError
-from posenc.rope.apply import default_inv_freq
+from posenc.rope.apply import apply_rope_table_qk, default_inv_freq
 from ._oracle import assert_close_to_oracle, reference_rope
 
 HAS_CC = cpu_rope._compiler() is not None
@@ -392,3 +392,51 @@ def test_q_and_k_views_of_a_long_fused_buffer_are_not_taken_for_overlapping():
     posenc.apply_rope(x[:, ::2], torch.arange(4097), out=x[:, 1::2])
     with pytest.raises(RopeAliasError):
         posenc.apply_rope(x[:, :1024], torch.arange(4097), out=x[:, 1:1025])
+
+
+# ---- negated views (is_neg(): torch's lazy negation) -------------------------------------------------------------
+# Their memory holds minus their values; a kernel reading or writing raw memory must not miss the sign. The oracle
+# is the same call on resolved (ordinary) tensors.
+
+def _neg(t):
+    return torch._neg_view(t.clone())
+
+
+NEGATED = ["q", "k", "out", "inplace", "table"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("role", NEGATED)
+def test_negated_views_are_read_and_written_with_their_sign(backend, role):
+    q, k = _x(1, 4, 4, 8, seed=2, dtype=torch.float32), _x(1, 2, 4, 8, seed=3, dtype=torch.float32)
+    want = posenc.apply_rope_qk(q, k, POS)
+    with _backend(backend):
+        for _ in range(3):                          # again and again: a remembered geometry must not skip the sign
+            if role in ("q", "k"):
+                got = posenc.apply_rope_qk(_neg(q) if role == "q" else q, _neg(k) if role == "k" else k, POS)
+                want_here = posenc.apply_rope_qk(-q if role == "q" else q, -k if role == "k" else k, POS)
+            elif role == "out":
+                got = (_neg(torch.empty_like(q)), torch.empty_like(k))
+                posenc.apply_rope_qk(q, k, POS, out=got)
+                want_here = want
+            elif role == "inplace":
+                got = (_neg(-q), k.clone())             # a view whose values are q
+                posenc.apply_rope_qk(*got, POS, inplace=True)
+                want_here = want
+            else:
+                cos, sin = posenc.rope_cos_sin(POS, default_inv_freq(8))
+                got = apply_rope_table_qk(q, k, _neg(-cos), sin)     # cos given as a negated view of cos
+                want_here = want
+            for g, w in zip(got, want_here):
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_gradients_through_a_negated_view():
+    x = _x(1, 2, 4, 8, seed=4).requires_grad_()
+    k = _x(1, 2, 4, 8, seed=5)
+    qr, _ = posenc.apply_rope_qk(torch._neg_view(x), k, POS)
+    qr.sum().backward()
+    # d/dx sum(R(-x)) = -R^T 1
+    ones = torch.ones_like(x)
+    torch.testing.assert_close(x.grad, -reference_rope(ones, POS, default_inv_freq(8).tolist(), "interleaved", 8,
+                                                        inverse=True), rtol=1e-12, atol=1e-12)
