@@ -121,6 +121,8 @@ def as_positions(positions, device=None, name: str = "positions") -> torch.Tenso
         except (TypeError, ValueError, RuntimeError) as exc:
             raise PosencError(f"{name} must be integers (a tensor, an int or a sequence of ints), got "
                               f"{type(positions).__name__} {str(positions)[:60]!r} ({exc})") from None
+    if p.is_neg():          # a negated view: kernels read raw memory, which holds minus its values
+        p = p.resolve_neg()
     if p.dtype not in _INT_DTYPES:
         p = check_position_dtype(p, name)
         if p.dtype in _FLOAT_POSITIONS and p.device.type != "meta" and not bool(torch.isfinite(p).all()):

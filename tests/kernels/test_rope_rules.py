@@ -431,6 +431,18 @@ def test_negated_views_are_read_and_written_with_their_sign(backend, role):
                 torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negated_positions_keep_their_sign(backend):
+    q, k = _x(1, 2, 4, 8, seed=6), _x(1, 2, 4, 8, seed=7)
+    with _backend(backend):
+        got = posenc.apply_rope_qk(q, k, torch._neg_view(POS.clone()))
+        rot = posenc.Rotary(8)
+        by_module = rot(q.float(), k.float(), torch._neg_view(-POS))            # values POS
+    want = posenc.apply_rope_qk(q, k, -POS)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    torch.testing.assert_close(by_module[0], posenc.Rotary(8)(q.float(), k.float(), POS)[0], rtol=0, atol=0)
+
+
 def test_gradients_through_a_negated_view():
     x = _x(1, 2, 4, 8, seed=4).requires_grad_()
     k = _x(1, 2, 4, 8, seed=5)
