@@ -162,6 +162,8 @@ def _check_x(x, name: str) -> None:
         raise PosencError(f"{name} must have shape [..., seq, dim], got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise PosencError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.layout != torch.strided:
+        raise PosencError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: call .to_dense() first")
 
 
 def _check_broadcast(shape, x: torch.Tensor, what: str) -> None:

@@ -275,6 +275,9 @@ class Rotary(Float32Buffers):
             key = None
         if not (q.is_floating_point() and k.is_floating_point()):
             raise PosencError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
+        if q.layout != torch.strided or k.layout != torch.strided:
+            raise PosencError(f"q and k must be dense (strided) tensors, got layouts {q.layout} and {k.layout}: call "
+                              ".to_dense() first")
         qs, ks, head_dim = q.shape, k.shape, self.config.head_dim
         if len(qs) != 4 or len(ks) != 4:
             raise PosencError(f"q and k must be [batch, heads, seq, head_dim]; got q {list(qs)}, k {list(ks)}")

@@ -451,3 +451,19 @@ def test_wide_unsigned_positions_equal_int64(dtype):
 def test_uint64_positions_past_int64_are_refused():
     with pytest.raises(PosencError, match="fit in int64"):
         apply_rope(torch.randn(1, 1, 8), torch.tensor([2**63], dtype=torch.uint64))
+
+
+@pytest.mark.parametrize("layout", ["sparse", "mkldnn"])
+def test_non_dense_tensors_are_named_not_crashed_on(layout):
+    q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 2, 8)
+    odd = q.to_sparse() if layout == "sparse" else q.to_mkldnn()
+    positions = torch.arange(2)
+    apply_rope_qk(q, k, positions)          # the same shapes, dense: fine (and remembered by the fast path)
+    with pytest.raises(PosencError, match="q must be a dense .strided. tensor"):
+        apply_rope_qk(odd, k, positions)
+    with pytest.raises(PosencError, match="x must be a dense"):
+        apply_rope(odd, positions)
+    from posenc import Rotary
+
+    with pytest.raises(PosencError, match="q and k must be dense"):
+        Rotary(8)(odd, k, positions)
