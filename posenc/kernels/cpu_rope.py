@@ -42,6 +42,7 @@ import torch
 
 from posenc.kernels.rope_checks import TableIndexError
 
+_STRIDED = torch.strided
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}
 _LAYOUT_CODES = {"interleaved": 0, "half": 1}
 _DTYPE_BYTES = {torch.float32: 4, torch.float64: 8, torch.bfloat16: 2, torch.float16: 2}
@@ -390,13 +391,14 @@ def run_fresh_qk(plan, q, k, cos, sin, index):
     return (q_out, k_out) if run_qk(plan, q, k, q_out, k_out, cos, sin, index) else None
 
 
-def plain_cpu_call(q, k, index) -> bool:
-    """Whether q, k and the positions are what the fast path (``qk_plan``) takes: contiguous CPU tensors, q and k
-    not requiring grad nor negated views (autograd, other devices and strides, negated views take the general
-    path)."""
-    return (q.is_cpu and k.is_cpu and index.is_cpu and not (q.requires_grad or k.requires_grad)
-            and q.is_contiguous() and k.is_contiguous() and index.is_contiguous()
-            and not (q.is_neg() or k.is_neg() or index.is_neg()))
+def plain_cpu(*tensors) -> bool:
+    """Whether these tensors (q, k, the positions, out= tensors) are what the fast path (``qk_plan``) takes: dense
+    contiguous CPU tensors that do not require grad and are not negated views. Anything else (autograd, other
+    devices, strides or layouts, negated views) takes the general path."""
+    for t in tensors:
+        if not (t.is_cpu and t.layout is _STRIDED and t.is_contiguous()) or t.requires_grad or t.is_neg():
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------------

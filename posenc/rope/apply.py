@@ -216,6 +216,8 @@ def _check_out(out, xs: Sequence[torch.Tensor], inplace: bool, name: str) -> lis
         raise PosencError(f"{name} must be {'a tensor' if len(xs) == 1 else f'a tuple of {len(xs)} tensors'} "
                           f"like the input(s), got {type(out).__name__}")
     for o, x in zip(outs, xs):
+        if o.layout != torch.strided:
+            raise PosencError(f"{name} must be dense (strided) tensors, got layout {o.layout}")
         if o.shape != x.shape or o.dtype != x.dtype or (o.is_cpu != x.is_cpu or not o.is_cpu and
                                                           o.device != x.device):
             raise PosencError(f"{name} must match the input's shape, dtype and device {list(x.shape)} {x.dtype} "
@@ -625,8 +627,7 @@ def _writes(mode, q, k, out):
     cannot take them."""
     if mode == _OUT:
         qo, ko = out
-        if not (qo.is_cpu and ko.is_cpu and qo.is_contiguous() and ko.is_contiguous()) or qo.requires_grad \
-                or ko.requires_grad or qo.is_neg() or ko.is_neg() or not _kernel_checks().separate(q, k, qo, ko):
+        if not _lazy["cpu_rope"].plain_cpu(qo, ko) or not _kernel_checks().separate(q, k, qo, ko):
             return None
         return qo, ko
     if mode == _INPLACE:
@@ -637,7 +638,7 @@ def _writes(mode, q, k, out):
 def _run_known(known, mode, q, k, p, out):
     table_key, plan = known
     cpu = _lazy["cpu_rope"]
-    if not cpu.plain_cpu_call(q, k, p):
+    if not cpu.plain_cpu(q, k, p):
         return None
     entry = TABLES.peek(table_key)
     table = None if entry is None else entry.cos_sin
@@ -656,8 +657,9 @@ def _remember(key, q, k, p, out, base, rotary_dim, attention_scaling, layout) ->
     """Record a call the general path has just completed, if the fast path can repeat it (see _QK_CALLS)."""
     from posenc.kernels import cpu_rope
 
+    _lazy["cpu_rope"] = cpu_rope
     if not (p.dtype == torch.int64 and p.dim() and p.numel() and q.numel() and k.numel()) \
-            or not cpu_rope.plain_cpu_call(q, k, p):
+            or not cpu_rope.plain_cpu(q, k, p):
         return
     if type(base) not in (int, float) or type(attention_scaling) not in (int, float) or layout not in LAYOUTS:
         return
@@ -670,7 +672,6 @@ def _remember(key, q, k, p, out, base, rotary_dim, attention_scaling, layout) ->
     table = None if entry is None else entry.cos_sin
     if table is None:
         return
-    _lazy["cpu_rope"] = cpu_rope
     plan = cpu_rope.qk_plan(q, k, table[0], table[1], p, layout, entry.rotary_dim, inplace=mode == _INPLACE)
     if plan is None:
         return

@@ -28,7 +28,7 @@ import torch
 from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
-from posenc.kernels.cpu_rope import plain_cpu_call, qk_plan, run_fresh_qk
+from posenc.kernels.cpu_rope import plain_cpu, qk_plan, run_fresh_qk
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
 from posenc.rope.angles import Angles, pack_frequencies
@@ -262,7 +262,7 @@ class Rotary(Float32Buffers):
                    self.config.head_dim, _num_threads())
             plan = _ROTARY_CALLS.get(key)
             # (the body of a decode step: re-check what depends on this call and on the module's state)
-            if plan is not None and plain_cpu_call(q, k, positions) and self.n_axes == 1 and self.use_cache \
+            if plan is not None and plain_cpu(q, k, positions) and self.n_axes == 1 and self.use_cache \
                     and self.seq_len_rule is None:
                 buffers = self._buffers
                 cos = buffers["cos_cached"]
@@ -322,7 +322,7 @@ class Rotary(Float32Buffers):
                 index = index.to(torch.int64).contiguous()
             sin_cached = buffers["sin_cached"]
             plan = None
-            if plain_cpu_call(q, k, index):
+            if plain_cpu(q, k, index):
                 # decode: fresh outputs through a plan cached by shape (no autograd, nothing to alias-check)
                 plan = qk_plan(q, k, cos_cached, sin_cached, index, self.layout, self.rotary_dim)
             if plan is not None:
