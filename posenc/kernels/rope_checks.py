@@ -162,9 +162,10 @@ def _span(t: torch.Tensor) -> tuple[int, int, bool]:
 
 
 def separate(*tensors: torch.Tensor) -> bool:
-    """Whether these contiguous tensors occupy pairwise disjoint bytes and none is an inference tensor written
-    outside ``torch.inference_mode()``: then ``check_writes`` accepts any write among them, so a fast path may
-    skip it. False means "not shown here": take the path that calls ``check_writes`` (which names the fault)."""
+    """Whether these contiguous tensors occupy pairwise disjoint bytes and, outside ``torch.inference_mode()``,
+    none is an inference tensor (conservative: only written ones matter): then ``check_writes`` accepts any write
+    among them, so a fast path may skip it. False means "not shown here": take the path that calls
+    ``check_writes`` (which names the fault)."""
     spans = []
     for t in tensors:
         start = t.data_ptr()
