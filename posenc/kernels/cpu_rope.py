@@ -391,14 +391,16 @@ def run_fresh_qk(plan, q, k, cos, sin, index):
     return (q_out, k_out) if run_qk(plan, q, k, q_out, k_out, cos, sin, index) else None
 
 
-def plain_cpu(*tensors) -> bool:
-    """Whether these tensors (q, k, the positions, out= tensors) are what the fast path (``qk_plan``) takes: dense
+def plain_cpu(a, b, positions=None) -> bool:
+    """Whether q and k (or the out= tensors) and the positions are what the fast path (``qk_plan``) takes: dense
     contiguous CPU tensors that do not require grad and are not negated views. Anything else (autograd, other
-    devices, strides or layouts, negated views) takes the general path."""
-    for t in tensors:
-        if not (t.is_cpu and t.layout is _STRIDED and t.is_contiguous()) or t.requires_grad or t.is_neg():
-            return False
-    return True
+    devices, strides or layouts, negated views) takes the general path. (Written out, not looped: a decode step
+    calls it.)"""
+    ok = (a.is_cpu and b.is_cpu and a.layout is _STRIDED and b.layout is _STRIDED and a.is_contiguous()
+          and b.is_contiguous() and not (a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg()))
+    if positions is None or not ok:
+        return ok
+    return positions.is_cpu and positions.is_contiguous() and not positions.is_neg()
 
 
 # ---------------------------------------------------------------------------------------------------------------
