@@ -115,9 +115,12 @@ def test_large_outputs_stream_past_the_cache(layout):
                                  native=True)
     unaligned = torch.full((x.numel() + 1,), float("nan"))[1:].view(x.shape)
     cpu_rope.rope_into(x, cos, sin, unaligned, layout=layout, rotary_dim=96, native=True)
-    for got in (aligned, unaligned):
+    # a fresh output whose pages were never touched (mapped straight from the OS) takes normal stores instead
+    fresh = cpu_rope.rope_into(x, cos, sin, torch.empty_like(x), layout=layout, rotary_dim=96, native=True)
+    for got in (aligned, unaligned, fresh):
         assert torch.allclose(got, ref, atol=1e-6, rtol=1e-6)
         assert torch.equal(got[..., 96:], x[..., 96:])
+    assert torch.equal(fresh, aligned)
 
 
 def _unfused_rope(x, cos, sin, layout, rotary_dim, inverse):
