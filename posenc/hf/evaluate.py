@@ -694,13 +694,12 @@ def model_identity(model_dir: str | os.PathLike, config_file: str | os.PathLike 
 def check_resumable(doc: dict, meta: dict) -> None:
     """ConfigError unless ``doc`` (an earlier run's results.json) is an interrupted eval that this run (its
     ``meta`` so far: settings, model files, data) may continue: the same settings, model files and data."""
-    try:
-        old = doc["meta"]
-        finished = old["timings_s"]
-        doc["results"], doc["curves"], old["methods"], old["started"]     # noqa: B018 (present)
-    except (KeyError, TypeError):
+    old = doc.get("meta")
+    if not (isinstance(old, dict) and all(k in doc for k in ("results", "curves"))
+            and all(k in old for k in ("timings_s", "methods", "started"))):
         raise ConfigError("resume: the folder's results.json is not a posenc eval's (no meta, results, curves, "
-                          "methods and timings): pass --overwrite to replace it") from None
+                          "methods and timings): pass --overwrite to replace it")
+    finished = old["timings_s"]
     if not old.get("incomplete"):
         raise ConfigError("resume: the eval in the folder is complete; nothing to resume (pass --overwrite to run "
                           "it again)")
@@ -711,7 +710,7 @@ def check_resumable(doc: dict, meta: dict) -> None:
         shown = "; ".join(f"{k}: {(settings or {}).get(k)!r} then, {meta['settings'].get(k)!r} now" for k in differ)
         raise ConfigError(f"resume: the interrupted eval ran other settings ({shown}); resume with the same "
                           "arguments, or pass --overwrite to start again")
-    if old.get("model_files") != meta["model_files"] or str(old.get("model")) != meta["model"]:
+    if old.get("model_files") != meta["model_files"]:         # (by content: the folder may be named otherwise now)
         raise ConfigError(f"resume: the model's files ({meta['model']}: config, weights, tokenizer or --config) "
                           "differ from the interrupted eval's; pass --overwrite to start again")
     if old.get("data") != meta["data"]:
