@@ -318,3 +318,22 @@ def test_rotary_with_grad_after_warm_calls():
     qr.sum().backward()
     assert_close_to_oracle(qg.grad, reference_rope(torch.ones_like(q), pos, INV, "half", D, inverse=True),
                            torch.float32)
+
+
+def test_rotary_copies_see_their_own_frequency_edits():
+    # the table's check compares a view of inv_freq's memory with a snapshot: a copied module must not read the
+    # original's memory through it
+    import copy
+
+    pos = torch.tensor([5])
+    rot, q, k = warm_rotary(14, pos)
+    twin = copy.deepcopy(rot)
+    warm(twin, q, k, pos)
+    twin.inv_freq.data.mul_(3.0)
+    qr, _ = twin(q, k, pos)
+    assert_close_to_oracle(qr, reference_rope(q, pos, [3 * f for f in INV], "half", D), torch.float32)
+    qr, _ = rot(q, k, pos)
+    assert_close_to_oracle(qr, reference_rope(q, pos, INV, "half", D), torch.float32)
+    rot.inv_freq.data = rot.inv_freq.data * 2.0          # new memory for the same tensor
+    qr, _ = rot(q, k, pos)
+    assert_close_to_oracle(qr, reference_rope(q, pos, [2 * f for f in INV], "half", D), torch.float32)
