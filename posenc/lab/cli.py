@@ -17,8 +17,8 @@ import argparse
 import json
 
 from posenc.argtypes import floats, ints, items
-from posenc.errors import ConfigError, PosencError
-from posenc.faults import to_flags as faults_to_flags
+from posenc.errors import ConfigError
+from posenc.faults import errors_name_flags
 
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
@@ -154,12 +154,11 @@ ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", 
            "factor": "--ext-factor", "dist_timeout": "--dist-timeout"}
 
 
-def to_flags(message: str) -> str:
-    """A library message with setting names replaced by this command's flags ("d_model must" -> "--d-model must"),
-    by posenc.faults.to_flags's rule."""
+def lab_flags() -> dict[str, str]:
+    """Setting name -> this command's flag, for posenc.faults.to_flags ("d_model" -> "--d-model")."""
     flags = {dest: flag for flag, dest, _, _ in FLAGS}
     flags.update({k: v for k, v in ALIASES.items() if k not in flags})
-    return faults_to_flags(message, flags)
+    return flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -223,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     from posenc.lab.run import run_lab
     from posenc.plugins import load_plugins
 
-    try:
+    with errors_name_flags(lab_flags()):
         # everything that can be checked is checked here, before --nproc N re-launches: a bad flag is one line
         load_plugins(args.plugin)
         cfg = config_from_args(args)
@@ -237,8 +236,4 @@ def run(args: argparse.Namespace) -> int:
         with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
             with sigterm_raises():      # a SIGTERM writes the finished results too, as Ctrl-C does
                 run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
-    except PosencError as exc:
-        if exc.args and isinstance(exc.args[0], str):
-            exc.args = (to_flags(exc.args[0]), *exc.args[1:])
-        raise
     return 0
