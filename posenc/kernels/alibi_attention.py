@@ -10,6 +10,9 @@ Two backends here compute the same attention without it:
   * split (``split_causal_attention``, long inputs without autograd): every block of SPLIT_OUTER queries is split
     into the keys all its queries see (one call, nothing masked) and its diagonal square (calls of SPLIT_INNER
     queries, batched over all blocks), merged exactly by their log-sum-exp.
+  Before either, from BAND_MIN_QUERIES queries on, steep heads are banded (``posenc.kernels.alibi_band``): a key
+  far beyond a row's nearest one has a weight below e^-45 of that key's, bounded from the inputs' norms, so those
+  heads attend to a band of keys in calls of their own; the other heads take the schedules above.
   Elsewhere than CPU each block's bias is copied out, its size bounded by BIAS_BUDGET_ELEMENTS.
 - ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled) with a score_mod adding -m_h * |i - j| inside the
   kernel and a block mask that skips key blocks above the causal diagonal. The first call per shape compiles
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 from posenc._validate import check_bool, check_choice, check_float, check_int
 from posenc.alibi import alibi_slopes, check_slopes
 from posenc.errors import PosencError
+from posenc.kernels import alibi_band
 
 BACKENDS = ("auto", "chunked", "flex")
 
@@ -216,6 +220,51 @@ def _chunked(q, k, v, slopes, causal, offset, scale, block_size) -> torch.Tensor
         # keys after the last query's position are never seen
         keep = min(k.shape[2], q.shape[2] + offset)
         k, v = k[:, :, :keep], v[:, :, :keep]
+    if block_size is None and q.shape[2] >= alibi_band.BAND_MIN_QUERIES:
+        windows = alibi_band.band_windows(q, k, slopes, scale if scale is not None else q.shape[-1] ** -0.5)
+        banded = alibi_band.banded_heads(windows, k.shape[2])
+        if banded:
+            return _with_bands(q, k, v, slopes, causal, offset, scale, windows, banded)
+    return _cpu_schedule(q, k, v, slopes, causal, offset, scale, block_size)
+
+
+def _with_bands(q, k, v, slopes, causal, offset, scale, windows, banded) -> torch.Tensor:
+    """CPU: the heads in ``banded`` over their bands (posenc.kernels.alibi_band), the others together through
+    ``_cpu_schedule``. Returns [B, H, Tq, Dv]."""
+    B, H, Tq, _ = q.shape
+    group = H // k.shape[1]
+    out = q.new_empty(B, H, Tq, v.shape[-1])
+    wide = [h for h in range(H) if h not in set(banded)]
+    if wide:
+        qs, ks, vs, ss = _head_subset(q, k, v, slopes, wide)
+        part = _cpu_schedule(qs, ks, vs, ss, causal, offset, scale, None)
+        if wide == list(range(wide[0], wide[-1] + 1)):
+            out[:, wide[0]:wide[-1] + 1] = part
+        else:
+            out[:, wide] = part
+    template = cached_template(slopes, Tq, k.shape[2], offset, causal, _template_dtype(q))
+    k_rev, v_rev = k.flip(2), v.flip(2)
+    for h in banded:
+        alibi_band.banded_head(out, q, k_rev, v_rev, template, h, h // group, windows[h], causal=causal,
+                               offset=offset, scale=scale)
+    return out
+
+
+def _head_subset(q, k, v, slopes, heads: list[int]):
+    """(q, k, v, slopes) of the query heads ``heads`` only: views where they are one run of whole key-head groups,
+    else copies (each query head then gets its own copy of its key head)."""
+    group = q.shape[1] // k.shape[1]
+    a, b = heads[0], heads[-1] + 1
+    if heads == list(range(a, b)) and a % group == 0 and b % group == 0:
+        return q[:, a:b], k[:, a // group:b // group], v[:, a // group:b // group], slopes[a:b]
+    index = torch.tensor(heads, device=q.device)
+    kv_index = torch.div(index, group, rounding_mode="floor")
+    return (q.index_select(1, index), k.index_select(1, kv_index), v.index_select(1, kv_index),
+            slopes.index_select(0, index))
+
+
+def _cpu_schedule(q, k, v, slopes, causal, offset, scale, block_size) -> torch.Tensor:
+    """CPU, every head alike: the split schedule for long causal inputs without autograd, else blocks."""
     if causal and block_size is None and _split_applies(q, k, v, offset):
         return split_causal_attention(q, k, v, slopes, offset=offset, scale=scale, outer=SPLIT_OUTER,
                                       inner=SPLIT_INNER)
