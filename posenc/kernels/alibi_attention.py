@@ -243,10 +243,13 @@ def _with_bands(q, k, v, slopes, causal, offset, scale, windows, banded) -> torc
         else:
             out[:, wide] = part
     template = cached_template(slopes, Tq, k.shape[2], offset, causal, _template_dtype(q))
-    k_rev, v_rev = k.flip(2), v.flip(2)
-    for h in banded:
-        alibi_band.banded_head(out, q, k_rev, v_rev, template, h, h // group, windows[h], causal=causal,
-                               offset=offset, scale=scale)
+    for kv_head in sorted({h // group for h in banded}):
+        # one key head reversed at a time: the copy is 1/Hkv of k and v
+        k_rev, v_rev = k[:, kv_head:kv_head + 1].flip(2), v[:, kv_head:kv_head + 1].flip(2)
+        for h in banded:
+            if h // group == kv_head:
+                alibi_band.banded_head(out, q, k_rev, v_rev, template, h, 0, windows[h], causal=causal,
+                                       offset=offset, scale=scale)
     return out
 
 

@@ -1,17 +1,19 @@
-"""ALiBi's bands: the keys far beyond a row's nearest key carry less weight than fp64 can resolve, so steep heads
-attend to a band of keys instead of all of them (CPU, ``posenc.alibi_attention``'s chunked backend).
+"""ALiBi's bands: the keys far beyond a row's nearest key carry less weight than the arithmetic can resolve, so
+steep heads attend to a band of keys instead of all of them (CPU, ``posenc.alibi_attention``'s chunked backend).
 
 Why a band is exact. Row i's weights are p_j proportional to exp(s_j - m_h * d_j), with s_j = q_i . k_j * scale and
 d_j the distance from query i to key j. Let r be the visible key nearest to i, at distance d_0. For every key j,
-s_j - s_r <= |q_i| (|k_j| + |k_r|) scale <= delta = 2 max|q| max|k| scale (Cauchy-Schwarz), so
+s_j - s_r <= |q_i| (|k_j| + |k_r|) scale <= delta = 2 max|q| max|k| scale (Cauchy-Schwarz; maxima over the
+head's queries and its key head's keys), so
 p_j / p_r <= exp(delta - m_h (d_j - d_0)). The keys with d_j - d_0 > w therefore weigh at most
 exp(delta - m_h (w + 1)) / (1 - exp(-m_h)) times p_r together. ``band_windows`` picks, per head, the smallest w with
-m_h (w + 1) >= delta + DROPPED + log(1 / (1 - exp(-m_h))): what is left out is at most e^-45 (3e-20) of the row's
-weight, the output moves by at most 2 e^-45 max|v|, far below even fp64's rounding (1.1e-16). Rows keep every key
+m_h (w + 1) >= delta + L + log(1 / (1 - exp(-m_h))): what is left out is at most e^-L of the row's weight and the
+output moves by at most 2 e^-L max|v|. L (``dropped``) makes that 1e-4 of the unit roundoff of the arithmetic:
+e^-25.2 (1.2e-11) for fp32, bf16 and fp16 inputs (SDPA computes in fp32), e^-45.2 for fp64. Rows keep every key
 within d_0 + w of their position, so nothing is masked by index that the full softmax would have kept.
 
-How much it saves depends on delta, so on the data: with N(0, 1) inputs (D=64, scale 1/8, delta ~31) the 16 ALiBi
-heads get windows of 107 ... 20539 keys: at S=8192, 13 heads are banded (docs/performance-alibi.md has the timings).
+How much it saves depends on delta, so on the data: with N(0, 1) fp32 inputs (D=64, scale 1/8, delta ~31) the 16
+ALiBi heads get windows of about 80 ... 15000 keys (docs/performance-alibi.md has the timings).
 Heads whose window covers all keys (slopes <= 0, non-finite inputs, large norms) go through the usual schedules.
 """
 
@@ -22,44 +24,53 @@ import math
 import torch
 import torch.nn.functional as F
 
-# What a band may leave out, as a power of e of the nearest key's weight (see the module docstring).
-DROPPED = 45.0
+# What a band may leave out, relative to the nearest key's weight, as a share of the unit roundoff of the dtype the
+# attention is computed in (see ``dropped``).
+ROUNDOFF_SHARE = 1e-4
 # Relative slack on delta for the rounding of the norms it is computed from (fp32 norms: ~1e-7 relative).
 NORM_SLACK = 1e-3
 # Bands are tried from this many queries on: below it the norms and the per-head calls cost about what they save
 # (measured in docs/performance-alibi.md); decoding steps (one query) keep the one multi-head call.
 BAND_MIN_QUERIES = 512
 # A head is banded when its band and a block take less than this share of the keys: a wider band skips little, and
-# its one-head calls use the cores worse than one call for all wide heads (S=2048, 2 threads: banding every head
-# with a window under the keys measured 1.16x SDPA without bias, this rule 1.10x; docs/performance-alibi.md).
+# one-head calls use two cores worse than one call for all wide heads. Measured at S=2048 (16 heads, fp32, 1 and 2
+# threads, causal and bidirectional): shares 0.35 to 1.0 came within 6% of each other, 0.5 never the slowest.
 BAND_MAX_SHARE = 0.5
 # Queries per SDPA call of a banded head. Each call also computes the triangle above its diagonal (masked, -inf),
 # a share block / (2 (block + w)) of its work: small blocks waste less on narrow bands and cost more calls.
 BAND_BLOCK = 256
 
 
+def dropped(dtype: torch.dtype) -> float:
+    """-log of the weight a band may leave out, relative to the nearest key's: 1e-4 of the unit roundoff of the
+    dtype SDPA computes in (float64 for float64 inputs: e^-45.2; float32 for the rest: e^-25.2)."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return -math.log(torch.finfo(acc).eps * ROUNDOFF_SHARE)
+
+
 def band_windows(q: torch.Tensor, k: torch.Tensor, slopes: torch.Tensor, scale: float) -> list[int | None]:
     """Per query head, the band half-width w (keys beyond the nearest one that a row keeps), or None: no bound.
 
-    q: [B, H, Tq, D]; k: [B, Hkv, Tk, D]; slopes: [H]; scale: the softmax scale. None where the slope is not
-    positive or the inputs' norms are not finite (a NaN or inf then reaches every row, as without bands).
+    q: [B, H, Tq, D]; k: [B, Hkv, Tk, D]; slopes: [H]; scale: the softmax scale. delta is taken per head, from the
+    largest norms of its queries and of its key head. None where the slope is not positive or those norms are not
+    finite (a NaN or inf then reaches every row it reached without bands).
     """
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     with torch.no_grad():
-        q_norm = torch.linalg.vector_norm(q.detach(), dim=-1, dtype=acc).amax()
-        k_norm = torch.linalg.vector_norm(k.detach(), dim=-1, dtype=acc).amax()
+        q_norms = torch.linalg.vector_norm(q.detach(), dim=-1, dtype=acc).amax(dim=(0, 2)).tolist()   # [H]
+        k_norms = torch.linalg.vector_norm(k.detach(), dim=-1, dtype=acc).amax(dim=(0, 2)).tolist()   # [Hkv]
         slope_values = slopes.detach().double().tolist()
-    delta = 2.0 * float(q_norm) * float(k_norm) * scale
-    if not math.isfinite(delta):
-        return [None] * len(slope_values)
-    delta = delta * (1 + NORM_SLACK) + NORM_SLACK
+    group = len(q_norms) // len(k_norms)
+    left_out = dropped(q.dtype)
     windows: list[int | None] = []
-    for m in slope_values:
-        if not m > 0:
+    for h, m in enumerate(slope_values):
+        delta = 2.0 * q_norms[h] * k_norms[h // group] * scale
+        if not (m > 0 and math.isfinite(delta)):
             windows.append(None)
             continue
-        # m (w + 1) >= delta + DROPPED + log(1 / (1 - e^-m)); -expm1(-m) = 1 - e^-m without cancellation
-        need = delta + DROPPED - math.log(-math.expm1(-m))
+        delta = delta * (1 + NORM_SLACK) + NORM_SLACK
+        # m (w + 1) >= delta + dropped + log(1 / (1 - e^-m)); -expm1(-m) = 1 - e^-m without cancellation
+        need = delta + left_out - math.log(-math.expm1(-m))
         windows.append(max(0, math.ceil(need / m) - 1))
     return windows
 

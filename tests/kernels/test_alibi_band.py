@@ -38,7 +38,7 @@ def count_banded(monkeypatch) -> list:
 
 def steep(H: int) -> list[float]:
     # slopes steep enough that windows are a few keys at small norms, plus a flat, a zero and a negative one
-    return [8.0, 4.0, 0.0625, 2.0, 0.0, -0.5, 6.0, 1.0][:H]
+    return [8.0, 4.0, 0.0625, 2.0, 0.0, -0.5, 6.0, 0.25][:H]
 
 
 def test_windows_follow_the_bound():
@@ -47,17 +47,37 @@ def test_windows_follow_the_bound():
     windows = alibi_band.band_windows(q, k, slopes, 0.5)
     delta = 2 * 1.0 * 4.0 * 0.5 * (1 + alibi_band.NORM_SLACK) + alibi_band.NORM_SLACK   # |q| = 1, |k| = 4
     for w, m in zip(windows, slopes.tolist()):
-        need = delta + alibi_band.DROPPED + math.log(1 / (1 - math.exp(-m)))
+        need = delta + alibi_band.dropped(torch.float32) + math.log(1 / (1 - math.exp(-m)))
         assert m * (w + 1) >= need > m * w - 1e-9      # the smallest window meeting the bound (ceil)
+
+
+def test_what_a_band_leaves_out_is_a_share_of_the_roundoff():
+    # 1e-4 of the unit roundoff of the arithmetic: fp32 for every input dtype but fp64
+    assert math.exp(-alibi_band.dropped(torch.float64)) == pytest.approx(2.0**-52 * 1e-4)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert math.exp(-alibi_band.dropped(dtype)) == pytest.approx(2.0**-23 * 1e-4)
+
+
+def test_windows_are_per_head():
+    # head 1's queries are 10x longer: its bound on score differences, and so its window, is wider
+    q, k = torch.ones(1, 2, 3, 4), torch.ones(1, 1, 5, 4)
+    q[:, 1] *= 10
+    w0, w1 = alibi_band.band_windows(q, k, torch.tensor([1.0, 1.0]), 1.0)
+    assert w1 - w0 == pytest.approx(2 * 2 * (20 - 2) * (1 + alibi_band.NORM_SLACK), abs=1)   # |q| 2 -> 20, |k| 2
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_no_window_without_a_finite_bound(bad):
-    q, k, _ = qkv(1, 2, 1, 4, 6)
+    # a bad query reaches only its own head; a bad key every head that reads its key head
+    q, k, _ = qkv(1, 4, 2, 4, 6)
     q[0, 1, 2, 3] = bad
-    assert alibi_band.band_windows(q, k, torch.tensor([1.0, 2.0]), 0.25) == [None, None]
-    q, k, _ = qkv(1, 3, 1, 4, 6)
-    assert alibi_band.band_windows(q, k, torch.tensor([0.0, -1.0, 1.0]), 0.25)[:2] == [None, None]
+    windows = alibi_band.band_windows(q, k, torch.ones(4), 0.25)
+    assert windows[1] is None and None not in (windows[0], windows[2], windows[3])
+    q, k, _ = qkv(1, 4, 2, 4, 6)
+    k[0, 1, 5, 0] = bad
+    windows = alibi_band.band_windows(q, k, torch.ones(4), 0.25)
+    assert windows[2:] == [None, None] and None not in windows[:2]
+    assert alibi_band.band_windows(q[:, :2], k[:, :1], torch.tensor([0.0, -1.0]), 0.25) == [None, None]
 
 
 @settings(max_examples=60, deadline=None)
@@ -94,7 +114,7 @@ def test_the_weight_left_out_is_below_the_bound():
     weights = logits.softmax(-1)
     for row in range(T):
         lo, _ = alibi_band.key_span(row, row, T, w, True)
-        assert weights[row, :lo].sum() <= math.exp(-alibi_band.DROPPED) * weights[row, row]
+        assert weights[row, :lo].sum() <= math.exp(-alibi_band.dropped(torch.float64)) * weights[row, row]
 
 
 # the fixture only lowers thresholds: the same for every example
@@ -111,11 +131,11 @@ def test_banded_attention_matches_the_full_softmax(small_bands, H, group, Tq, ex
 
 
 def test_bands_run_for_steep_heads_only(small_bands, monkeypatch):
-    # heads 0, 1, 3, 6 are steep; 2 (flat), 4 (zero) and 5 (negative) go through the ordinary schedule together,
+    # heads 0, 1, 3, 6 are steep; 2 (flat), 4 (zero), 5 (negative) and 7 go through the ordinary schedule together,
     # copied out of q since they are not one run of key-head groups
     seen = count_banded(monkeypatch)
-    # (windows at these norms: 5, 11, 22, 7 and 46 keys for slopes 8, 4, 2, 6 and 1; 46 + a block of 4 is over
-    # half of the 80 keys, so slope 1 is not worth banding)
+    # (windows at these norms: 3, 6, 12, 4 and 109 keys for slopes 8, 4, 2, 6 and 0.25; 109 is over half of the
+    # 80 keys, so slope 0.25 is not worth banding)
     q, k, v = (t * 0.2 for t in qkv(2, 8, 4, 80, 80, D=8))
     out = alibi_attention(q, k, v, torch.tensor(steep(8)))
     assert sorted(seen) == [0, 1, 3, 6]
