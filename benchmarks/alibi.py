@@ -17,6 +17,8 @@ opt-in (--variants, --blocks, --splits):
                    growing KV cache needs) costs speed on a GPU
   blocks_<n>       the block schedule with n queries per call (posenc.kernels.alibi_attention.causal_blocks)
   split_<o>/<i>    the split schedule with outer/inner block sizes (split_causal_attention; causal only)
+  no_bands         posenc's CPU schedules with no head banded (internal: what inputs whose norms leave the bands
+                   nothing to skip get; posenc.kernels.alibi_band)
 
 Timing: the machine may be shared, so the variants are interleaved: every round times each variant once (one call,
 order rotated per round), after one untimed call each. Reported: the median and the minimum over rounds, and
@@ -53,11 +55,12 @@ from _common import RESULTS_DIR, environment, print_table, save_json  # noqa: E4
 import posenc  # noqa: E402
 from posenc.alibi import MAX_BIAS_ELEMENTS, alibi_bias, alibi_slopes  # noqa: E402
 from posenc.kernels.alibi_attention import _flex as alibi_flex  # noqa: E402
+from posenc.kernels.alibi_attention import _cpu_schedule as cpu_schedule  # noqa: E402
 from posenc.kernels.alibi_attention import causal_blocks, split_causal_attention  # noqa: E402
 from posenc.lab.run import busy_jiffies  # noqa: E402
 
 BASE_VARIANTS = ("sdpa_no_bias", "sdpa_prebuilt", "posenc")
-OPTIONAL_VARIANTS = ("sdpa_rebuilt", "flex", "flex_static")
+OPTIONAL_VARIANTS = ("sdpa_rebuilt", "flex", "flex_static", "no_bands")
 MATERIALISED = ("sdpa_prebuilt", "sdpa_rebuilt")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FLOOR = "sdpa_no_bias"
@@ -91,6 +94,8 @@ def make_variant(name: str, q, k, v, causal: bool):
     if q.device.type != "cpu":
         raise ValueError(f"{name}: the block and split schedules are the CPU paths")
     slopes = alibi_slopes(H)
+    if name == "no_bands":
+        return lambda: cpu_schedule(q, k, v, slopes, causal, 0, None, None)
     if name.startswith("blocks_"):
         block = int(name.split("_")[1])
         return lambda: causal_blocks(q, k, v, slopes, causal=causal, offset=0, scale=None, block=block)
@@ -123,9 +128,11 @@ def compile_counters() -> dict:
     return {group: dict(counters[group]) for group in ("stats", "recompiles", "graph_break") if counters.get(group)}
 
 
-def make_inputs(batch, heads, seq, dim, dtype, device="cpu", seed=0):
+def make_inputs(batch, heads, seq, dim, dtype, device="cpu", seed=0, qk_std=1.0):
+    """q, k, v ~ N(0, 1), q and k times ``qk_std``: posenc's bands (posenc.kernels.alibi_band) narrow with |q| |k|."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, seq, dim, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+    q, k, v = (torch.randn(batch, heads, seq, dim, generator=g) for _ in range(3))
+    return [t.to(device=device, dtype=dtype) for t in (q * qk_std, k * qk_std, v)]
 
 
 def bias_bytes(heads: int, seq: int) -> int:
@@ -189,7 +196,8 @@ def _proc_status_kib(key: str) -> int:
 def memory_worker(args) -> dict:
     """Run in a fresh process: peak extra memory of one call of one variant (see module docstring)."""
     torch.set_num_threads(args.threads[0])
-    q, k, v = make_inputs(args.batch, args.heads, args.seq[0], args.dim, DTYPES[args.dtype], args.device)
+    q, k, v = make_inputs(args.batch, args.heads, args.seq[0], args.dim, DTYPES[args.dtype], args.device,
+                          qk_std=args.qk_std)
     causal = args.mode[0] == "causal"
     warm = make_variant(args.memory_worker, q, k, v, causal)
     warm()
@@ -215,7 +223,7 @@ def memory_worker(args) -> dict:
 def measure_memory(variant: str, args, seq: int, mode: str) -> int | None:
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", variant, "--seq", str(seq),
            "--batch", str(args.batch), "--heads", str(args.heads), "--dim", str(args.dim), "--dtype", args.dtype,
-           "--mode", mode, "--threads", str(args.threads[0]), "--device", args.device]
+           "--mode", mode, "--threads", str(args.threads[0]), "--device", args.device, "--qk-std", str(args.qk_std)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         print(f"  memory worker {variant} S={seq} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
@@ -259,7 +267,8 @@ def run_group(args, seq: int, mode: str, threads: int, variants: list[str], memo
     """Time ``variants`` side by side at one (S, mode, threads); ``memory`` caches peak bytes per (S, mode, variant)."""
     torch.set_num_threads(threads)
     causal = mode == "causal"
-    q, k, v = make_inputs(args.batch, args.heads, seq, args.dim, DTYPES[args.dtype], args.device)
+    q, k, v = make_inputs(args.batch, args.heads, seq, args.dim, DTYPES[args.dtype], args.device,
+                          qk_std=args.qk_std)
     full = bias_bytes(args.heads, seq)
     fns, skipped = {}, {}
     for name in variants:
@@ -321,6 +330,9 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--qk-std", type=float, default=1.0,
+                   help="standard deviation of q and k (v stays N(0, 1)): larger norms give posenc's bands less to "
+                        "skip (posenc.kernels.alibi_band)")
     p.add_argument("--variants", nargs="*", default=list(BASE_VARIANTS),
                    help=f"from {BASE_VARIANTS + OPTIONAL_VARIANTS}")
     p.add_argument("--blocks", type=int, nargs="*", default=[], help="add blocks_<n> variants (block schedule)")
@@ -350,7 +362,7 @@ def main(argv=None) -> int:
                        "cpu_vs_floor", "peak_extra_MB", "mem_vs_bias", "max_abs_err", "load_1m", "others_cores", "note"],
                 title=title)
     config = {key: getattr(args, key) for key in ("batch", "heads", "dim", "dtype", "device", "rounds", "seq",
-                                                  "mode", "threads")}
+                                                  "mode", "threads", "qk_std")}
     out = args.out or os.path.join(RESULTS_DIR, f"alibi-{torch.device(args.device).type}.json")
     path = save_json({"benchmark": "alibi", "command": " ".join(["python", "benchmarks/alibi.py"] + (argv or
                                                                                                sys.argv[1:])),
