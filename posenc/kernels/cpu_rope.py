@@ -59,6 +59,7 @@ _ARCH_FLAGS = ["-march=native"]
 _lock = threading.Lock()
 _plans: dict = {}                # geometry -> kernel launches (see _plan)
 _force = {"eager": False}        # eager_only(): the fallback even where the C kernel is loaded
+_tracing = torch._C._get_tracing_state   # torch.jit.trace recording: kernels are invisible to it
 _state: dict = {"lib": None, "tried": False, "reason": None, "path": None, "build_seconds": None}
 
 
@@ -288,7 +289,7 @@ def native_rope(xs, outs, cos, sin, index, layout: str, rotary_dim: int, inverse
         if _state["tried"] or _load() is None:
             return False
         lib = _state["lib"]
-    if _force["eager"]:
+    if _force["eager"] or _tracing():
         return False
     x0, o0 = xs[0], outs[0]
     p0, q0 = x0.data_ptr(), o0.data_ptr()
@@ -372,8 +373,9 @@ def qk_plan(q, k, cos, sin, index, layout: str, rotary_dim: int, inplace: bool =
 def run_qk(plan, q, k, q_out, k_out, cos, sin, index) -> bool:
     """Write RoPE(q), RoPE(k) into q_out, k_out (q and k themselves for an in-place plan) with a ``qk_plan`` plan
     made for this geometry. False, with nothing written, when a position lies outside the table or
-    ``eager_only()`` is on: the caller takes the general path. Aliasing is the caller's to have ruled out."""
-    if _force["eager"]:
+    ``eager_only()`` is on or torch.jit.trace is recording (it cannot see the kernel): the caller takes the general
+    path. Aliasing is the caller's to have ruled out."""
+    if _force["eager"] or _tracing():
         return False
     rc = _state["run"](plan[1], plan[0], q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr(),
                        cos.data_ptr(), sin.data_ptr(), index.data_ptr(), index.numel(), cos.shape[0])

@@ -64,7 +64,10 @@ def _triton_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
 
 
 def backend_for(x: torch.Tensor) -> Backend:
-    """The backend apply_rope uses for tensors on x's device."""
+    """The backend apply_rope uses for tensors on x's device. Under torch.jit.trace, the eager one: the tracer
+    records torch ops only, so a kernel's writes would be missing from the trace (its outputs left unwritten)."""
+    if torch._C._get_tracing_state():
+        return _eager_backend
     if x.is_cpu:
         return _cpu_backend
     if x.device.type == "cuda":

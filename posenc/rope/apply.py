@@ -441,7 +441,7 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
     for t in xs:
         _check_broadcast(ps, t, "positions")
     outs = None if out is None else _check_out(out, xs, inplace, "out")
-    dim = x.shape[-1]
+    dim = int(x.shape[-1])     # (an int: under torch.jit.trace sizes come back as 0-d tensors)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     if isinstance(inv_freq, torch.Tensor) and inv_freq.requires_grad and torch.is_grad_enabled():
         return _apply_learned(xs, p, inv_freq, layout, rotary_dim, attention_scaling, inplace, outs, names, dtype)

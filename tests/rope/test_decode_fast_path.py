@@ -4,6 +4,8 @@ in between (positions past the table, a cleared table, threads, strides, autogra
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -337,3 +339,95 @@ def test_rotary_copies_see_their_own_frequency_edits():
     rot.inv_freq.data = rot.inv_freq.data * 2.0          # new memory for the same tensor
     qr, _ = rot(q, k, pos)
     assert_close_to_oracle(qr, reference_rope(q, pos, [2 * f for f in INV], "half", D), torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- Rotary.__call__
+# Rotary calls forward directly when nn.Module.__call__ would do nothing else: everything that __call__ serves
+# must still reach it.
+
+def close_to(rotated, expected):
+    for got, want in zip(rotated, expected):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_call_skips_module_dispatch_only_when_nothing_needs_it(monkeypatch):
+    rot, q, k = warm_rotary(1, torch.tensor([7]))
+    dispatched = []
+    real = torch.nn.Module.__call__
+
+    def spy(self, *args, **kwargs):
+        dispatched.append(self)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.Module, "__call__", spy)
+    rot(q, k, torch.tensor([7]))
+    assert dispatched == []
+    handle = rot.register_forward_pre_hook(lambda module, args: None)
+    rot(q, k, torch.tensor([7]))
+    assert dispatched == [rot]
+    handle.remove()
+
+
+def test_rotary_hooks_of_every_kind_still_run():
+    rot, q, k = warm_rotary(2, torch.tensor([5]))
+    seen = []
+    handles = [
+        rot.register_forward_pre_hook(lambda m, args: seen.append("pre")),
+        rot.register_forward_hook(lambda m, args, out: seen.append("post")),
+        torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: seen.append("global post")),
+        torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: seen.append("global pre")),
+    ]
+    try:
+        out = rot(q, k, torch.tensor([5]))
+    finally:
+        for h in handles:
+            h.remove()
+    assert seen == ["global pre", "pre", "global post", "post"]
+    close_to(out, oracle(q, k, torch.tensor([5]), "half"))
+    # a forward hook that replaces the output is obeyed
+    handle = rot.register_forward_hook(lambda m, args, out: (out[0] * 0, out[1]))
+    try:
+        assert rot(q, k, torch.tensor([5]))[0].abs().max() == 0
+    finally:
+        handle.remove()
+    assert rot(q, k, torch.tensor([5]))[0].abs().max() > 0
+
+
+def test_rotary_backward_hooks_still_run():
+    rot, q, k = warm_rotary(3, torch.tensor([9]))
+    grads = []
+    rot.register_full_backward_hook(lambda m, grad_in, grad_out: grads.append(len(grad_out)))
+    qg = q.clone().requires_grad_()
+    out = rot(qg, k, torch.tensor([9]))
+    out[0].sum().backward()
+    assert grads == [2]
+
+
+def test_rotary_under_jit_trace_and_torch_compile():
+    rot, q, k = warm_rotary(4, torch.tensor([11]))
+    expected = oracle(q, k, torch.tensor([11]), "half")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)    # data-dependent checks become constants
+        warnings.simplefilter("ignore", DeprecationWarning)         # torch.jit.trace is deprecated, still used
+        traced = torch.jit.trace(rot, (q, k, torch.tensor([11])), check_trace=False)
+    close_to(traced(q, k, torch.tensor([11])), expected)
+    close_to(traced(q, k, torch.tensor([3])), oracle(q, k, torch.tensor([3]), "half"))   # positions are an input
+    compiled = torch.compile(rot, backend="eager", fullgraph=False)
+    close_to(compiled(q, k, torch.tensor([11])), expected)
+    rot.compile(backend="eager")               # module.compile(): its compiled call must be the one that runs
+    assert rot._compiled_call_impl is not None
+    close_to(rot(q, k, torch.tensor([11])), expected)
+
+
+def test_apply_rope_qk_under_jit_trace_records_the_rotation():
+    # the C kernel's writes are invisible to the tracer: under tracing the eager ops run (this used to trace
+    # empty outputs, silently)
+    q, k = qk(5)
+    warm(apply_rope_qk, q, k, torch.tensor([4]), layout="half")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(lambda a, b, p: apply_rope_qk(a, b, p, layout="half"), (q, k, torch.tensor([4])),
+                                 check_trace=False)
+    for p in (4, 9):
+        q2, k2 = qk(6 + p)
+        close_to(traced(q2, k2, torch.tensor([p])), oracle(q2, k2, torch.tensor([p]), "half"))
