@@ -48,11 +48,13 @@ from posenc.rope.scaling import rope_frequencies
 # cos/sin tables grow (doubling) up to this many positions; beyond it each call computes its own rows
 _MAX_CACHED_POSITIONS = 1 << 20
 
-# The decode fast path of Rotary.forward: call geometry (shapes, dtypes, layout, rotary and head dims, thread count)
-# -> the kernel plan, for calls forward has checked and sent to the C kernel with the module's own table. The
-# checks forward makes are functions of this key; what depends on the module's state (its table, frequencies,
-# length rule) or on the call (device, autograd, strides) is re-checked on every call.
-_ROTARY_CALLS: dict = {}
+# The decode fast path of Rotary (``Rotary._decode``): each module keeps, in its __dict__ under this name, call
+# geometry (shapes, dtypes, thread count) -> (kernel plan, the cos table it was checked with), for calls that
+# ``_rotate`` has checked and sent to the C kernel with the module's own table. Setting any attribute of the module
+# (layout, rotary_dim, config, the tables, ...) drops them; what depends on the call (devices, strides, autograd) or
+# on the table's contents (inv_freq edited in place) is re-checked on every call.
+_DECODE_PLANS = "_decode_plans"
+_MAX_DECODE_PLANS = 16
 _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
 _tracing_state = torch._C._get_tracing_state
@@ -279,11 +281,33 @@ class Rotary(Float32Buffers):
 
     def __call__(self, q, k, positions):
         # A decode step calls this once per layer, and nn.Module.__call__'s general path costs about 1.5 us on a
-        # call of about 9 us. When it would only call forward (``_plain_call``), forward is called directly;
+        # call of about 9 us. When it would only call forward (``_plain_call``), forward's body runs directly;
         # otherwise (hooks, compile, tracing) nn.Module.__call__ runs as always.
         if _plain_call(self):
-            return self.forward(q, k, positions)
+            rotated = self._decode(q, k, positions)
+            return rotated if rotated is not None else self._rotate(q, k, positions)
         return super().__call__(q, k, positions)
+
+    def __setattr__(self, name, value):
+        self.__dict__.pop(_DECODE_PLANS, None)      # whatever changed, the remembered calls were checked without it
+        super().__setattr__(name, value)
+
+    def _decode(self, q, k, positions):
+        """The decode fast path: (q, k) rotated if this call's geometry was checked before (see _DECODE_PLANS) and
+        it is still what the C kernel can take as it stands, else None (then ``_rotate``)."""
+        plans = self.__dict__.get(_DECODE_PLANS)
+        if plans is None or type(q) is not _Tensor or type(k) is not _Tensor or type(positions) is not _Tensor:
+            return None
+        entry = plans.get((q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, _num_threads()))
+        if entry is None or not plain_cpu(q, k, positions):
+            return None
+        buffers = self._buffers
+        cos = buffers["cos_cached"]
+        if cos is not entry[1] or not self._table_is_current():      # (module.to() swaps buffers without setattr)
+            return None
+        # a position past the table makes the kernel refuse (None): _rotate then grows the table
+        return run_fresh_qk(entry[0], q, k, cos, buffers["sin_cached"],
+                            positions if positions.dim() == 1 else positions.unsqueeze(1))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [B, Hq, T, D] and k [B, Hk, T, D] at positions [T] or [B, T] (multi-axis types: [A, T] /
@@ -294,22 +318,12 @@ class Rotary(Float32Buffers):
         be >= 0 on the CPU (its table has rows 0..n-1); on CUDA, where cos/sin are computed in the kernel without a
         host sync to inspect them, a negative position is rotated by its negative angle (as ``apply_rope`` does).
         """
-        if type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor:
-            key = (q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, self.layout, self.rotary_dim,
-                   self.config.head_dim, _num_threads())
-            plan = _ROTARY_CALLS.get(key)
-            # (the body of a decode step: re-check what depends on this call and on the module's state)
-            if plan is not None and plain_cpu(q, k, positions) and self.n_axes == 1 and self.use_cache \
-                    and self.seq_len_rule is None:
-                buffers = self._buffers
-                cos = buffers["cos_cached"]
-                if cos.is_cpu and cos.shape[0] and self._table_is_current():
-                    rotated = run_fresh_qk(plan, q, k, cos, buffers["sin_cached"],
-                                           positions if positions.dim() == 1 else positions.unsqueeze(1))
-                    if rotated is not None:
-                        return rotated
-        else:
-            key = None
+        rotated = self._decode(q, k, positions)
+        return rotated if rotated is not None else self._rotate(q, k, positions)
+
+    def _rotate(self, q, k, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's general path: every check, then the kernel; records what ``_decode`` may repeat."""
+        given_positions = positions
         if not (q.is_floating_point() and k.is_floating_point()):
             raise PosencError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
         if q.layout != torch.strided or k.layout != torch.strided:
@@ -363,10 +377,10 @@ class Rotary(Float32Buffers):
                 # decode: fresh outputs through a plan cached by shape (no autograd, nothing to alias-check)
                 plan = qk_plan(q, k, cos_cached, sin_cached, index, self.layout, self.rotary_dim)
             if plan is not None:
-                if key is not None and positions.dtype == torch.int64 and positions.is_contiguous():
-                    if len(_ROTARY_CALLS) >= 64:
-                        _ROTARY_CALLS.clear()
-                    _ROTARY_CALLS[key] = plan        # checked: later calls like this one skip to the kernel
+                if given_positions is positions and type(q) is _Tensor and type(k) is _Tensor \
+                        and type(positions) is _Tensor and positions.dtype == torch.int64 \
+                        and positions.is_contiguous():
+                    self._remember(q, k, positions, plan, cos_cached)
                 rotated = run_fresh_qk(plan, q, k, cos_cached, sin_cached, index)
                 if rotated is not None:
                     return rotated
@@ -382,6 +396,13 @@ class Rotary(Float32Buffers):
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = cos.to(q.device, dtype), sin.to(q.device, dtype)
         return apply_rope_table_qk(q, k, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim)
+
+    def _remember(self, q, k, positions, plan, cos) -> None:
+        """Record a call ``_rotate`` has checked and sent to the kernel with this module's table (see _decode)."""
+        plans = self.__dict__.get(_DECODE_PLANS)
+        if plans is None or len(plans) >= _MAX_DECODE_PLANS:
+            plans = self.__dict__[_DECODE_PLANS] = {}           # (not setattr: that would drop them)
+        plans[(q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, _num_threads())] = (plan, cos)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -68,7 +68,6 @@ def oracle(q, k, pos, layout):
 def fresh_memory():
     """Each test starts with no remembered calls (what other tests left would decide which path a call takes)."""
     apply_mod._QK_CALLS.clear()
-    module_mod._ROTARY_CALLS.clear()
 
 
 @pytest.fixture
@@ -283,12 +282,13 @@ def test_rotary_repeat_calls_skip_the_checks_and_match_the_loops(positions, gene
     rot = Rotary(D, layout="half")
     batch = 1 if positions.dim() == 1 else 2
     q, k = torch.randn(batch, 4, 2, D), torch.randn(batch, 2, 2, D)
+    rot(q, k, positions + 100)        # builds the table past every position below (growing it drops the plans)
     for step in range(3):
         qr, kr = rot(q, k, positions + step)
         per_row = positions + step if positions.dim() == 1 else (positions + step)[:, None]
         assert_close_to_oracle(qr, reference_rope(q, per_row, INV, "half", D), torch.float32)
         assert_close_to_oracle(kr, reference_rope(k, per_row, INV, "half", D), torch.float32)
-    assert general["n"] == 1          # the first call builds the table; the second is the general branch's
+    assert general["n"] == 1          # the first call built the table, the second took the general kernel branch
 
 
 def test_rotary_sees_frequency_edits_and_growth_after_warm_calls():
@@ -431,3 +431,26 @@ def test_apply_rope_qk_under_jit_trace_records_the_rotation():
     for p in (4, 9):
         q2, k2 = qk(6 + p)
         close_to(traced(q2, k2, torch.tensor([p])), oracle(q2, k2, torch.tensor([p]), "half"))
+
+
+def test_rotary_attribute_changes_after_warm_calls_are_obeyed():
+    # the remembered calls were checked under the old attributes: setting any attribute drops them
+    pos = torch.tensor([6])
+    rot, q, k = warm_rotary(12, pos)
+    assert rot.__dict__.get(module_mod._DECODE_PLANS)
+    rot.layout = "interleaved"
+    assert not rot.__dict__.get(module_mod._DECODE_PLANS)
+    close_to(warm(rot, q, k, pos), oracle(q, k, pos, "interleaved"))
+
+
+def test_rotary_copies_and_moved_buffers_after_warm_calls():
+    import copy
+    pos = torch.tensor([6])
+    rot, q, k = warm_rotary(13, pos)
+    twin = copy.deepcopy(rot)                    # its plans point at the original's table: not used
+    twin.inv_freq.data.mul_(2.0)
+    close_to(twin(q, k, pos), (reference_rope(q, pos, [2 * f for f in INV], "half", D),
+                               reference_rope(k, pos, [2 * f for f in INV], "half", D)))
+    close_to(rot(q, k, pos), oracle(q, k, pos, "half"))      # the original is untouched
+    rot._apply(lambda t: t.clone())              # what module.to() does: buffers swapped without setattr
+    close_to(warm(rot, q, k, pos), oracle(q, k, pos, "half"))
