@@ -6,7 +6,8 @@
 
 Each implementation rotates q [B, Hq, T, D] and k [B, Hk, T, D] (GQA, Llama-3-8B-like head counts) at integer
 positions. posenc rows time what users call: ``posenc.apply_rope_qk`` (default: fresh outputs; ``out=``;
-``inplace=True``) and the ``posenc.Rotary`` module, positions in and rotated tensors out (tables included). One row
+``inplace=True``), ``posenc.apply_rope`` called on q and then on k, and the ``posenc.Rotary`` module, positions in
+and rotated tensors out (tables included). One row
 labelled "(internal)" times the kernel behind them with a precomputed table, as a reference.
 The floors: a copy of the same bytes into preallocated buffers (``copy_``) and an allocate-and-copy
 (``torch.empty_like`` + ``copy_``: what any out-of-place op pays for fresh outputs).
@@ -170,6 +171,10 @@ def candidates(case: Case, device: str, compile_times: dict):
         qi, ki = q.clone(), k.clone()   # rotated again on every call: timing only (norms are preserved)
         return lambda: posenc.apply_rope_qk(qi, ki, pos, layout="half", inplace=True)
     yield "posenc.apply_rope_qk inplace=True", "half", inplace
+
+    def separately():
+        return lambda: (posenc.apply_rope(q, pos, layout="half"), posenc.apply_rope(k, pos, layout="half"))
+    yield "posenc.apply_rope on q, then on k", "half", separately
 
     def module():
         rot = Rotary(d, layout="half").to(q.device)

@@ -348,7 +348,7 @@ _qk_plans: dict = {}             # (shapes, dtype, layout, ...) -> kernel launch
 def qk_plan(q, k, cos, sin, index, layout: str, rotary_dim: int, inplace: bool = False):
     """The cached kernel plan for ``run_qk`` on tensors of this geometry, writing separate contiguous outputs (or,
     with ``inplace``, q and k themselves); None where the kernel cannot take them (no compiler, ``eager_only()``,
-    an unsupported dtype): the caller then takes the general path.
+    an unsupported dtype): the caller then takes the general path. ``k`` None: a plan for q alone (apply_rope).
 
     The caller promises what posenc.rope.apply and posenc.Rotary have checked: q [..., Hq, T, D] and k
     [..., Hk, T, D] contiguous CPU tensors of one dtype; index int64, contiguous, broadcastable to their leading
@@ -357,13 +357,15 @@ def qk_plan(q, k, cos, sin, index, layout: str, rotary_dim: int, inplace: bool =
     """
     if _force["eager"]:
         return None
-    key = (q.shape, k.shape, q.dtype, index.shape, cos.shape[1], layout, rotary_dim, inplace, torch.get_num_threads())
+    key = (q.shape, None if k is None else k.shape, q.dtype, index.shape, cos.shape[1], layout, rotary_dim, inplace,
+           torch.get_num_threads())
     plan = _qk_plans.get(key, False)
     if plan is False:
         if _state["lib"] is None and (_state["tried"] or _load() is None):
             return None
-        outs = (q, k) if inplace else (torch.empty_like(q), torch.empty_like(k))
-        plan = _plan((q, k), outs, cos, sin, index, q.dtype, layout, rotary_dim, False)
+        xs = (q,) if k is None else (q, k)
+        outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
+        plan = _plan(xs, outs, cos, sin, index, q.dtype, layout, rotary_dim, False)
         if len(_qk_plans) > 256:
             _qk_plans.clear()
         _qk_plans[key] = plan
@@ -372,13 +374,14 @@ def qk_plan(q, k, cos, sin, index, layout: str, rotary_dim: int, inplace: bool =
 
 def run_qk(plan, q, k, q_out, k_out, cos, sin, index) -> bool:
     """Write RoPE(q), RoPE(k) into q_out, k_out (q and k themselves for an in-place plan) with a ``qk_plan`` plan
-    made for this geometry. False, with nothing written, when a position lies outside the table or
-    ``eager_only()`` is on or torch.jit.trace is recording (it cannot see the kernel): the caller takes the general
-    path. Aliasing is the caller's to have ruled out."""
+    made for this geometry (k and k_out None for a plan of q alone). False, with nothing written, when a position
+    lies outside the table, ``eager_only()`` is on or torch.jit.trace is recording (it cannot see the kernel): the
+    caller takes the general path. Aliasing is the caller's to have ruled out."""
     if _force["eager"] or _tracing():
         return False
-    rc = _state["run"](plan[1], plan[0], q.data_ptr(), q_out.data_ptr(), k.data_ptr(), k_out.data_ptr(),
-                       cos.data_ptr(), sin.data_ptr(), index.data_ptr(), index.numel(), cos.shape[0])
+    rc = _state["run"](plan[1], plan[0], q.data_ptr(), q_out.data_ptr(), 0 if k is None else k.data_ptr(),
+                       0 if k_out is None else k_out.data_ptr(), cos.data_ptr(), sin.data_ptr(), index.data_ptr(),
+                       index.numel(), cos.shape[0])
     if rc:
         if rc == 4:
             return False
@@ -387,8 +390,11 @@ def run_qk(plan, q, k, q_out, k_out, cos, sin, index) -> bool:
 
 
 def run_fresh_qk(plan, q, k, cos, sin, index):
-    """(RoPE(q), RoPE(k)) as new tensors through a ``qk_plan`` plan (not in place); None where ``run_qk`` is
-    False."""
+    """(RoPE(q), RoPE(k)) as new tensors through a ``qk_plan`` plan (not in place), or (RoPE(q),) for a plan of q
+    alone (k None); None where ``run_qk`` is False."""
+    if k is None:
+        q_out = torch.empty_like(q)
+        return (q_out,) if run_qk(plan, q, None, q_out, None, cos, sin, index) else None
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     return (q_out, k_out) if run_qk(plan, q, k, q_out, k_out, cos, sin, index) else None
 

@@ -553,8 +553,20 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
     Writes obey torch's rules: overlapping outputs are refused, version counters are bumped
     (posenc.kernels.rope_dispatch).
     """
+    key = None
+    if inv_freq is None and type(x) is _Tensor and type(positions) is _Tensor:
+        mode = _call_mode(inplace, out, 1)
+        if mode is not None:
+            key, known = _known_call(mode, (x,), positions, layout, base, rotary_dim, attention_scaling, out)
+            if known is not None:
+                rotated = _run_known(known, mode, (x,), positions, out)
+                if rotated is not None:
+                    return rotated[0]
     _check_x(x, "x")
-    return _apply((x,), positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out, ("x",))[0]
+    rotated = _apply((x,), positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out, ("x",))[0]
+    if key is not None:
+        _remember(key, (x,), positions, out, base, rotary_dim, attention_scaling, layout)
+    return rotated
 
 
 def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 10000.0,
@@ -569,19 +581,11 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     """
     key = None
     if inv_freq is None and type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor:
-        mode = _call_mode(inplace, out)
+        mode = _call_mode(inplace, out, 2)
         if mode is not None:
-            try:
-                key = (mode, q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, layout, base,
-                       type(base), rotary_dim, type(rotary_dim), attention_scaling, type(attention_scaling),
-                       _num_threads())
-                if mode == _OUT:
-                    key += (out[0].shape, out[1].shape, out[0].dtype, out[1].dtype)
-                known = _QK_CALLS.get(key)
-            except TypeError:               # an unhashable argument: the general path names it
-                key = known = None
+            key, known = _known_call(mode, (q, k), positions, layout, base, rotary_dim, attention_scaling, out)
             if known is not None:
-                rotated = _run_known(known, mode, q, k, positions, out)
+                rotated = _run_known(known, mode, (q, k), positions, out)
                 if rotated is not None:
                     return rotated
     _check_x(q, "q")
@@ -595,50 +599,70 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     q_rot, k_rot = _apply((q, k), positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out,
                           ("q", "k"))
     if key is not None:
-        _remember(key, q, k, positions, out, base, rotary_dim, attention_scaling, layout)
+        _remember(key, (q, k), positions, out, base, rotary_dim, attention_scaling, layout)
     return q_rot, k_rot
 
 
-# The decode fast path of apply_rope_qk. A call of a geometry seen before (the key: the mode below, shapes,
-# dtypes, arguments, thread count) that _apply has already checked and sent to the C kernel with a cached table
-# skips to the kernel: everything _apply checks is a function of the key, the kernel range-checks the positions
-# itself (a position past the table returns None here, and the general path grows the table), and what depends on
-# the call itself (devices, strides, autograd, aliasing of the written tensors) is re-checked by _run_known, which
-# leaves anything unusual to the general path. Only CPU calls without autograd, on contiguous tensors with int64
-# positions, are remembered; the table is looked up in TABLES on every call, so clearing or evicting it takes
-# effect at once.
-_NEW, _INPLACE, _OUT = 0, 1, 2          # fresh outputs, inplace=True, out=(q_out, k_out)
+# The decode fast path of apply_rope and apply_rope_qk. A call of a geometry seen before (the key: the mode below,
+# shapes, dtypes, arguments, thread count) that _apply has already checked and sent to the C kernel with a cached
+# table skips to the kernel: everything _apply checks is a function of the key, the kernel range-checks the
+# positions itself (a position past the table returns None here, and the general path grows the table), and what
+# depends on the call itself (devices, strides, autograd, aliasing of the written tensors) is re-checked by
+# _run_known, which leaves anything unusual to the general path. Only CPU calls without autograd, on contiguous
+# tensors with int64 positions, are remembered; the table is looked up in TABLES on every call, so clearing or
+# evicting it takes effect at once. xs: (x,) for apply_rope, (q, k) for apply_rope_qk; out: a tensor or a pair.
+_NEW, _INPLACE, _OUT = 0, 1, 2          # fresh outputs, inplace=True, out=
 _QK_CALLS: dict = {}
 _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
 
 
-def _call_mode(inplace, out) -> int | None:
+def _call_mode(inplace, out, n: int) -> int | None:
     if out is None:
         return _NEW if inplace is False else _INPLACE if inplace is True else None
-    if inplace is False and type(out) is tuple and len(out) == 2 and type(out[0]) is _Tensor \
-            and type(out[1]) is _Tensor:
+    if inplace is not False:
+        return None
+    if n == 1:
+        return _OUT if type(out) is _Tensor else None
+    if type(out) is tuple and len(out) == 2 and type(out[0]) is _Tensor and type(out[1]) is _Tensor:
         return _OUT
     return None
 
 
-def _writes(mode, q, k, out):
+def _known_call(mode, xs, p, layout, base, rotary_dim, attention_scaling, out):
+    """(key, what _remember recorded for it or None); (None, None) for an unhashable argument (the general path
+    names it)."""
+    try:
+        key = (mode, len(xs), *[x.shape for x in xs], p.shape, *[x.dtype for x in xs], p.dtype, layout, base, type(base),
+               rotary_dim, type(rotary_dim), attention_scaling, type(attention_scaling), _num_threads())
+        if mode == _OUT:
+            key += (out.shape, out.dtype) if len(xs) == 1 else (out[0].shape, out[1].shape, out[0].dtype,
+                                                               out[1].dtype)
+        return key, _QK_CALLS.get(key)
+    except TypeError:
+        return None, None
+
+
+def _writes(mode, xs, out):
     """The tensors a call of this mode writes (their aliasing is re-checked per call), or None if the fast path
     cannot take them."""
     if mode == _OUT:
-        qo, ko = out
-        if not _lazy["cpu_rope"].plain_cpu(qo, ko) or not _kernel_checks().separate(q, k, qo, ko):
+        outs = (out,) if len(xs) == 1 else out
+        if not _lazy["cpu_rope"].plain_cpu(outs[0], outs[-1]) or not _kernel_checks().separate(*xs, *outs):
             return None
-        return qo, ko
+        return outs
     if mode == _INPLACE:
-        return (q, k) if _kernel_checks().separate(q, k) else None
+        return xs if _kernel_checks().separate(*xs) else None        # (also: no inference tensor outside)
     return ()
 
 
-def _run_known(known, mode, q, k, p, out):
+def _run_known(known, mode, xs, p, out):
+    """The remembered call ``known`` on these tensors: the rotated tensors (a tuple like xs), or None (the general
+    path then runs)."""
     table_key, plan = known
     cpu = _lazy["cpu_rope"]
-    if not cpu.plain_cpu(q, k, p):
+    q, k = xs[0], (xs[1] if len(xs) == 2 else None)
+    if not cpu.plain_cpu(q, xs[-1], p):
         return None
     entry = TABLES.peek(table_key)
     table = None if entry is None else entry.cos_sin
@@ -646,25 +670,27 @@ def _run_known(known, mode, q, k, p, out):
         return None
     if mode == _NEW:
         return cpu.run_fresh_qk(plan, q, k, table[0], table[1], p)
-    writes = _writes(mode, q, k, out)
-    if writes is None or not cpu.run_qk(plan, q, k, writes[0], writes[1], table[0], table[1], p):
+    writes = _writes(mode, xs, out)
+    if writes is None or not cpu.run_qk(plan, q, k, writes[0], None if k is None else writes[1], table[0], table[1],
+                                        p):
         return None
     torch.autograd.graph.increment_version(writes)      # as torch's own in-place and out= ops do
     return writes
 
 
-def _remember(key, q, k, p, out, base, rotary_dim, attention_scaling, layout) -> None:
+def _remember(key, xs, p, out, base, rotary_dim, attention_scaling, layout) -> None:
     """Record a call the general path has just completed, if the fast path can repeat it (see _QK_CALLS)."""
     from posenc.kernels import cpu_rope
 
     _lazy["cpu_rope"] = cpu_rope
-    if not (p.dtype == torch.int64 and p.dim() and p.numel() and q.numel() and k.numel()) \
-            or not cpu_rope.plain_cpu(q, k, p):
+    q, k = xs[0], (xs[1] if len(xs) == 2 else None)
+    if not (p.dtype == torch.int64 and p.dim() and p.numel() and all(x.numel() for x in xs)) \
+            or not cpu_rope.plain_cpu(q, xs[-1], p):
         return
     if type(base) not in (int, float) or type(attention_scaling) not in (int, float) or layout not in LAYOUTS:
         return
     mode = key[0]
-    if mode != _NEW and _writes(mode, q, k, out) is None:
+    if mode != _NEW and _writes(mode, xs, out) is None:
         return
     dtype = math_dtype(q.dtype)
     table_key = _default_table_key(base, rotary_dim, attention_scaling, q.shape[-1], q.device, dtype)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc import Rotary, apply_rope_qk
+from posenc import Rotary, apply_rope, apply_rope_qk
 from posenc.errors import PosencError
 from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError
@@ -454,3 +454,74 @@ def test_rotary_copies_and_moved_buffers_after_warm_calls():
     close_to(rot(q, k, pos), oracle(q, k, pos, "half"))      # the original is untouched
     rot._apply(lambda t: t.clone())              # what module.to() does: buffers swapped without setattr
     close_to(warm(rot, q, k, pos), oracle(q, k, pos, "half"))
+
+
+# ----------------------------------------------------------------------------------------------- apply_rope (one x)
+
+def call1(mode: str, x, pos, **kwargs):
+    """apply_rope in one of its three write modes; checks where the result was written."""
+    if mode == "new":
+        return apply_rope(x, pos, **kwargs)
+    if mode == "out":
+        out = torch.empty_like(x)
+        result = apply_rope(x, pos, out=out, **kwargs)
+        assert result is out
+        return result
+    x2 = x.clone()
+    result = apply_rope(x2, pos, inplace=True, **kwargs)
+    assert result is x2
+    return result
+
+
+@settings(max_examples=25, deadline=None)
+@given(mode=st.sampled_from(["new", "out", "inplace"]), layout=st.sampled_from(["half", "interleaved"]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+       positions=st.lists(st.integers(-50, 9000), min_size=2, max_size=5), seed=st.integers(0, 2 ** 16))
+def test_apply_rope_repeat_calls_match_the_lesson_loops(mode, layout, dtype, positions, seed):
+    x, _ = qk(seed, dtype=dtype)
+    for p in positions:
+        pos = torch.tensor([[p]])
+        assert_close_to_oracle(call1(mode, x, pos, layout=layout), reference_rope(x, pos, INV, layout, D), dtype)
+
+
+@pytest.mark.parametrize("mode", ["new", "out", "inplace"])
+def test_apply_rope_fast_path_runs_and_equals_the_general_path_bit_for_bit(mode, hits):
+    x, _ = qk(21, t=3, dtype=torch.bfloat16)
+    pos = torch.tensor([[5, 6, 7]])
+    call1(mode, x, pos, layout="half")
+    with cpu_rope.eager_only():
+        general = call1(mode, x, pos + 100, layout="half")
+    assert hits["n"] == 0
+    fast = call1(mode, x, pos + 100, layout="half")
+    assert hits["n"] == 1
+    assert torch.equal(fast, general)
+
+
+def test_apply_rope_and_apply_rope_qk_of_one_shape_remember_separately(hits):
+    q, k = qk(22, hq=2, hk=2)
+    pos = torch.tensor([[3]])
+    warm(apply_rope_qk, q, k, pos)
+    assert hits["n"] == 1
+    xr = warm(apply_rope, q, pos)
+    assert hits["n"] == 2 and torch.is_tensor(xr)
+    assert_close_to_oracle(xr, reference_rope(q, pos, INV, "interleaved", D), torch.float32)
+
+
+def test_apply_rope_writes_follow_the_rules_after_warm_calls(hits):
+    x, _ = qk(23)
+    pos = torch.tensor([[2]])
+    call1("out", x, pos)
+    call1("inplace", x, pos)
+    out = torch.empty_like(x)
+    before = out._version
+    apply_rope(x, pos, out=out)
+    assert out._version > before
+    x2 = x.clone()
+    apply_rope(x2, pos, out=x2)                  # out= the input itself: in place, as torch allows
+    assert_close_to_oracle(x2, reference_rope(x, pos, INV, "interleaved", D), torch.float32)
+    buf = torch.randn(1, 8, 1, D)
+    with pytest.raises(RopeAliasError):
+        apply_rope(buf[:, :4], pos, out=buf[:, 2:6])             # partial overlap of input and output
+    xg = x.clone().requires_grad_()
+    xr = apply_rope(xg, pos)
+    assert xr.grad_fn is not None
