@@ -633,8 +633,8 @@ def _known_call(mode, xs, p, layout, base, rotary_dim, attention_scaling, out):
     """(key, what _remember recorded for it or None); (None, None) for an unhashable argument (the general path
     names it)."""
     try:
-        key = (mode, len(xs), *[x.shape for x in xs], p.shape, *[x.dtype for x in xs], p.dtype, layout, base, type(base),
-               rotary_dim, type(rotary_dim), attention_scaling, type(attention_scaling), _num_threads())
+        key = (mode, len(xs), *[x.shape for x in xs], p.shape, *[x.dtype for x in xs], p.dtype, layout, base,
+               type(base), rotary_dim, type(rotary_dim), attention_scaling, type(attention_scaling), _num_threads())
         if mode == _OUT:
             key += (out.shape, out.dtype) if len(xs) == 1 else (out[0].shape, out[1].shape, out[0].dtype,
                                                                out[1].dtype)
