@@ -3,6 +3,7 @@
     python benchmarks/rope.py --threads 1           # decode, prefill and long shapes; fp32 and bf16
     python benchmarks/rope.py --quick               # smaller shapes, shorter timing (a smoke run)
     python benchmarks/rope.py --shapes decode,prefill --dtypes bf16
+    python benchmarks/rope.py --threads 1 --malloc mmap   # pin where glibc puts large blocks (see MALLOC_REGIMES)
 
 Each implementation rotates q [B, Hq, T, D] and k [B, Hk, T, D] (GQA, Llama-3-8B-like head counts) at integer
 positions. posenc rows time what users call: ``posenc.apply_rope_qk`` (default: fresh outputs; ``out=``;
@@ -355,6 +356,30 @@ def show(rows, shape_name, dtype_name, shape, markdown=False):
             print(f"  unavailable: {r['impl']}: {r['unavailable']}")
 
 
+# glibc serves a large block either from its heap (reused memory, already faulted in) or as a fresh mmap (every
+# page faulted in by the first write, then returned to the OS on free). By default it moves its threshold between
+# the two as blocks are freed, so rows of one run can land in different regimes: an fp32 prefill output (32 MiB)
+# costs 4 ms to allocate and copy in one and 15-20 ms in the other (measured on the 2-core Intel VM). Pinning the
+# regime makes rows comparable; both regimes are real (which one a program gets depends on its history).
+MALLOC_REGIMES = {"default": None, "heap": 1 << 30, "mmap": 1 << 20}
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc's mallopt parameters
+
+
+def set_malloc_regime(regime: str) -> None:
+    """Pin glibc's mmap threshold (and, for 'heap', its trim threshold) with mallopt; SystemExit if not glibc."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        raise SystemExit(f"--malloc {regime}: needs glibc's mallopt, not found on this system") from None
+    value = MALLOC_REGIMES[regime]
+    ok = mallopt(_M_MMAP_THRESHOLD, value) and (regime != "heap" or mallopt(_M_TRIM_THRESHOLD, value))
+    if not ok:
+        raise SystemExit(f"--malloc {regime}: mallopt refused the threshold {value}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes and short timing (a smoke run)")
@@ -366,6 +391,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="timing rounds per row; the minimum median is "
                    "kept (default 3, quick 1)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--malloc", choices=sorted(MALLOC_REGIMES), default="default",
+                   help="glibc's placement of large blocks (see set_malloc_regime): 'default' leaves it to glibc, "
+                        "whose choice can differ from row to row; 'heap' or 'mmap' pins it for the whole run")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/rope-<device>[-quick].json)")
     p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     p.add_argument("--from-json", default=None, metavar="PATH", help="print the tables of a saved run; no timing")
@@ -373,6 +401,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.malloc != "default":
+        set_malloc_regime(args.malloc)
     args.min_run_time = args.min_run_time or (0.1 if args.quick else 0.5)
     args.repeats = args.repeats or (1 if args.quick else 3)
     table = QUICK_SHAPES if args.quick else SHAPES
@@ -408,6 +438,7 @@ def main(argv=None) -> int:
     print(f"posenc RoPE benchmark on {env.get('gpu', env['cpu_model'])} ({env['cpu_count']} CPUs, "
           f"{env['torch_threads']} torch threads), torch {env['torch']}, load average {env['load_average_start']}")
     print(f"command: python benchmarks/rope.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"large blocks: {'glibc default (can differ between rows)' if args.malloc == 'default' else args.malloc}")
     if native is not None:
         built = "cached build" if native["build_seconds"] is None else f"built in {native['build_seconds']:.2f} s"
         print(f"native CPU kernel: {'available' if native['available'] else 'UNAVAILABLE: ' + native['reason']}"
