@@ -42,6 +42,7 @@ from posenc._validate import check_bool, check_choice, check_float, check_int
 from posenc.alibi import alibi_slopes, check_slopes
 from posenc.errors import PosencError
 from posenc.kernels import alibi_band
+from posenc.kernels.alibi_view import hankel_view
 
 BACKENDS = ("auto", "chunked", "flex")
 
@@ -196,12 +197,6 @@ def _template_cache(slopes: tuple, q_len, k_len, offset, causal, dtype, device, 
         t = bias_template(torch.tensor(slopes, dtype=torch.float32, device=device), q_len, k_len, offset, causal,
                           dtype)
         return t.flip(1) if reverse else t
-
-
-def hankel_view(template: torch.Tensor, first: int, rows: int, cols: int) -> torch.Tensor:
-    """View [1, H, rows, cols] of ``template`` [H, L] with entry (r, c) = template[:, first + r + c]. No copy."""
-    H, L = template.shape
-    return template.as_strided((1, H, rows, cols), (0, L, 1, 1), template.storage_offset() + first)
 
 
 def reversed_keys_bias(template: torch.Tensor, k_len: int, start: int, stop: int, visible: int) -> torch.Tensor:

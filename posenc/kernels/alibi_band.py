@@ -24,6 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from posenc.kernels.alibi_view import hankel_view
+
 # What a band may leave out, relative to the nearest key's weight, as a share of the unit roundoff of the dtype the
 # attention is computed in (see ``dropped``).
 ROUNDOFF_SHARE = 1e-4
@@ -99,8 +101,6 @@ def banded_head(out: torch.Tensor, q: torch.Tensor, k_rev: torch.Tensor, v_rev: 
     q: [B, H, Tq, D]; k_rev, v_rev: [B, Hkv, Tk, *], keys in reverse order; template: [H, Tq + Tk - 1], the bias
     template of ``alibi_attention.bias_template`` (entry t: distance t - (Tk - 1 - offset)). Differentiable.
     """
-    from posenc.kernels.alibi_attention import hankel_view
-
     Tq, Tk = q.shape[2], k_rev.shape[2]
     row = template[head:head + 1]
     for s in range(0, Tq, block):

@@ -353,7 +353,12 @@ def test_flex_past_the_recompile_limit_never_runs_unfused(monkeypatch):
     # fall back to the chunked path (same answer, no N^2 memory) with a warning. A limit of 1 reaches it fast.
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    # (config.patch, not monkeypatch: monkeypatch's undo deleted the setting, and a later torch.compile failed)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        _past_the_limit(monkeypatch)
+
+
+def _past_the_limit(monkeypatch):
     shapes = [(37, 37), (41, 41), (43, 43)]             # lengths no other test compiles
     q, k, v = qkv(1, 2, 2, *shapes[0], D=8)
     try:
