@@ -5,7 +5,7 @@
     cpu_rope     CPU RoPE: C kernel built at first use, chunked eager fallback           (posenc.kernels.cpu_rope)
     triton_rope  GPU RoPE in Triton: q and k in one launch                               (posenc.kernels.triton_rope)
     alibi_attention  ALiBi attention without the N^2 bias                            (posenc.kernels.alibi_attention)
-    alibi_band   ALiBi's steep heads over a band of keys, exact below fp64 rounding  (posenc.kernels.alibi_band)
+    alibi_band   ALiBi's steep heads over a band of keys, exact below rounding        (posenc.kernels.alibi_band)
 
 Submodules load lazily so that importing posenc never imports triton or builds anything.
 """

@@ -10,9 +10,9 @@ Two backends here compute the same attention without it:
   * split (``split_causal_attention``, long inputs without autograd): every block of SPLIT_OUTER queries is split
     into the keys all its queries see (one call, nothing masked) and its diagonal square (calls of SPLIT_INNER
     queries, batched over all blocks), merged exactly by their log-sum-exp.
-  Before either, from BAND_MIN_QUERIES queries on, steep heads are banded (``posenc.kernels.alibi_band``): a key
-  far beyond a row's nearest one has a weight below e^-45 of that key's, bounded from the inputs' norms, so those
-  heads attend to a band of keys in calls of their own; the other heads take the schedules above.
+  Before either, from BAND_MIN_QUERIES queries on, steep heads are banded (``posenc.kernels.alibi_band``): the keys
+  far beyond a row's nearest one weigh under 1e-4 of the arithmetic's roundoff of that key's weight, a bound from
+  the inputs' norms, so those heads attend to a band of keys in calls of their own; the others take the schedules.
   Elsewhere than CPU each block's bias is copied out, its size bounded by BIAS_BUDGET_ELEMENTS.
 - ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled) with a score_mod adding -m_h * |i - j| inside the
   kernel and a block mask that skips key blocks above the causal diagonal. The first call per shape compiles
@@ -229,7 +229,8 @@ def _with_bands(q, k, v, slopes, causal, offset, scale, windows, banded) -> torc
     B, H, Tq, _ = q.shape
     group = H // k.shape[1]
     out = q.new_empty(B, H, Tq, v.shape[-1])
-    wide = [h for h in range(H) if h not in set(banded)]
+    is_banded = set(banded)
+    wide = [h for h in range(H) if h not in is_banded]
     if wide:
         qs, ks, vs, ss = _head_subset(q, k, v, slopes, wide)
         part = _cpu_schedule(qs, ks, vs, ss, causal, offset, scale, None)

@@ -31,9 +31,10 @@ from posenc.kernels.alibi_view import hankel_view
 ROUNDOFF_SHARE = 1e-4
 # Relative slack on delta for the rounding of the norms it is computed from (fp32 norms: ~1e-7 relative).
 NORM_SLACK = 1e-3
-# Bands are tried from this many queries on: below it the norms and the per-head calls cost about what they save
-# (measured in docs/performance-alibi.md); decoding steps (one query) keep the one multi-head call.
-BAND_MIN_QUERIES = 512
+# Bands are tried from this many queries on. At 1024 (16 heads, fp32) they measured no slower than none (1.35-1.41x
+# SDPA without a bias against 1.35-1.61x, benchmarks/results/alibi-cpu-intel-1024.json); shorter inputs were not
+# measured, and decoding steps (one query) keep the one multi-head call.
+BAND_MIN_QUERIES = 1024
 # A head is banded when its band and a block take less than this share of the keys: a wider band skips little, and
 # one-head calls use two cores worse than one call for all wide heads. Measured at S=2048 (16 heads, fp32, 1 and 2
 # threads, causal and bidirectional): shares 0.35 to 1.0 came within 6% of each other, 0.5 never the slowest.
