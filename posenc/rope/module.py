@@ -292,6 +292,12 @@ class Rotary(Float32Buffers):
         self.__dict__.pop(_DECODE_PLANS, None)      # whatever changed, the remembered calls were checked without it
         super().__setattr__(name, value)
 
+    def __getstate__(self):
+        # the remembered calls hold ctypes kernel plans, which do not pickle (torch.save of the module): leave them
+        state = dict(super().__getstate__())
+        state.pop(_DECODE_PLANS, None)
+        return state
+
     def _decode(self, q, k, positions):
         """The decode fast path: (q, k) rotated if this call's geometry was checked before (see _DECODE_PLANS) and
         it is still what the C kernel can take as it stands, else None (then ``_rotate``)."""

@@ -518,3 +518,18 @@ def test_apply_rope_writes_follow_the_rules_after_warm_calls(hits):
     xg = x.clone().requires_grad_()
     xr = apply_rope(xg, pos)
     assert xr.grad_fn is not None
+
+
+def test_a_warm_rotary_saves_and_loads_whole():
+    # torch.save of the module pickles its __dict__: the remembered kernel plans (ctypes) must not be in it
+    import io
+    import pickle
+    pos = torch.tensor([6])
+    rot, q, k = warm_rotary(14, pos)
+    buffer = io.BytesIO()
+    torch.save(rot, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    close_to(warm(loaded, q, k, pos), oracle(q, k, pos, "half"))
+    close_to(pickle.loads(pickle.dumps(rot))(q, k, pos), oracle(q, k, pos, "half"))
+    assert rot.__dict__.get(module_mod._DECODE_PLANS)          # the original keeps its own
