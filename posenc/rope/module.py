@@ -24,6 +24,7 @@ interleaved order with ``mrope_interleaved``) take positions [3, batch, seq] (t,
 from __future__ import annotations
 
 import torch
+import torch.fx._symbolic_trace
 import torch.nn.modules.module as _nn_module
 
 from posenc._fp32 import Float32Buffers
@@ -59,16 +60,18 @@ _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
 _tracing_state = torch._C._get_tracing_state
 _is_compiling = torch.compiler.is_compiling
+_fx_tracing = torch.fx._symbolic_trace.is_fx_symbolic_tracing
 
 
 def _plain_call(module: torch.nn.Module) -> bool:
     """Whether nn.Module.__call__ would do nothing for this call but run forward: no hooks of any kind (the module's
-    or global), no compiled call (``module.compile()``), no JIT tracing, not inside torch.compile's tracing."""
+    or global), no compiled call (``module.compile()``), no JIT or FX tracing (FX patches nn.Module.__call__ to
+    record module calls), not inside torch.compile's tracing."""
     return not (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
                 or module._backward_hooks or module._compiled_call_impl is not None
                 or _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
                 or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks
-                or _tracing_state() or _is_compiling())
+                or _tracing_state() or _is_compiling() or _fx_tracing())
 
 
 def _value_probe(inv: torch.Tensor):

@@ -533,3 +533,29 @@ def test_a_warm_rotary_saves_and_loads_whole():
     close_to(warm(loaded, q, k, pos), oracle(q, k, pos, "half"))
     close_to(pickle.loads(pickle.dumps(rot))(q, k, pos), oracle(q, k, pos, "half"))
     assert rot.__dict__.get(module_mod._DECODE_PLANS)          # the original keeps its own
+
+
+def test_fx_tracing_sees_rotary_as_a_module_call():
+    # FX records module calls through its patched nn.Module.__call__: a tracer that keeps Rotary as a leaf must
+    # get a call_module node, not a trace through its body
+    import torch.fx
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rot = Rotary(D, layout="half")
+
+        def forward(self, q, k, pos):
+            return self.rot(q, k, pos)
+
+    class KeepRotary(torch.fx.Tracer):
+        def is_leaf_module(self, m, name):
+            return isinstance(m, Rotary) or super().is_leaf_module(m, name)
+
+    model = Attention()
+    q, k = qk(15)
+    pos = torch.tensor([4])
+    warm(model, q, k, pos)
+    graph = KeepRotary().trace(model)
+    assert [n.target for n in graph.nodes if n.op == "call_module"] == ["rot"]
+    close_to(torch.fx.GraphModule(model, graph)(q, k, pos), oracle(q, k, pos, "half"))
