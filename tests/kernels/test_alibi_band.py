@@ -195,3 +195,27 @@ def test_bands_never_allocate_the_full_bias(monkeypatch):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         alibi_attention(q * 0.1, k, v, torch.tensor([16.0, 8.0, 4.0, 2.0, 1.0, 0.5, 0.25, 0.125]))
     assert len(seen) >= 4 and peak_bytes(prof) < full_bias / 8, (seen, peak_bytes(prof))  # one head's: 1/8
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(Tq=st.integers(8, 40), Tk=st.integers(1, 40), offset=st.integers(0, 80), causal=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_bands_with_explicit_query_offsets(small_bands, Tq, Tk, offset, causal, seed):
+    # queries anywhere, also past every key (their nearest key is then the last one)
+    q, k, v = (t * 0.3 for t in qkv(1, 4, 2, Tq, Tk, D=8, dtype=torch.float64, seed=seed))
+    slopes = steep(4)
+    out = alibi_attention(q, k, v, torch.tensor(slopes), causal=causal, q_offset=offset)
+    torch.testing.assert_close(out, oracle(q, k, v, slopes, causal=causal, offset=offset), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_bands_with_bf16_inputs_and_a_narrower_v(small_bands, monkeypatch, causal):
+    seen = count_banded(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 4, 48, 8, generator=g) * 0.3, torch.randn(1, 2, 48, 8, generator=g) * 0.3
+    v = torch.randn(1, 2, 48, 3, generator=g)                      # Dv != D: torch's unfused attention
+    out = alibi_attention(q, k, v, torch.tensor(steep(4)), causal=causal)
+    torch.testing.assert_close(out.double(), oracle(q, k, v, steep(4), causal=causal), atol=2e-5, rtol=1e-4)
+    out16 = alibi_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), torch.tensor(steep(4)), causal=causal)
+    assert out16.dtype == torch.bfloat16 and seen
+    torch.testing.assert_close(out16.double(), oracle(q, k, v, steep(4), causal=causal), atol=3e-2, rtol=3e-2)
