@@ -287,6 +287,9 @@ class Rotary(Float32Buffers):
         # call of about 9 us. When it would only call forward (``_plain_call``), forward's body runs directly;
         # otherwise (hooks, compile, tracing) nn.Module.__call__ runs as always.
         if _plain_call(self):
+            if type(self).forward is not Rotary.forward or "forward" in self.__dict__:
+                # a subclass's forward, or one set on the instance (accelerate's hooks do), is what a call runs
+                return self.forward(q, k, positions)
             rotated = self._decode(q, k, positions)
             return rotated if rotated is not None else self._rotate(q, k, positions)
         return super().__call__(q, k, positions)

@@ -559,3 +559,27 @@ def test_fx_tracing_sees_rotary_as_a_module_call():
     graph = KeepRotary().trace(model)
     assert [n.target for n in graph.nodes if n.op == "call_module"] == ["rot"]
     close_to(torch.fx.GraphModule(model, graph)(q, k, pos), oracle(q, k, pos, "half"))
+
+
+def test_a_subclass_forward_is_what_a_call_runs():
+    class Scaled(Rotary):
+        def forward(self, q, k, positions):
+            q, k = super().forward(q, k, positions)
+            return 2 * q, k
+
+    pos = torch.tensor([5])
+    rot = Scaled(D, layout="half")
+    q, k = qk(16)
+    qr, kr = warm(rot, q, k, pos)
+    expected = oracle(q, k, pos, "half")
+    close_to((qr / 2, kr), expected)
+
+
+def test_a_forward_set_on_the_instance_is_what_a_call_runs():
+    # what accelerate's add_hook_to_module does: module.forward replaced by a wrapper on the instance
+    pos = torch.tensor([5])
+    rot, q, k = warm_rotary(17, pos)
+    original = rot.forward
+    rot.forward = lambda q, k, positions: tuple(2 * t for t in original(q, k, positions))
+    qr, kr = warm(rot, q, k, pos)
+    close_to((qr / 2, kr / 2), oracle(q, k, pos, "half"))
