@@ -63,17 +63,6 @@ _is_compiling = torch.compiler.is_compiling
 _fx_tracing = torch.fx._symbolic_trace.is_fx_symbolic_tracing
 
 
-def _plain_call(module: torch.nn.Module) -> bool:
-    """Whether nn.Module.__call__ would do nothing for this call but run forward: no hooks of any kind (the module's
-    or global), no compiled call (``module.compile()``), no JIT or FX tracing (FX patches nn.Module.__call__ to
-    record module calls), not inside torch.compile's tracing."""
-    return not (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
-                or module._backward_hooks or module._compiled_call_impl is not None
-                or _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
-                or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks
-                or _tracing_state() or _is_compiling() or _fx_tracing())
-
-
 def _value_probe(inv: torch.Tensor):
     """(address, a NumPy view of inv's memory, its bytes now) for a contiguous CPU inv_freq, else None: comparing
     the view's bytes with the snapshot is the cheapest way to see a write through ``.data`` (which keeps the version
@@ -284,15 +273,19 @@ class Rotary(Float32Buffers):
 
     def __call__(self, q, k, positions):
         # A decode step calls this once per layer, and nn.Module.__call__'s general path costs about 1.5 us on a
-        # call of about 9 us. When it would only call forward (``_plain_call``), forward's body runs directly;
-        # otherwise (hooks, compile, tracing) nn.Module.__call__ runs as always.
-        if _plain_call(self):
-            if type(self).forward is not Rotary.forward or "forward" in self.__dict__:
-                # a subclass's forward, or one set on the instance (accelerate's hooks do), is what a call runs
-                return self.forward(q, k, positions)
-            rotated = self._decode(q, k, positions)
-            return rotated if rotated is not None else self._rotate(q, k, positions)
-        return super().__call__(q, k, positions)
+        # call of about 9 us. When it would only run Rotary.forward, forward's body runs directly: no hooks of any
+        # kind (the module's or global), no compiled call (``module.compile()``), no JIT or FX tracing (FX patches
+        # nn.Module.__call__ to record module calls), not inside torch.compile, and no other forward (a subclass's,
+        # or one set on the instance, as accelerate's hooks do). Otherwise nn.Module.__call__ runs as always.
+        # (Written out, not a helper: this is the per-call cost it exists to cut.)
+        if (self._forward_pre_hooks or self._forward_hooks or self._backward_pre_hooks or self._backward_hooks
+                or self._compiled_call_impl is not None or _nn_module._global_forward_pre_hooks
+                or _nn_module._global_forward_hooks or _nn_module._global_backward_pre_hooks
+                or _nn_module._global_backward_hooks or _tracing_state() or _is_compiling() or _fx_tracing()
+                or type(self).forward is not Rotary.forward or "forward" in self.__dict__):
+            return super().__call__(q, k, positions)
+        rotated = self._decode(q, k, positions)
+        return rotated if rotated is not None else self._rotate(q, k, positions)
 
     def __setattr__(self, name, value):
         self.__dict__.pop(_DECODE_PLANS, None)      # whatever changed, the remembered calls were checked without it
