@@ -1,18 +1,39 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install posenc into it, with the pins in constraints.txt (torch 2.13.0: the CPU wheel on
-# the project's machines). Usage: bash scripts/setup.sh [EXTRA]   e.g. EXTRA=test or EXTRA=test,bench
+# Create .venv (once) and install posenc into it with exactly the versions of a lock in requirements/ (hashes
+# checked), then posenc itself, editable, with no other download.
+#   bash scripts/setup.sh [SET]    SET: lab (default: the package alone), test (the test set-up, which CI uses),
+#                                  hf (the transformers bridge) or bench (test plus the benchmarks' peers).
+# The locks are made by `bash scripts/lock.sh` for CPython 3.11 on Linux x86_64 (the project's machines). On
+# another platform this falls back to pyproject.toml's ranges and says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extra="${1:-}"
+set_name="${1:-lab}"
+case "$set_name" in
+  lab|"") set_name=lab; extras="" ;;
+  test) extras="test,hf,docs" ;;
+  hf) extras="hf" ;;
+  bench|test,bench) set_name=bench; extras="test,hf,docs,bench" ;;
+  *) echo "setup: unknown set '$set_name': expected lab, test, hf or bench" >&2; exit 2 ;;
+esac
 python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $("$python" --version 2>&1)"
   "$python" -m venv .venv
 fi
-target="."
-[ -n "$extra" ] && target=".[${extra}]"
-echo "setup: installing posenc ($target) and its pinned dependencies into .venv (torch is the large download:" \
-     "a few minutes on a machine without cached wheels)"
-# no --quiet: pip names each download and shows its progress bar, so a long first install visibly moves
-.venv/bin/python -m pip install --disable-pip-version-check -c constraints.txt -e "$target"
+pip=(.venv/bin/python -m pip --disable-pip-version-check)
+platform=$(.venv/bin/python -c 'import platform, sys; print(f"{sys.implementation.name}{sys.version_info[0]}.{sys.version_info[1]}-{platform.system()}-{platform.machine()}")')
+if [ "$platform" = "cpython3.11-Linux-x86_64" ]; then
+  echo "setup: installing requirements/$set_name.txt into .venv (exact versions, hashes checked; torch is the large" \
+       "download: a few minutes on a machine without cached wheels)"
+  # no --quiet: pip names each download and shows its progress bar, so a long first install visibly moves
+  "${pip[@]}" install --require-hashes --no-deps -r "requirements/$set_name.txt"
+  "${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
+  # the lock must hold what pyproject.toml asks for: a stale lock fails here, not later in an import
+  .venv/bin/python scripts/check_lock.py "$extras"
+else
+  echo "setup: the locks are for cpython3.11-Linux-x86_64, this is $platform: installing within pyproject.toml's" \
+       "ranges instead (untested versions)" >&2
+  target="."; [ -n "$extras" ] && target=".[$extras]"
+  "${pip[@]}" install -e "$target"
+fi
 echo "setup: done (.venv/bin/posenc)"

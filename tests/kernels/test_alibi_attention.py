@@ -4,7 +4,6 @@ Oracle: softmax(q k^T * scale - m_h * |(i + offset) - j| [causal: -inf for j > i
 float64 with the slopes from the lesson's reference loops (posenc.reference), not from the code under test.
 """
 
-import itertools
 import math
 
 import pytest
@@ -15,31 +14,12 @@ from hypothesis import strategies as st
 
 from posenc import reference
 from posenc.errors import PosencError
+from posenc_oracles import alibi_oracle as oracle, peak_bytes, qkv
 from posenc.kernels import alibi_attention as module
 from posenc.kernels.alibi_attention import (alibi_attention, bias_template, causal_blocks, default_block_size,
                                             flex_available, reversed_keys_bias, split_causal_attention)
 
 
-def oracle(q, k, v, slopes=None, causal=True, offset=None, scale=None):
-    B, H, Tq, D = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    offset = Tk - Tq if offset is None else offset
-    m = torch.tensor(reference.alibi_slopes(H) if slopes is None else slopes, dtype=torch.float64)
-    i = torch.arange(Tq, dtype=torch.float64).unsqueeze(1) + offset
-    j = torch.arange(Tk, dtype=torch.float64).unsqueeze(0)
-    bias = -m.view(H, 1, 1) * (i - j).abs()
-    if causal:
-        bias = bias.masked_fill(j > i, float("-inf"))
-    kk = k.double().repeat_interleave(H // Hkv, dim=1)
-    vv = v.double().repeat_interleave(H // Hkv, dim=1)
-    scores = q.double() @ kk.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(D)) + bias
-    return torch.softmax(scores, dim=-1) @ vv
-
-
-def qkv(B, H, Hkv, Tq, Tk, D=16, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, Tq, D, generator=g).to(dtype), torch.randn(B, Hkv, Tk, D, generator=g).to(dtype),
-            torch.randn(B, Hkv, Tk, D, generator=g).to(dtype))
 
 
 @st.composite
@@ -299,12 +279,6 @@ def test_split_schedule_never_allocates_the_full_bias(small_split):
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names and "aten::lerp_" in names  # split ran
     assert peak_bytes(prof) < full_bias / 8, (peak_bytes(prof), full_bias)
 
-
-def peak_bytes(prof) -> int:
-    """Most bytes held at once during a profiled call: its allocations and frees, in time order."""
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    return max(itertools.accumulate((e.nbytes() for e in events), initial=0))
 
 
 def test_decoding_step_does_not_copy_the_cache():

@@ -15,7 +15,7 @@ from posenc.alibi import alibi_slopes
 from posenc.kernels import alibi_attention as attention
 from posenc.kernels import alibi_band
 from posenc.kernels.alibi_attention import alibi_attention
-from tests.kernels.test_alibi_attention import oracle, peak_bytes, qkv
+from posenc_oracles import alibi_oracle as oracle, peak_bytes, qkv
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import posenc
 from posenc.errors import PosencError
 from posenc.kernels import cpu_rope
 from posenc.rope.apply import default_inv_freq, rope_cos_sin
-from ._oracle import assert_close_to_oracle, reference_rope
+from posenc_oracles import assert_close_to_oracle, reference_rope
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 HAS_CC = cpu_rope._compiler() is not None

@@ -20,7 +20,7 @@ from posenc.errors import PosencError
 from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError
 from posenc.rope.apply import apply_rope_table_qk, default_inv_freq
-from ._oracle import assert_close_to_oracle, reference_rope
+from posenc_oracles import assert_close_to_oracle, reference_rope
 
 HAS_CC = cpu_rope._compiler() is not None
 BACKENDS = ["native", "eager"] if HAS_CC else ["eager"]

@@ -14,7 +14,7 @@ from posenc.kernels import rope_dispatch
 from posenc.rope.angles import Angles
 from posenc.rope.apply import default_inv_freq, rope_cos_sin
 
-from ._oracle import assert_close_to_oracle, reference_rope
+from posenc_oracles import assert_close_to_oracle, reference_rope
 
 triton = pytest.importorskip("triton")
 from posenc.kernels import triton_rope  # noqa: E402  (needs triton)

@@ -18,7 +18,7 @@ from posenc.kernels.rope_checks import RopeAliasError
 from posenc.rope import apply as apply_mod
 from posenc.rope import module as module_mod
 from posenc.rope.apply import TABLES, default_inv_freq
-from tests.kernels._oracle import assert_close_to_oracle, reference_rope
+from posenc_oracles import assert_close_to_oracle, reference_rope
 
 pytestmark = pytest.mark.skipif(not cpu_rope.native_available(), reason="the fast path is the C kernel's")
 
