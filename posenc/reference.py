@@ -10,7 +10,7 @@ import math
 
 
 def sinusoidal(n_positions: int, dim: int, base: float = 10000.0) -> list[list[float]]:
-    """The lesson's step 1: PE[pos][2i] = sin(pos / base^(2i/dim)), PE[pos][2i+1] = cos(same).
+    """The lesson's step 1: ``PE[pos][2i] = sin(pos / base^(2i/dim))``, ``PE[pos][2i+1] = cos(same)``.
 
     Returns an ``n_positions x dim`` list of lists. For odd ``dim`` the last column has no partner and stays 0
     (the lesson's loop runs over ``dim // 2`` pairs); the fast version rejects odd dims instead.
@@ -78,7 +78,7 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 
 def alibi_bias(n_heads: int, seq_len: int) -> list[list[list[float]]]:
-    """The lesson's step 3: bias[h][i][j] = -slope_h * |i - j| (square, symmetric)."""
+    """The lesson's step 3: ``bias[h][i][j] = -slope_h * |i - j|`` (square, symmetric)."""
     slopes = alibi_slopes(n_heads)
     return [[[-m * abs(i - j) for j in range(seq_len)] for i in range(seq_len)] for m in slopes]
 
