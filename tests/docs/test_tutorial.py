@@ -50,5 +50,7 @@ def test_committed_notebook_is_the_rendered_source():
     committed = nbformat.read(ROOT / "docs" / "tutorial.ipynb", as_version=4)
     assert _code(committed) == _code(source), "docs/tutorial.ipynb is stale: run python scripts/tutorial.py"
     code_cells = [cell for cell in committed.cells if cell.cell_type == "code"]
-    assert all(cell.outputs for cell in code_cells), "every code cell of the committed notebook shows its output"
+    showing = [cell for cell in code_cells if any(w in cell.source for w in ("print(", "plt.show()", "Image("))]
+    assert len(showing) >= 10
+    assert all(cell.outputs for cell in showing), "every cell that prints or plots shows its output in the notebook"
     assert not any(out.output_type == "error" for cell in code_cells for out in cell.outputs)
