@@ -142,13 +142,19 @@ for m, n in [(5, 2), (105, 102), (10_005, 10_002)]:
     print(f"q at {m:6d}, k at {n:6d}: score {score(m, n):+.10f}   (lesson loop {loop_score:+.10f})")
 
 # %% [markdown]
+# The score is the same at every offset. The fast path and the loop differ in the eighth digit: posenc computes
+# the frequencies `θ_i` in float32 exactly as transformers does (so that it gives transformers' numbers), the loop
+# in float64.
+
+# %% [markdown]
 # ## 3. Why raw RoPE fails past its training length
 #
 # A model trained at length L has seen every distance below L. For the fast pairs that is many full turns, so a
 # longer distance shows them nothing new. The slow pairs are different: a pair whose wavelength `2π/θ_i` is
 # longer than L has only ever seen part of its circle, and past L it meets angles it was never trained on. The
-# attention scores it produces there are out of distribution. The plot marks the pairs of a head of dim 64 (base
-# 10,000) that have not completed a turn within L = 4096.
+# attention scores it produces there are out of distribution. On the left, the pairs of a head of dim 64 (base
+# 10,000) that do not complete a turn within L = 4096; on the right, what those pairs add to one query-key score at
+# every distance: inside the range training saw up to L, outside it beyond.
 
 # %%
 L, dim = 4096, 64
@@ -166,15 +172,22 @@ ax1.set_xlabel("pair i")
 ax1.set_ylabel("wavelength (positions)")
 ax1.legend(fontsize=8)
 
-# one query and one key with the same content, scored at every distance: the score's envelope decays with the
-# distance, but past L the slow pairs stand at angles training never produced
-qk = torch.ones(dim, dtype=torch.float64)
-dist = torch.arange(0, 4 * L, 8)
-scores = (posenc.apply_rope(qk.expand(len(dist), dim), dist) * qk).sum(-1)
-ax2.plot(dist, scores, lw=0.8)
-ax2.axvspan(L, 4 * L, color="tab:red", alpha=0.1, label="past L: unseen angles for the slow pairs")
+# the part of a query-key score that the slow pairs contribute, for one random q and k, at every distance: within
+# L it stays in the band training saw (shaded); past L it leaves that band
+slow = torch.nonzero(unseen).flatten()
+in_slow = torch.zeros(dim, dtype=torch.float64)
+in_slow[2 * slow], in_slow[2 * slow + 1] = 1.0, 1.0  # interleaved layout: pair i is dims 2i and 2i + 1
+q_vec, k_vec = torch.randn(dim, dtype=torch.float64), torch.randn(dim, dtype=torch.float64)
+dist = torch.arange(0, 4 * L, 4)
+slow_scores = (posenc.apply_rope(q_vec.expand(len(dist), dim), dist) * k_vec * in_slow).sum(-1)
+seen = slow_scores[dist < L]
+outside = ((slow_scores < seen.min()) | (slow_scores > seen.max()))[dist >= L].double().mean()
+print(f"past L, {float(outside):.0%} of the distances give slow-pair scores outside the range seen within L")
+ax2.plot(dist, slow_scores, lw=1)
+ax2.axhspan(float(seen.min()), float(seen.max()), color="tab:green", alpha=0.15, label="range seen within L")
+ax2.axvline(L, color="gray", ls="--")
 ax2.set_xlabel("distance m - n")
-ax2.set_ylabel("q · k")
+ax2.set_ylabel("slow pairs' part of q · k")
 ax2.legend(fontsize=8)
 plt.show()
 
