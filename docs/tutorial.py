@@ -287,7 +287,8 @@ from posenc.lab.presets import get_preset
 from posenc.lab.report import main_table
 from posenc.lab.run import run_lab
 
-out = Path(tempfile.mkdtemp()) / "lab"
+lab_dir = tempfile.TemporaryDirectory()  # removed when the notebook's kernel stops
+out = Path(lab_dir.name) / "lab"
 lab_config = get_preset("default", schemes=["sinusoidal", "rope", "alibi"], steps=200, eval_lens=[128, 256, 512],
                         eval_tokens=4096, sliding_stride=0, extensions=["linear", "yarn"], threads=1, jobs=1,
                         out=str(out))
