@@ -69,7 +69,7 @@ _EXPORTS = {
     "PRoPE": "posenc.rope.partial",
     # iRoPE (Llama 4): NoPE-layer schedule and attention temperature
     "irope_rope_layers": "posenc.irope",
-    "attention_temperature": "posenc.irope",
+    "attention_temperature": "posenc.temperature",
     "apply_attention_temperature": "posenc.irope",
     "AttentionTemperature": "posenc.irope",
     # randomized positions (Ruoss et al. 2023)

@@ -10,7 +10,7 @@ from torch import nn
 
 from posenc._validate import positive_float, positive_int
 from posenc.errors import PosencError
-from posenc.rope.apply import as_positions
+from posenc.positions import as_positions
 
 
 def sinusoidal_at(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:

@@ -20,7 +20,7 @@ COMMANDS = {
     "plot": "posenc.tools.plot",
     "inspect": "posenc.tools.inspect",
     "extend": "posenc.tools.extend",
-    "search": "posenc.search.cli",
+    "search": "posenc.hf.search_command",
     "pick": "posenc.tools.pick",
     "export": "posenc.hf.export",
     "eval": "posenc.hf.evaluate",

@@ -22,7 +22,8 @@ from torch import nn
 
 from posenc._validate import check_float, positive_int
 from posenc.errors import PosencError
-from posenc.rope.apply import as_positions
+from posenc.positions import as_positions
+from posenc.temperature import attention_temperature  # noqa: F401 (re-exported; the formula's owner)
 
 
 def irope_rope_layers(n_layers: int, nope_interval: int = 4) -> list[int]:
@@ -34,21 +35,6 @@ def irope_rope_layers(n_layers: int, nope_interval: int = 4) -> list[int]:
     n_layers = positive_int(n_layers, "n_layers")
     nope_interval = positive_int(nope_interval, "nope_interval")
     return [int((layer + 1) % nope_interval != 0) for layer in range(n_layers)]
-
-
-def attention_temperature(positions, *, floor_scale: float = 8192, attn_scale: float = 0.1) -> torch.Tensor:
-    """tau(n) = 1 + attn_scale * log1p(floor((n + 1) / floor_scale)), float32 with positions' shape.
-
-    Float32 arithmetic in transformers' order (positions are exact in float32 up to 2^24 = 16.7M), so the
-    values equal Llama 4's bit for bit.
-    """
-    floor_scale = check_float(floor_scale, "floor_scale", positive=True)
-    attn_scale = check_float(attn_scale, "attn_scale")
-    positions = as_positions(positions)
-    if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
-        # log1p(floor((n + 1) / floor_scale)) is NaN or -inf below -1: absolute positions start at 0
-        raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
-    return torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
 
 
 def apply_attention_temperature(q: torch.Tensor, positions, *, floor_scale: float = 8192,

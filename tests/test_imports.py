@@ -1,15 +1,19 @@
-"""Package structure: no import cycle anywhere in posenc/ (imports inside functions included), no module imports
-another module's _underscore name, and every module imports on its own."""
+"""Package structure: no import cycle anywhere in posenc/ (imports inside functions included), neither between
+modules nor between packages (posenc.rope <-> posenc.kernels counts even when no two modules form a loop); every
+import points down docs/architecture.md's layer diagram; no module imports another module's _underscore name; every
+module imports on its own."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "posenc"
+ARCHITECTURE = PKG.parent / "docs" / "architecture.md"
 
 # Delete an entry once it is fixed.
 KNOWN_CYCLES: set = set()
@@ -110,6 +114,39 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _unit(module: str) -> str:
+    """The package-level unit of a module: its subpackage (posenc.rope.apply -> posenc.rope), else the module
+    itself (posenc.irope, posenc.cli; the package root is posenc)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_edges(graph: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+    """The module graph collapsed to units, and for each unit edge the module imports behind it."""
+    units: dict[str, set[str]] = {_unit(m): set() for m in graph}
+    why: dict[tuple[str, str], list[str]] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            ua, ub = _unit(a), _unit(b)
+            if ua != ub:
+                units[ua].add(ub)
+                why.setdefault((ua, ub), []).append(f"{a} -> {b}")
+    return units, why
+
+
+def _documented_layers() -> dict[str, int]:
+    """unit -> layer from docs/architecture.md's diagram: the fenced block after the ``<!-- layers -->`` marker, one
+    line per layer ``L<n>  name name ...  # comment`` (names relative to posenc; ``posenc`` is the package root)."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    block = text.split("<!-- layers -->", 1)[1].split("```", 2)[1]
+    layers = {}
+    for line in block.splitlines():
+        m = re.match(r"\s*L(\d+)\s+(.*)", line.split("#", 1)[0])
+        if m:
+            for name in re.split(r"[\s,]+", m.group(2).strip()):
+                layers[name if name == "posenc" else f"posenc.{name}"] = int(m.group(1))
+    return layers
+
+
 def test_the_graph_sees_imports_inside_functions():
     """The detector itself: a late import inside a function is an edge (that is how cycles hide)."""
     graph = _edges()
@@ -117,6 +154,32 @@ def test_the_graph_sees_imports_inside_functions():
     late = {m for m, _ in _imports("posenc.cli")}
     assert "posenc" in late  # `from posenc import __version__` inside _version()
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    # two packages that import each other through different modules: no module cycle, a package cycle
+    modules = {"posenc.a.x": {"posenc.b.y"}, "posenc.b.y": set(), "posenc.b.z": {"posenc.a.w"}, "posenc.a.w": set()}
+    assert not _cycles(modules)
+    assert _cycles(_package_edges(modules)[0]) == [["posenc.a", "posenc.b"]]
+
+
+def test_no_package_cycles():
+    """No two packages import each other, counting every import (function-level ones included)."""
+    units, why = _package_edges(_edges())
+    cycles = _cycles(units)
+    detail = [f"{a} -> {b}: {why[(a, b)][:3]}" for c in cycles for a in c for b in c if (a, b) in why]
+    assert not cycles, f"package cycles: {cycles}; edges: {detail}"
+
+
+def test_imports_point_down_the_documented_layers():
+    """docs/architecture.md's layer diagram names every package and module, and every import goes to the same
+    layer or one below (so the diagram is the import graph, not a wish)."""
+    layers = _documented_layers()
+    units, why = _package_edges(_edges())
+    missing = sorted(set(units) - set(layers))
+    assert not missing, f"not in docs/architecture.md's layer diagram: {missing}"
+    stale = sorted(set(layers) - set(units))
+    assert not stale, f"in docs/architecture.md's layer diagram but not in posenc/: {stale}"
+    up = [f"{a} (L{layers[a]}) -> {b} (L{layers[b]}): {why[(a, b)][0]}"
+          for a, targets in units.items() for b in targets if layers[b] > layers[a]]
+    assert not up, f"imports that point up the layers: {up}"
 
 
 def test_no_import_cycles():

@@ -12,7 +12,7 @@ import torch
 
 from posenc._validate import check_int, positive_int
 from posenc.errors import PosencError
-from posenc.rope.apply import as_positions
+from posenc.positions import as_positions
 
 
 def end_aligned_positions(q_len: int, k_len: int | None = None, *, offset: int = 0,

@@ -17,7 +17,7 @@ The rules, identical whichever backend runs (a kernel writing through raw pointe
   posenc.kernels.rope_checks.
 
 cos/sin are constants here (never differentiated): posenc.rope.apply routes differentiable frequencies to its
-readable eager formula instead. In place of a cos/sin table, ``cos`` may be a posenc.rope.angles.Angles
+readable eager formula instead. In place of a cos/sin table, ``cos`` may be a posenc.angles.Angles
 (positions and frequencies, ``sin`` None): the Triton kernel computes cos/sin itself from a float64 angle (no table,
 one launch); the other backends build the table first.
 """
@@ -30,7 +30,7 @@ import torch
 
 from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError, check_writes
-from posenc.rope.angles import Angles
+from posenc.angles import Angles
 
 
 def _as_table(cos, sin, xs):

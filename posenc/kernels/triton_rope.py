@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from posenc.kernels.cpu_rope import collapse_dims, eager_rope_into
-from posenc.rope.angles import Angles
+from posenc.angles import Angles
 
 try:
     import triton

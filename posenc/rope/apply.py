@@ -28,15 +28,13 @@ import torch
 
 from posenc._validate import check_bool, check_float, even_int, positive_float
 from posenc.errors import PosencError
-from posenc.rope.angles import Angles, angles_cos_sin, pack_frequencies
+from posenc.angles import Angles, angles_cos_sin, pack_frequencies
+from posenc.positions import FLOAT_POSITIONS, INT_DTYPES, as_positions, check_position_dtype  # noqa: F401 (re-exported)
 
 LAYOUTS = ("interleaved", "half")
 # devices whose RoPE kernel computes cos/sin itself from an Angles (the Triton kernel); tests add "cpu" to run that
 # route through triton's interpreter
 KERNEL_ANGLE_DEVICES = frozenset({"cuda"})
-_INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
-_FLOAT_POSITIONS = frozenset({torch.float32, torch.float64})
-_WIDE_UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})   # converted to int64 (few ops take them)
 
 
 def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str | None = None) -> torch.Tensor:
@@ -81,57 +79,9 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     return angles_cos_sin(positions, inv64, attention_scaling, dtype)
 
 
-def check_position_dtype(positions: torch.Tensor, name: str = "positions") -> torch.Tensor:
-    """Reject position dtypes that cannot hold positions exactly (bf16 rounds 257 to 256; fp16 stops at 65504).
-
-    uint16 / uint32 / uint64 positions (which most torch ops do not implement) come back as int64; a uint64 value
-    past int64's range is refused rather than wrapped to a negative position.
-    """
-    if positions.is_complex() or positions.dtype == torch.bool:
-        raise PosencError(f"{name} must be integers or real numbers, got dtype {positions.dtype}")
-    if positions.dtype in (torch.float16, torch.bfloat16):
-        raise PosencError(f"{name} must be integers, float32 or float64, got {positions.dtype}: half precision "
-                          "cannot represent positions exactly (bf16 rounds 257 to 256)")
-    if positions.dtype in _WIDE_UNSIGNED:
-        wide = positions.dtype == torch.uint64
-        positions = positions.to(torch.int64)
-        if wide and positions.device.type != "meta" and bool((positions < 0).any()):
-            raise PosencError(f"{name} must fit in int64, got a uint64 value of 2**63 or more")
-    return positions
-
-
 def math_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype RoPE's arithmetic runs in: float64 for float64 inputs, float32 for everything else."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def as_positions(positions, device=None, name: str = "positions") -> torch.Tensor:
-    """positions as a tensor on ``device`` (None: where it is); a PosencError for non-numbers, half precision, NaN/inf.
-
-    Integer positions cost no scan; float positions are checked to be finite (NaN/inf would rotate by NaN).
-    ``name``: the argument the messages name."""
-    if isinstance(positions, torch.Tensor):
-        p = positions
-    else:
-        if isinstance(positions, (str, bytes)):
-            raise PosencError(f"{name} must be integers (a tensor, an int or a sequence of ints), "
-                              f"got the string {positions!r}")
-        try:
-            p = torch.as_tensor(positions)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise PosencError(f"{name} must be integers (a tensor, an int or a sequence of ints), got "
-                              f"{type(positions).__name__} {str(positions)[:60]!r} ({exc})") from None
-    if p.is_neg():          # a negated view: kernels read raw memory, which holds minus its values
-        p = p.resolve_neg()
-    if p.dtype not in _INT_DTYPES:
-        p = check_position_dtype(p, name)
-        if p.dtype in _FLOAT_POSITIONS and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
-            raise PosencError(f"{name} must be finite numbers, got NaN or inf")
-    if device is not None and p.device != device:
-        if p.device.type == "meta":
-            raise PosencError(f"{name} are on the meta device (shapes only, no values); expected them on {device}")
-        p = p.to(device)
-    return p
 
 
 def _checked_inv_freq(inv_freq, device) -> torch.Tensor:
@@ -141,7 +91,7 @@ def _checked_inv_freq(inv_freq, device) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as exc:
         raise PosencError(f"inv_freq must be a 1-D tensor or sequence of numbers, got "
                           f"{type(inv_freq).__name__} ({exc})") from None
-    if inv.dim() != 1 or not (inv.is_floating_point() or inv.dtype in _INT_DTYPES):
+    if inv.dim() != 1 or not (inv.is_floating_point() or inv.dtype in INT_DTYPES):
         raise PosencError(f"inv_freq must be a 1-D real tensor [rotary_dim // 2], got shape {tuple(inv.shape)} "
                           f"dtype {inv.dtype}")
     if inv.device.type != "meta" and not bool(torch.isfinite(inv).all()):    # (meta tensors hold no values)
@@ -230,7 +180,7 @@ def _rotate_fast(xs: Sequence[torch.Tensor], cos, sin: torch.Tensor | None, layo
                  index: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Rotate each of xs with one table through posenc.kernels (C on CPU, Triton on CUDA, autograd included).
 
-    cos, sin: the table; or cos a posenc.rope.angles.Angles (constant frequencies) and sin None.
+    cos, sin: the table; or cos a posenc.angles.Angles (constant frequencies) and sin None.
 
     Differentiable frequencies (cos/sin requiring grad, e.g. a learned inv_freq) take the readable ``_rotate``,
     which autograd differentiates through the table too.
@@ -390,7 +340,7 @@ def _table_for(base, inv_freq, rotary_dim, attention_scaling, dim: int, device: 
     elif isinstance(inv_freq, torch.Tensor):
         if inv_freq.device.type == "cpu":
             t = (inv_freq.detach() if inv_freq.requires_grad else inv_freq).resolve_neg()
-            vals = (t if t.dtype in _FLOAT_POSITIONS else t.double()).numpy().tobytes() if t.dim() == 1 else id(t)
+            vals = (t if t.dtype in FLOAT_POSITIONS else t.double()).numpy().tobytes() if t.dim() == 1 else id(t)
             key = ("values", t.dtype, vals, rotary_dim, type(rotary_dim), type(attention_scaling), attention_scaling,
                    device, dtype)
         else:      # no device->host copy per call: identity + version counter (an in-place change bumps it)
@@ -454,7 +404,7 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
         # require grad take a table, which autograd differentiates.)
         return _rotate_fast(xs, Angles(p, entry.inv64, entry.scaling, entry.packed()), None, layout, rdim,
                             inplace, outs, names)
-    if p.dtype in _INT_DTYPES and x.is_cpu:
+    if p.dtype in INT_DTYPES and x.is_cpu:
         index = p if p.dtype == torch.int64 and p.is_contiguous() else p.to(torch.int64).contiguous()
         table = entry.cos_sin
         if table is not None:
@@ -742,7 +692,7 @@ def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotar
     if len(cshape) != 2:
         raise PosencError(f"with index=, cos and sin must be tables [rows, rotary_dim // 2], got {list(cshape)}")
     idx = as_positions(index, device, "index")
-    if idx.dtype not in _INT_DTYPES:
+    if idx.dtype not in INT_DTYPES:
         raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
     if idx.dim() == 0:
         idx = idx.reshape(1)

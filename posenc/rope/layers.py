@@ -36,6 +36,7 @@ from posenc.errors import ConfigError
 from posenc.rope.config import (CONFIG_DEFAULTS, RopeConfig, as_mapping, config_value,  # noqa: F401 (re-exported)
                                 layer_type_parameters, load_rope_config, model_type_of, rope_section)
 from posenc.rope.scaling import yarn_mscale
+from posenc.temperature import attention_temperature
 
 # model types whose attention rotates interleaved pairs (2j, 2j+1): complex-number RoPE (Llama 4, DeepSeek-V2),
 # rotate_every_two (GPT-J, CodeGen), repeat_interleave'd cos/sin (Cohere, GLM); DeepSeek-V3 when rope_interleave
@@ -74,8 +75,6 @@ class TemperatureTuning:
         positions = torch.as_tensor(positions)
         if positions.is_floating_point() or positions.dtype == torch.bool or positions.is_complex():
             raise ConfigError(f"positions must be integers, got {positions.dtype}")
-        from posenc.irope import attention_temperature      # (the formula's owner)
-
         return attention_temperature(positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale)
 
 

@@ -33,8 +33,9 @@ from posenc.errors import PosencError
 from posenc.kernels.cpu_rope import plain_cpu, qk_plan, run_fresh_qk
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
-from posenc.rope.angles import Angles, pack_frequencies
-from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, rope_cos_sin
+from posenc.angles import Angles, pack_frequencies
+from posenc.positions import as_positions
+from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
 from posenc.rope.multiaxis import (

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.kernels import rope_dispatch
-from posenc.rope.angles import Angles
+from posenc.angles import Angles
 from posenc.rope.apply import default_inv_freq, rope_cos_sin
 
 from posenc_oracles import assert_close_to_oracle, reference_rope
