@@ -342,7 +342,38 @@ def _failed(rc: int):
 # the decode fast path: q and k into fresh outputs at rows of a cached table
 # ---------------------------------------------------------------------------------------------------------------
 
-_qk_plans: dict = {}             # (shapes, dtype, layout, ...) -> kernel launches, for qk_plan
+class DecodePlans:
+    """The decode fast path's one cache, bounded (cleared whole when full), holding two kinds of entries:
+
+    - kernel plans by geometry (``qk_plan``): the launch geometry ``run_qk`` needs, one per shape/dtype/layout;
+    - checked calls (``recall`` / ``remember``): a caller's key -> (plan, table) for a call the caller
+      (posenc.rope.apply's functions, posenc.Rotary) has checked once and sent to the kernel, so that a repeat
+      skips to it. The key holds everything the caller's checks depended on (its first element names the caller:
+      "apply", or a Rotary's own token); ``table`` is what the caller re-checks on every call before trusting the
+      plan (apply: its TABLES key; Rotary: a weak reference to its cos table).
+    """
+
+    def __init__(self, limit: int = 256):
+        self.limit = limit
+        self._entries: dict = {}
+        self.recall = self._entries.get         # key -> (plan, table) or None (bound once: a decode step calls it)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def remember(self, key, plan, table) -> None:
+        self._store(key, (plan, table))
+
+    def _store(self, key, value) -> None:
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        self._entries[key] = value
+
+
+PLANS = DecodePlans()
 
 
 def qk_plan(q, k, cos, sin, index, layout: str, rotary_dim: int, inplace: bool = False):
@@ -357,18 +388,16 @@ def qk_plan(q, k, cos, sin, index, layout: str, rotary_dim: int, inplace: bool =
     """
     if _force["eager"]:
         return None
-    key = (q.shape, None if k is None else k.shape, q.dtype, index.shape, cos.shape[1], layout, rotary_dim, inplace,
-           torch.get_num_threads())
-    plan = _qk_plans.get(key, False)
+    key = ("plan", q.shape, None if k is None else k.shape, q.dtype, index.shape, cos.shape[1], layout, rotary_dim,
+           inplace, torch.get_num_threads())
+    plan = PLANS.recall(key, False)
     if plan is False:
         if _state["lib"] is None and (_state["tried"] or _load() is None):
             return None
         xs = (q,) if k is None else (q, k)
         outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
         plan = _plan(xs, outs, cos, sin, index, q.dtype, layout, rotary_dim, False)
-        if len(_qk_plans) > 256:
-            _qk_plans.clear()
-        _qk_plans[key] = plan
+        PLANS._store(key, plan)
     return plan
 
 

@@ -28,6 +28,7 @@ import torch
 
 from posenc._validate import check_bool, check_float, even_int, positive_float
 from posenc.errors import PosencError
+from posenc.kernels.cpu_rope import PLANS
 from posenc.angles import Angles, angles_cos_sin, pack_frequencies
 from posenc.positions import FLOAT_POSITIONS, INT_DTYPES, as_positions, check_position_dtype  # noqa: F401 (re-exported)
 
@@ -561,8 +562,9 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
 # _run_known, which leaves anything unusual to the general path. Only CPU calls without autograd, on contiguous
 # tensors with int64 positions, are remembered; the table is looked up in TABLES on every call, so clearing or
 # evicting it takes effect at once. xs: (x,) for apply_rope, (q, k) for apply_rope_qk; out: a tensor or a pair.
+# The remembered calls live in the kernels' one plan cache (posenc.kernels.cpu_rope.PLANS), keyed ("apply", ...).
 _NEW, _INPLACE, _OUT = 0, 1, 2          # fresh outputs, inplace=True, out=
-_QK_CALLS: dict = {}
+_PLANS = PLANS
 _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
 
@@ -583,12 +585,12 @@ def _known_call(mode, xs, p, layout, base, rotary_dim, attention_scaling, out):
     """(key, what _remember recorded for it or None); (None, None) for an unhashable argument (the general path
     names it)."""
     try:
-        key = (mode, len(xs), *[x.shape for x in xs], p.shape, *[x.dtype for x in xs], p.dtype, layout, base,
+        key = ("apply", mode, len(xs), *[x.shape for x in xs], p.shape, *[x.dtype for x in xs], p.dtype, layout, base,
                type(base), rotary_dim, type(rotary_dim), attention_scaling, type(attention_scaling), _num_threads())
         if mode == _OUT:
             key += (out.shape, out.dtype) if len(xs) == 1 else (out[0].shape, out[1].shape, out[0].dtype,
                                                                out[1].dtype)
-        return key, _QK_CALLS.get(key)
+        return key, _PLANS.recall(key)             # (plan, table key) or None
     except TypeError:
         return None, None
 
@@ -609,7 +611,7 @@ def _writes(mode, xs, out):
 def _run_known(known, mode, xs, p, out):
     """The remembered call ``known`` on these tensors: the rotated tensors (a tuple like xs), or None (the general
     path then runs)."""
-    table_key, plan = known
+    plan, table_key = known
     cpu = _lazy["cpu_rope"]
     q, k = xs[0], (xs[1] if len(xs) == 2 else None)
     if not cpu.plain_cpu(q, xs[-1], p):
@@ -629,7 +631,7 @@ def _run_known(known, mode, xs, p, out):
 
 
 def _remember(key, xs, p, out, base, rotary_dim, attention_scaling, layout) -> None:
-    """Record a call the general path has just completed, if the fast path can repeat it (see _QK_CALLS)."""
+    """Record a call the general path has just completed, if the fast path can repeat it (see _PLANS)."""
     from posenc.kernels import cpu_rope
 
     _lazy["cpu_rope"] = cpu_rope
@@ -639,7 +641,7 @@ def _remember(key, xs, p, out, base, rotary_dim, attention_scaling, layout) -> N
         return
     if type(base) not in (int, float) or type(attention_scaling) not in (int, float) or layout not in LAYOUTS:
         return
-    mode = key[0]
+    mode = key[1]
     if mode != _NEW and _writes(mode, xs, out) is None:
         return
     dtype = math_dtype(q.dtype)
@@ -651,9 +653,7 @@ def _remember(key, xs, p, out, base, rotary_dim, attention_scaling, layout) -> N
     plan = cpu_rope.qk_plan(q, k, table[0], table[1], p, layout, entry.rotary_dim, inplace=mode == _INPLACE)
     if plan is None:
         return
-    if len(_QK_CALLS) >= 64:
-        _QK_CALLS.clear()
-    _QK_CALLS[key] = (table_key, plan)
+    _PLANS.remember(key, plan, table_key)
 
 
 def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotary_dim, inplace: bool, out,

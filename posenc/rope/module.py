@@ -23,14 +23,14 @@ interleaved order with ``mrope_interleaved``) take positions [3, batch, seq] (t,
 
 from __future__ import annotations
 
+import weakref
+
 import torch
-import torch.fx._symbolic_trace
-import torch.nn.modules.module as _nn_module
 
 from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
-from posenc.kernels.cpu_rope import plain_cpu, qk_plan, run_fresh_qk
+from posenc.kernels.cpu_rope import PLANS, plain_cpu, qk_plan, run_fresh_qk
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
 from posenc.angles import Angles, pack_frequencies
@@ -50,18 +50,23 @@ from posenc.rope.scaling import rope_frequencies
 # cos/sin tables grow (doubling) up to this many positions; beyond it each call computes its own rows
 _MAX_CACHED_POSITIONS = 1 << 20
 
-# The decode fast path of Rotary (``Rotary._decode``): each module keeps, in its __dict__ under this name, call
-# geometry (shapes, dtypes, thread count) -> (kernel plan, the cos table it was checked with), for calls that
-# ``_rotate`` has checked and sent to the C kernel with the module's own table. Setting any attribute of the module
-# (layout, rotary_dim, config, the tables, ...) drops them; what depends on the call (devices, strides, autograd) or
-# on the table's contents (inv_freq edited in place) is re-checked on every call.
-_DECODE_PLANS = "_decode_plans"
-_MAX_DECODE_PLANS = 16
+# The decode fast path of Rotary (``Rotary._decode``): calls that ``_rotate`` has checked and sent to the C kernel
+# with the module's own table are remembered in the kernels' one plan cache (posenc.kernels.cpu_rope.PLANS) under
+# (the module's token, call geometry: shapes, dtypes, thread count) -> (kernel plan, a weak reference to the cos
+# table it was checked with). The token is an object kept in the module's __dict__ under this name; setting any
+# attribute of the module (layout, rotary_dim, config, the tables, ...) drops it, and with it every call remembered
+# under it; copies and pickles leave it behind. What depends on the call (devices, strides, autograd) or on the
+# table's contents (inv_freq edited in place) is re-checked on every call.
+_PLANS_TOKEN = "_plans_token"
+_recall = PLANS.recall
 _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
-_tracing_state = torch._C._get_tracing_state
-_is_compiling = torch.compiler.is_compiling
-_fx_tracing = torch.fx._symbolic_trace.is_fx_symbolic_tracing
+
+
+class _Token:
+    """A Rotary's key prefix in the plan cache: compared by identity, alive as long as a key or the module holds it
+    (so a new module can never be handed a dead one's calls)."""
+    __slots__ = ()
 
 
 def _value_probe(inv: torch.Tensor):
@@ -272,44 +277,28 @@ class Rotary(Float32Buffers):
             cos, sin = select_axes(cos, self.axes), select_axes(sin, self.axes)
         return cos, sin
 
-    def __call__(self, q, k, positions):
-        # A decode step calls this once per layer, and nn.Module.__call__'s general path costs about 1.5 us on a
-        # call of about 9 us. When it would only run Rotary.forward, forward's body runs directly: no hooks of any
-        # kind (the module's or global), no compiled call (``module.compile()``), no JIT or FX tracing (FX patches
-        # nn.Module.__call__ to record module calls), not inside torch.compile, and no other forward (a subclass's,
-        # or one set on the instance, as accelerate's hooks do). Otherwise nn.Module.__call__ runs as always.
-        # (Written out, not a helper: this is the per-call cost it exists to cut.)
-        if (self._forward_pre_hooks or self._forward_hooks or self._backward_pre_hooks or self._backward_hooks
-                or self._compiled_call_impl is not None or _nn_module._global_forward_pre_hooks
-                or _nn_module._global_forward_hooks or _nn_module._global_backward_pre_hooks
-                or _nn_module._global_backward_hooks or _tracing_state() or _is_compiling() or _fx_tracing()
-                or type(self).forward is not Rotary.forward or "forward" in self.__dict__):
-            return super().__call__(q, k, positions)
-        rotated = self._decode(q, k, positions)
-        return rotated if rotated is not None else self._rotate(q, k, positions)
-
     def __setattr__(self, name, value):
-        self.__dict__.pop(_DECODE_PLANS, None)      # whatever changed, the remembered calls were checked without it
+        self.__dict__.pop(_PLANS_TOKEN, None)      # whatever changed, the remembered calls were checked without it
         super().__setattr__(name, value)
 
     def __getstate__(self):
-        # the remembered calls hold ctypes kernel plans, which do not pickle (torch.save of the module): leave them
+        # a copy must not share the original's remembered calls (its table is another): leave the token behind
         state = dict(super().__getstate__())
-        state.pop(_DECODE_PLANS, None)
+        state.pop(_PLANS_TOKEN, None)
         return state
 
     def _decode(self, q, k, positions):
-        """The decode fast path: (q, k) rotated if this call's geometry was checked before (see _DECODE_PLANS) and
+        """The decode fast path: (q, k) rotated if this call's geometry was checked before (see _PLANS_TOKEN) and
         it is still what the C kernel can take as it stands, else None (then ``_rotate``)."""
-        plans = self.__dict__.get(_DECODE_PLANS)
-        if plans is None or type(q) is not _Tensor or type(k) is not _Tensor or type(positions) is not _Tensor:
+        token = self.__dict__.get(_PLANS_TOKEN)
+        if token is None or type(q) is not _Tensor or type(k) is not _Tensor or type(positions) is not _Tensor:
             return None
-        entry = plans.get((q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, _num_threads()))
+        entry = _recall((token, q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, _num_threads()))
         if entry is None or not plain_cpu(q, k, positions):
             return None
         buffers = self._buffers
         cos = buffers["cos_cached"]
-        if cos is not entry[1] or not self._table_is_current():      # (module.to() swaps buffers without setattr)
+        if cos is not entry[1]() or not self._table_is_current():      # (module.to() swaps buffers without setattr)
             return None
         # a position past the table makes the kernel refuse (None): _rotate then grows the table
         return run_fresh_qk(entry[0], q, k, cos, buffers["sin_cached"],
@@ -405,10 +394,11 @@ class Rotary(Float32Buffers):
 
     def _remember(self, q, k, positions, plan, cos) -> None:
         """Record a call ``_rotate`` has checked and sent to the kernel with this module's table (see _decode)."""
-        plans = self.__dict__.get(_DECODE_PLANS)
-        if plans is None or len(plans) >= _MAX_DECODE_PLANS:
-            plans = self.__dict__[_DECODE_PLANS] = {}           # (not setattr: that would drop them)
-        plans[(q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, _num_threads())] = (plan, cos)
+        token = self.__dict__.get(_PLANS_TOKEN)
+        if token is None:
+            token = self.__dict__[_PLANS_TOKEN] = _Token()           # (not setattr: that would drop it)
+        PLANS.remember((token, q.shape, k.shape, positions.shape, q.dtype, k.dtype, positions.dtype, _num_threads()),
+                       plan, weakref.ref(cos))
 
     def extra_repr(self) -> str:
         c = self.config

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.kernels import rope_dispatch
+from posenc.kernels import cpu_rope, rope_dispatch
 from posenc.angles import Angles
 from posenc.rope.apply import default_inv_freq, rope_cos_sin
 
@@ -229,7 +229,7 @@ def test_public_cuda_route_through_the_interpreter(interpret, monkeypatch, case)
     from posenc.rope import apply as apply_module
     monkeypatch.setattr(apply_module, "KERNEL_ANGLE_DEVICES", frozenset({"cuda", "cpu"}))
     # (CPU tensors stand in for CUDA ones here: the CPU-only decode fast path must not take the calls)
-    monkeypatch.setattr(apply_module, "_QK_CALLS", {})
+    cpu_rope.PLANS.clear()
     monkeypatch.setattr(apply_module, "_remember", lambda *args: None)
     monkeypatch.setattr(rope_dispatch, "backend_for", lambda x: rope_dispatch._triton_backend)
     sources, rope_into = [], triton_rope.rope_into

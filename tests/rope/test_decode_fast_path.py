@@ -67,7 +67,7 @@ def oracle(q, k, pos, layout):
 @pytest.fixture(autouse=True)
 def fresh_memory():
     """Each test starts with no remembered calls (what other tests left would decide which path a call takes)."""
-    apply_mod._QK_CALLS.clear()
+    cpu_rope.PLANS.clear()
 
 
 @pytest.fixture
@@ -258,7 +258,7 @@ def test_the_remembered_calls_are_bounded():
         q, k = qk(t, t=t)
         p = torch.arange(t)[None]
         apply_rope_qk(q, k, p)
-        assert len(apply_mod._QK_CALLS) <= 64
+        assert len(cpu_rope.PLANS) <= cpu_rope.PLANS.limit
     q, k = qk(0)
     qr, _ = apply_rope_qk(q, k, pos)
     assert_close_to_oracle(qr, oracle(q, k, pos, "interleaved")[0], torch.float32)
@@ -354,7 +354,10 @@ def close_to(rotated, expected):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
-def test_rotary_call_skips_module_dispatch_only_when_nothing_needs_it(monkeypatch):
+def test_rotary_calls_go_through_module_dispatch(monkeypatch):
+    # Rotary has no __call__ shortcut of its own (issue 33: benchmarks/rope.py --threads 1 put a decode step through
+    # nn.Module.__call__ at 0.27x transformers' eager function, under the 0.3x that would justify one): every call,
+    # warm or not, is torch's module call, so hooks, tracing and compile see it as they see any module
     rot, q, k = warm_rotary(1, torch.tensor([7]))
     dispatched = []
     real = torch.nn.Module.__call__
@@ -363,12 +366,8 @@ def test_rotary_call_skips_module_dispatch_only_when_nothing_needs_it(monkeypatc
         dispatched.append(self)
         return real(self, *args, **kwargs)
     monkeypatch.setattr(torch.nn.Module, "__call__", spy)
-    rot(q, k, torch.tensor([7]))
-    assert dispatched == []
-    handle = rot.register_forward_pre_hook(lambda module, args: None)
-    rot(q, k, torch.tensor([7]))
+    close_to(rot(q, k, torch.tensor([7])), oracle(q, k, torch.tensor([7]), "half"))
     assert dispatched == [rot]
-    handle.remove()
 
 
 def test_rotary_hooks_of_every_kind_still_run():
@@ -441,9 +440,9 @@ def test_rotary_attribute_changes_after_warm_calls_are_obeyed():
     # the remembered calls were checked under the old attributes: setting any attribute drops them
     pos = torch.tensor([6])
     rot, q, k = warm_rotary(12, pos)
-    assert rot.__dict__.get(module_mod._DECODE_PLANS)
+    assert rot.__dict__.get(module_mod._PLANS_TOKEN)
     rot.layout = "interleaved"
-    assert not rot.__dict__.get(module_mod._DECODE_PLANS)
+    assert not rot.__dict__.get(module_mod._PLANS_TOKEN)
     close_to(warm(rot, q, k, pos), oracle(q, k, pos, "interleaved"))
 
 
@@ -532,7 +531,8 @@ def test_a_warm_rotary_saves_and_loads_whole():
     loaded = torch.load(buffer, weights_only=False)
     close_to(warm(loaded, q, k, pos), oracle(q, k, pos, "half"))
     close_to(pickle.loads(pickle.dumps(rot))(q, k, pos), oracle(q, k, pos, "half"))
-    assert rot.__dict__.get(module_mod._DECODE_PLANS)          # the original keeps its own
+    assert rot.__dict__.get(module_mod._PLANS_TOKEN)           # the original keeps its own
+    assert loaded.__dict__.get(module_mod._PLANS_TOKEN) is not rot.__dict__[module_mod._PLANS_TOKEN]
 
 
 def test_fx_tracing_sees_rotary_as_a_module_call():
