@@ -26,3 +26,12 @@ def floats(text: str) -> list[float]:
         return [float(x) for x in items(text, "numbers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def yes_no(text: str) -> bool:
+    """'yes'/'no' (also 1/0, true/false, on/off) -> bool."""
+    if text.lower() in ("1", "yes", "true", "on"):
+        return True
+    if text.lower() in ("0", "no", "false", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")

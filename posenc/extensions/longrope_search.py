@@ -20,6 +20,7 @@ import torch
 
 from posenc._validate import check_int
 from posenc.errors import ConfigError, DataError
+from posenc._settings import Setting
 from posenc.extensions.registry import ExtensionSpec, FitContext, register_method
 from posenc.search.fitness import perplexity_fitness
 from posenc._fingerprint import state_fingerprint, tensor_fingerprint
@@ -115,8 +116,8 @@ def _fit(spec: ExtensionSpec, ctx: FitContext) -> tuple[dict, dict]:
         raise ConfigError(f"extensions: longrope-search scores candidates by perplexity on the text corpus, which "
                           f"the {ctx.task!r} task does not load; use it with the lm task")
     s = ctx.settings
-    budget = SearchBudget(population=s.get("search_population", 32), generations=s.get("search_generations", 10),
-                          windows=s.get("search_windows", 4))
+    budget = SearchBudget(population=s["search_population"], generations=s["search_generations"],
+                          windows=s["search_windows"])
     from posenc.perplexity import evaluation_prefix
 
     reserved = evaluation_prefix(s)
@@ -136,7 +137,18 @@ def _write(spec: ExtensionSpec) -> dict:
                       "--long-factor FILE --short-factor FILE`")
 
 
+# the lab's search knobs, declared once (posenc lab's --search-population etc.; results.json's settings)
+SETTINGS = (
+    Setting("search_population", SearchBudget.population, "longrope-search: candidates per generation (paper: 64)",
+            kind="int", min=4),
+    Setting("search_generations", SearchBudget.generations, "longrope-search: generations (paper: 40)", kind="int",
+            min=0),
+    Setting("search_windows", SearchBudget.windows, "longrope-search: windows of the target length in its search "
+            "and held-out splits (cut from the validation text after the part the lab reports on)", kind="int", min=1),
+)
+
 register_method("longrope-search", label="LongRoPE (searched)", expects_finetune=False, fit=_fit, needs_corpus=True,
+                settings=SETTINGS,
                 note="per-pair factors found by LongRoPE's evolutionary search on the model (perplexity at the "
                      "target length on a search split, the winner chosen on a held-out split); the paper reports it "
                      "beats PI, NTK and YaRN without fine-tuning (Ding et al. 2024, LongRoPE Table 1). posenc's lab "

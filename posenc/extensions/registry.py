@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from posenc._registry import check_new_name, origin_of
+from posenc._settings import declare
 from posenc._validate import check_bool, check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
 
@@ -104,17 +105,20 @@ class ExtensionMethod:
     needs_corpus: bool = False
     options: tuple[str, ...] = ()
     origin: str = ""
+    settings: tuple = ()        # posenc._settings.Setting: the lab's settings of a fit (its flags, validation)
 
 
 # name -> method, in registration order (built-ins first: linear, ntk, dynamic, yarn, llama3, longrope)
 METHODS: dict[str, ExtensionMethod] = {}
+# setting name -> its declaration, over every registered method (a name belongs to one method)
+METHOD_SETTINGS: dict = {}
 
 
 def register_method(name: str, *, label: str, expects_finetune: bool = False, note: str = "",
                     defaults: Mapping | None = None, keeps_original_length: bool = False,
                     lab_factor: float | None = None, transformers_form: Callable | None = None,
                     fit: Callable | None = None, train_positions: Callable | None = None,
-                    needs_corpus: bool = False, replace: bool = False):
+                    needs_corpus: bool = False, settings=(), replace: bool = False):
     """Decorator registering ``write(spec, **options) -> rope scaling mapping`` as extension method ``name``.
 
     label: display name (reports, plots, extend). expects_finetune / note: whether the method is meant to be
@@ -127,8 +131,9 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     seq_len, spec, generator) -> LongTensor [batch, seq_len]: a fine-tuning method that trains at the ORIGINAL
     length with these position ids (PoSE); the lab fine-tunes it at L0 and has no zero-shot row for it (its
     zero-shot model is the plain scaling's). needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so
-    the lab refuses the method before training unless a task loads it. Options: the write function's keyword-only
-    arguments (e.g. longrope's factor lists).
+    the lab refuses the method before training unless a task loads it. settings: the lab settings ``fit`` reads
+    from ``ctx.settings`` (``posenc._settings.Setting`` declarations: ``posenc lab`` makes their flags and checks
+    them). Options: the write function's keyword-only arguments (e.g. longrope's factor lists).
     """
     check_new_name("extension method", name, METHODS, replace)
     if not isinstance(label, str) or not label:
@@ -143,6 +148,11 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
             raise ConfigError(f"extension method {name!r}: expected a function write(spec, **options), got "
                               f"{type(write).__name__}")
         options = tuple(p.name for p in inspect.signature(write).parameters.values() if p.kind is p.KEYWORD_ONLY)
+        owner = f"extension method {name}"
+        declared = declare(settings, owner, {k: v for k, v in METHOD_SETTINGS.items() if v.owner != owner})
+        for k in [k for k, v in METHOD_SETTINGS.items() if v.owner == owner]:
+            del METHOD_SETTINGS[k]
+        METHOD_SETTINGS.update({s.name: s for s in declared})
         METHODS[name] = ExtensionMethod(
             name=name, write=write, label=label, expects_finetune=bool(expects_finetune), note=note,
             defaults=dict(defaults or {}), keeps_original_length=bool(keeps_original_length),
@@ -150,7 +160,7 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
                                                                     error=ConfigError),
             transformers_form=transformers_form, fit=fit, train_positions=train_positions,
             needs_corpus=check_bool(needs_corpus, "needs_corpus", error=ConfigError), options=options,
-            origin=origin_of(write))
+            origin=origin_of(write), settings=declared)
         return write
 
     return decorator

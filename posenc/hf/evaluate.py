@@ -51,7 +51,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -63,7 +63,10 @@ HELP = "Evaluate a local transformers causal LM: perplexity vs length, passkey, 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-TASKS = ("lm", "passkey")
+# the built-in tasks whose measurement here is tokenizer-aware (lengths in the model's tokens, passkey episodes
+# sized to fit them): posenc eval runs them with its own protocols below; every other registered task runs through
+# the task interface on the lab's LogitsModel adapter (``run_task``)
+TOKENIZER_AWARE = ("lm", "passkey")
 # logits of one forward are [rows, T, vocab] float32: cap them near 256 MiB unless --batch-tokens says otherwise
 _LOGIT_BUDGET = 1 << 26
 # what --out receives; a folder already holding one of them (a lab run, an earlier eval) needs --overwrite
@@ -103,28 +106,50 @@ class EvalSettings:
     eval_tokens: int = 49152
     sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
     sliding_lens: list[int] = field(default_factory=list)   # empty: the longest eval length
-    passkey_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    passkey_trials: int = 20
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
     device_map: str | None = None           # "auto": accelerate's placement over GPUs and CPU
     attn_implementation: str | None = None  # None: the model's default (SDPA where supported)
     batch_tokens: int | None = None         # tokens per forward; None: as many windows as keep logits ~256 MiB
+    # the settings registered tasks declare (passkey_depths, passkey_trials, a plug-in's own): name -> value
+    options: dict = field(default_factory=dict)
+
+    def __init__(self, **settings):
+        """Fields by name; a setting a registered task declares (``passkey_trials=2``) goes into ``options``."""
+        names = {f.name for f in fields(EvalSettings)}
+        options = dict(settings.pop("options", None) or {})
+        options.update({k: settings.pop(k) for k in list(settings) if k not in names})
+        for f in fields(EvalSettings):
+            if f.name != "options":
+                default = f.default_factory() if f.default_factory is not MISSING else f.default
+                setattr(self, f.name, settings.get(f.name, default))
+        self.options = options
+
+    def to_dict(self) -> dict:
+        """As results.json records them: the declared task settings flat beside the fields."""
+        out = asdict(self)
+        return {**out, **out.pop("options")}
 
     def validate(self) -> "EvalSettings":
         from posenc._validate import check_choice, check_distinct, check_float, check_int, positive_int
         from posenc.hf.lab_bridge import check_config_method
 
-        for name in ("eval_lens", "tasks", "methods") + (("passkey_depths",) if "passkey" in self.tasks else ()):
+        from posenc._settings import check_settings
+        from posenc.lab.tasks.registry import TASK_SETTINGS, TASKS
+
+        for name in ("eval_lens", "tasks", "methods"):
             if not getattr(self, name):
                 raise ConfigError(f"{name}: expected at least one entry, got none")
-        for name in ("eval_lens", "sliding_lens", "tasks", "methods", "passkey_depths"):
+        for name in ("eval_lens", "sliding_lens", "tasks", "methods"):
             check_distinct(getattr(self, name), name, error=ConfigError)
         self.eval_lens = [check_int(n, "eval_lens", min=2, error=ConfigError) for n in self.eval_lens]
         self.sliding_lens = [check_int(n, "sliding_lens", min=2, error=ConfigError) for n in self.sliding_lens]
         for t in self.tasks:
             check_choice(t, "tasks", TASKS, error=ConfigError)
+        self.options = check_settings(TASK_SETTINGS, self.options)
+        if "passkey" in self.tasks and not self.options["passkey_depths"]:
+            raise ConfigError("passkey_depths: expected at least one entry, got none")
         for m in self.methods:
             check_config_method(m, "methods", also=("none",))
         if any(m != "none" for m in self.methods):
@@ -136,13 +161,10 @@ class EvalSettings:
                               f"{','.join(self.methods)}: pass --methods with a method (e.g. --methods none,yarn) "
                               "or drop --factor")
         positive_int(self.eval_tokens, "eval_tokens", error=ConfigError)
-        positive_int(self.passkey_trials, "passkey_trials", error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
         if self.sliding_stride > min(self.sliding_lens or [max(self.eval_lens)]):
             raise ConfigError(f"sliding_stride: expected -1 (auto), 0 (off) or at most the sliding length, got "
                               f"{self.sliding_stride}")
-        for d in self.passkey_depths:
-            check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
         check_choice(self.dtype, "dtype", DTYPES, error=ConfigError)
         if self.device_map is not None:
             check_choice(self.device_map, "device_map", ("auto",), error=ConfigError)
@@ -496,7 +518,7 @@ def logits_model(model, *, max_len: int | None, bar: _Bar | None = None, tokeniz
                     bar.tick()
         return torch.cat(outs)
 
-    return LogitsModel(forward, generate, max_len=max_len)
+    return LogitsModel(forward, generate, max_len=max_len, parameters=model.parameters)
 
 
 def passkey_chars(tokenizer, n_tokens: int, byte_level: bool) -> int | None:
@@ -587,7 +609,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     name = Path(model_dir).name
     rows: list[dict] = []
     unit = {} if byte_level else {"unit": "token"}       # the lab's tables title perplexity by it
-    meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": asdict(s),
+    meta: dict = {"model": str(model_dir), "config": s.config, "byte_tokens": byte_level, "settings": s.to_dict(),
                   "model_files": model_identity(model_dir, s.config), "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
@@ -652,9 +674,9 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         if "passkey" in s.tasks:
             for L in s.eval_lens:
                 chars = passkey_chars(tokenizer, L, byte_level)
-                bar = _Bar(f"{method} passkey L={L}", len(s.passkey_depths) * (1 if byte_level else s.passkey_trials),
-                           progress)
-                for depth in s.passkey_depths:
+                depths, trials = s.options["passkey_depths"], s.options["passkey_trials"]
+                bar = _Bar(f"{method} passkey L={L}", len(depths) * (1 if byte_level else trials), progress)
+                for depth in depths:
                     if chars is None or (limit is not None and L > limit):
                         why = "too short for the passkey episode" if chars is None else f"positions limited to {limit}"
                         rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", None, s.seed,
@@ -663,13 +685,18 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                     _reset_length_state(model)
                     adapter = logits_model(model, max_len=None, bar=bar, tokenizer=tokenizer, byte_level=byte_level,
                                            batch_tokens=budget)
-                    v = passkey_rate(adapter, chars, depth, n_trials=s.passkey_trials, seed=s.seed,
+                    v = passkey_rate(adapter, chars, depth, n_trials=trials, seed=s.seed,
                                      device=input_device(model))
                     if byte_level:
                         bar.tick()
                     rows.append(_row("passkey", scheme, scaling, train_len, L, "exact_match", v, s.seed, depth=depth,
                                      chars=chars, **common))
                 bar.close()
+        for task in s.tasks:
+            if task not in TOKENIZER_AWARE:
+                rows += run_task(task, model, s, scheme=scheme, scaling=scaling, train_len=train_len, limit=limit,
+                                 tokenizer=tokenizer, byte_level=byte_level, batch_tokens=budget, progress=progress,
+                                 model_name=name)
         meta["timings_s"][method] = round(time.perf_counter() - t0, 1)
         del model
         left = s.methods[s.methods.index(method) + 1:]
@@ -680,6 +707,47 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     meta["wall_s"] = round(earlier_wall + time.perf_counter() - t_start, 1)
     meta["loadavg_end"] = _loadavg()
     return {"meta": meta, "results": rows, "curves": curves}
+
+
+@dataclass
+class EvalTaskSettings:
+    """The settings a registered task reads (``ev.cfg``) when posenc eval runs it: the lab's names for what an eval
+    has (train_len is the model's original context), and the tasks' declared settings in ``options``."""
+
+    train_len: int | None
+    eval_lens: list[int]
+    options: dict
+    eval_tokens: int
+    sliding_stride: int
+    sliding_lens: list[int]
+    sliding_tokens: int
+    seeds: list[int]
+    train_until: float = 0.0
+
+
+def run_task(task_name: str, model, s: EvalSettings, *, scheme: str, scaling: str, train_len: int | None,
+             limit: int | None, tokenizer, byte_level: bool, batch_tokens: int, progress: bool,
+             model_name: str) -> list[dict]:
+    """Rows of registered task ``task_name`` on a loaded transformers ``model``, through the lab's task interface:
+    its own ``evaluate(ev)`` with ``ev.model`` the lab's LogitsModel adapter over the model (``logits_model``:
+    forward = logits of token ids, generate = greedy; positions past ``limit`` unsupported). The task's token ids go
+    to the model as they are (the lab's byte vocabulary: meaningful for byte-level models such as exported lab
+    models). Nothing here names a task: a plug-in task runs as the built-ins do."""
+    from posenc.lab.context import Evaluation, Run
+    from posenc.lab.data import load_corpus
+    from posenc.lab.tasks import get_task
+
+    task = get_task(task_name)
+    cfg = EvalTaskSettings(train_len=train_len, eval_lens=list(s.eval_lens), options=dict(s.options),
+                           eval_tokens=s.eval_tokens, sliding_stride=s.sliding_stride,
+                           sliding_lens=list(s.sliding_lens), sliding_tokens=s.eval_tokens, seeds=[s.seed])
+    task.check(cfg)
+    run = Run(cfg=cfg, corpus=load_corpus(s.data) if task.needs_corpus else None, device=input_device(model),
+              out=Path("."), progress=progress, log=lambda *_: None)
+    adapter = logits_model(model, max_len=limit, tokenizer=tokenizer, byte_level=byte_level,
+                           batch_tokens=batch_tokens)
+    ev = Evaluation(run=run, model=adapter, task=task_name, scheme=scheme, scaling=scaling, seed=s.seed)
+    return [{**row, "std": row.get("std"), "model": model_name} for row in task.evaluate(ev)]
 
 
 def model_identity(model_dir: str | os.PathLike, config_file: str | os.PathLike | None = None) -> list[dict]:
@@ -842,11 +910,12 @@ def _names(text: str) -> list[str]:
 
 def add_arguments(parser) -> None:
     # the lab's list flags: an empty entry ('96,,192', '') is refused, not skipped; a bad one says what is expected
-    from posenc.argtypes import floats, ints
+    from posenc.argtypes import ints
 
     parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer)")
     parser.add_argument("--eval-lens", type=ints, default=[128, 256, 512, 1024], help="lengths in tokens")
-    parser.add_argument("--tasks", type=_names, default=["lm"], help="lm and/or passkey (comma-separated)")
+    parser.add_argument("--tasks", type=_names, default=["lm"],
+                        help="registered tasks, comma-separated (lm, passkey, copy, a plug-in's)")
     parser.add_argument("--methods", type=_names, default=["none"],
                         help="none and/or extension methods written into the config (linear,ntk,dynamic,yarn,...)")
     parser.add_argument("--factor", type=float, default=None, help="extension factor (target / original context)")
@@ -857,10 +926,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
     parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
     parser.add_argument("--sliding-lens", type=ints, default=[], help="lengths for the sliding protocol")
-    parser.add_argument("--passkey-depths", type=floats, default=[0.0, 0.25, 0.5, 0.75, 1.0],
-                        help="where the key sits in the passkey prompt, fractions in [0, 1] (comma-separated)")
-    parser.add_argument("--passkey-trials", type=int, default=20,
-                        help="passkey episodes (random keys) per length and depth")
+    # the settings registered tasks declare (--passkey-depths, --passkey-trials, ...): one flag each, as in posenc lab
+    from posenc._settings import add_setting_flags, parse_options
+    from posenc.lab.tasks.registry import TASK_SETTINGS
+
+    add_setting_flags(parser, TASK_SETTINGS)
+    parser.add_argument("--task-options", type=parse_options, default=None, metavar="KEY=VALUE,...",
+                        help="settings declared by tasks, key=value,key=value (a plug-in's own too)")
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                        help="import a Python file or module that registers tasks (repeatable), as posenc lab does")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random passkey keys (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
@@ -892,12 +966,17 @@ def check_threads(threads, name: str = "--threads") -> int | None:
 
 def run(args) -> int:
     threads = check_threads(args.threads)
+    from posenc.lab.tasks.registry import TASK_SETTINGS
+    from posenc.plugins import load_plugins
+
+    load_plugins(args.plugin)           # before the settings are checked: a plug-in's task is an ordinary name
+    options = dict(args.task_options or {})
+    options.update({name: getattr(args, name) for name in TASK_SETTINGS if getattr(args, name, None) is not None})
     settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
                             replace_scaling=args.replace, config=args.config, data=args.data,
                             eval_tokens=args.eval_tokens,
-                            sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
-                            passkey_depths=args.passkey_depths, passkey_trials=args.passkey_trials, seed=args.seed,
-                            device=args.device, dtype=args.dtype, device_map=args.device_map,
+                            sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens, options=options,
+                            seed=args.seed, device=args.device, dtype=args.dtype, device_map=args.device_map,
                             attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens).validate()
     earlier = None
     if args.resume:

@@ -234,9 +234,14 @@ class LogitsModel:
     """
 
     def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor],
-                 generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None, max_len: int | None = None):
-        self._forward, self._generate = forward, generate
+                 generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None, max_len: int | None = None,
+                 parameters: Callable | None = None):
+        self._forward, self._generate, self._parameters = forward, generate, parameters
         self.scheme = SimpleNamespace(max_len=max_len)
+
+    def parameters(self):
+        """The wrapped model's parameters (the lab's Evaluation checks them for NaN/inf), or none."""
+        return iter(()) if self._parameters is None else self._parameters()
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._forward(tokens)

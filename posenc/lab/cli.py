@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from posenc.argtypes import floats, ints, items
+from posenc._settings import add_setting_flags, parse_options
+from posenc.argtypes import ints, items, yes_no
 from posenc.errors import ConfigError
 from posenc.faults import errors_name_flags
 
@@ -45,33 +46,11 @@ def _scheme_scales(text: str) -> dict[str, float]:
     return dict(_pairs(text, "scheme:multiplier", "nope:1.2,alibi:1.2", str, float))
 
 
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "yes", "true", "on"):
-        return True
-    if text.lower() in ("0", "no", "false", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected yes or no, got {text!r}")
-
-
 def _names(text: str):
     names = [x.strip() for x in text.split(",") if x.strip()]
     if names == ["all"]:
         return "all"
     return [] if names == ["none"] else names
-
-
-def _options(text: str) -> dict:
-    """key=value,key=value -> dict; values are JSON when they parse (numbers, true/false), else strings."""
-    out = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise argparse.ArgumentTypeError(f"expected key=value pairs separated by commas, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value.strip()
-    return out
 
 
 # flag -> (setting name, type, help); the setting names are LabConfig's flat names (posenc.lab.presets.SECTIONS)
@@ -84,10 +63,10 @@ FLAGS = [
     ("--mlp-ratio", "mlp_ratio", int, "MLP hidden width as a multiple of --d-model"),
     ("--rope-base", "rope_base", float, "RoPE theta"),
     ("--rope-layout", "rope_layout", str, "RoPE pair layout: half (HF) or interleaved"),
-    ("--scale-embeddings", "scale_embeddings", _bool, "multiply token embeddings by sqrt(d_model) (yes/no)"),
-    ("--bias", "bias", _bool, "LayerNorm and MLP biases (yes/no); no: MPT's bias-free block, which lets trained "
+    ("--scale-embeddings", "scale_embeddings", yes_no, "multiply token embeddings by sqrt(d_model) (yes/no)"),
+    ("--bias", "bias", yes_no, "LayerNorm and MLP biases (yes/no); no: MPT's bias-free block, which lets trained "
                               "ALiBi models export to transformers (posenc export)"),
-    ("--scheme-options", "scheme_options", _options, "scheme-specific settings, key=value,key=value"),
+    ("--scheme-options", "scheme_options", parse_options, "scheme-specific settings, key=value,key=value"),
     ("--train-len", "train_len", int, "training sequence length"),
     ("--batch-size", "batch_size", int, "sequences per step"),
     ("--steps", "steps", int, "training steps"),
@@ -125,18 +104,6 @@ FLAGS = [
     ("--finetune-steps", "finetune_steps", int, "also fine-tune the extended models per method for this many steps"),
     ("--finetune-len", "finetune_len", int,
      "fine-tuning length (default: max eval length; PoSE methods fine-tune at --train-len)"),
-    ("--search-population", "search_population", int, "longrope-search: candidates per generation (paper: 64)"),
-    ("--search-generations", "search_generations", int, "longrope-search: generations (paper: 40)"),
-    ("--search-windows", "search_windows", int,
-     "longrope-search: windows of the target length in its search and held-out splits (cut from the validation "
-     "text after the part the lab reports on)"),
-    ("--copy-examples", "copy_examples", int, "copy-task test sequences per length"),
-    ("--copy-distinct", "copy_distinct", _bool, "copy strings of distinct bytes, no repeats (yes/no; lengths up to "
-     "512)"),
-    ("--copy-min-fraction", "copy_min_fraction", float,
-     "shortest copy trained on, as a fraction of the longest that fits --train-len (0: from one byte)"),
-    ("--passkey-depths", "passkey_depths", floats, "comma-separated key depths in [0, 1]"),
-    ("--passkey-trials", "passkey_trials", int, "passkey episodes per length x depth cell"),
     ("--device", "device", str, "auto (CUDA when present), cpu, cuda, cuda:N"),
     ("--threads", "threads", int, "torch CPU threads (0: auto, the idle cores up to torch's default; results "
      "are identical at any thread count)"),
@@ -155,8 +122,12 @@ ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", 
 
 
 def lab_flags() -> dict[str, str]:
-    """Setting name -> this command's flag, for posenc.faults.to_flags ("d_model" -> "--d-model")."""
+    """Setting name -> this command's flag, for posenc.faults.to_flags ("d_model" -> "--d-model"); the settings
+    tasks and methods declare (plug-ins' too, once loaded) have their generated flags."""
+    from posenc.lab.presets import declared
+
     flags = {dest: flag for flag, dest, _, _ in FLAGS}
+    flags.update({name: s.flag for name, s in declared().items()})
     flags.update({k: v for k, v in ALIASES.items() if k not in flags})
     return flags
 
@@ -173,6 +144,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     names = _registered()
     for flag, dest, typ, text in FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text.format(**names))
+    # the settings registered tasks and extension methods declare (posenc._settings): one flag each
+    from posenc.lab.presets import declared
+
+    add_setting_flags(parser, declared())
+    parser.add_argument("--task-options", type=parse_options, default=None, metavar="KEY=VALUE,...",
+                        help="settings declared by tasks or methods, key=value,key=value (a plug-in's own too, "
+                             "whose flags exist only once it is loaded)")
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_launch_arguments(parser)  # --nproc N
@@ -188,9 +166,12 @@ def _registered() -> dict:
 
 
 def config_from_args(args: argparse.Namespace):
-    from posenc.lab.presets import get_preset
+    from posenc.lab.presets import declared, get_preset
 
-    return get_preset(args.preset, **{dest: getattr(args, dest) for _, dest, _, _ in FLAGS})
+    given = {dest: getattr(args, dest) for _, dest, _, _ in FLAGS}
+    given.update(getattr(args, "task_options", None) or {})       # (plug-ins are loaded by now: their names too)
+    given.update({name: getattr(args, name) for name in declared() if getattr(args, name, None) is not None})
+    return get_preset(args.preset, **given)
 
 
 def check_processes(cfg, nproc: int) -> None:

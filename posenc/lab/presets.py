@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from posenc._memory import physical_memory
-from posenc._validate import check_bool, check_choice, check_distinct, check_float, check_int, even_int
+from posenc._settings import check_settings
+from posenc._validate import check_choice, check_distinct, check_float, check_int, even_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
 from posenc.lab.curriculum import check_length_warmup
@@ -77,10 +78,6 @@ class LabConfig:
     ext_factor: float = 0.0  # 0: max(eval_lens) / train_len
     finetune_steps: int = 0  # > 0: also fine-tune each method at finetune_len, then evaluate
     finetune_len: int = 0  # 0: max(eval_lens); PoSE methods (pose-*) fine-tune at train_len instead
-    search_population: int = 32  # longrope-search: candidates per generation (the paper: 64)
-    search_generations: int = 10  # longrope-search: generations after the initial population (the paper: 40)
-    search_windows: int = 4  # longrope-search: windows of the target length in each of its two splits
-    copy_examples: int = 64
     # train each model until its task's criterion at the training length reaches this (0: off; the copy task:
     # exact match on held-out strings), checked every check_every steps; steps is then the cap
     train_until: float = 0.0
@@ -91,10 +88,6 @@ class LabConfig:
     # sequence-length warmup: [[length, steps], ...] trained before train_len, same tokens per step
     # (posenc.lab.curriculum)
     length_warmup: list = field(default_factory=list)
-    copy_distinct: bool = False  # copy strings of distinct bytes (posenc.lab.tasks.copy)
-    copy_min_fraction: float = 0.0  # shortest trained copy as a fraction of the longest (0: from one byte)
-    passkey_depths: list = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    passkey_trials: int = 20
     # run
     device: str = "auto"
     threads: int = 0  # 0: auto (torch's default, capped at the cores left idle by other work)
@@ -102,6 +95,9 @@ class LabConfig:
     precision: str = "fp32"  # fp32 | bf16 | auto (bf16 where native): posenc.lab.precision
     data: str | None = None
     out: str | None = None
+    # the settings tasks and extension methods declare themselves (copy_examples, passkey_depths, search_windows,
+    # a plug-in's own): name -> value, every declared one once validate() has run (posenc.lab.presets.declared)
+    options: dict = field(default_factory=dict)
 
     def validate(self) -> "LabConfig":
         """Check every setting; errors name the setting (the CLI shows its flag) and the expected form."""
@@ -110,11 +106,12 @@ class LabConfig:
         if self.schemes == ALL:
             self.schemes = list(scheme_names())
         for name in ("tasks", "schemes", "extended_schemes", "extensions", "seeds", "eval_lens", "sliding_lens",
-                     "randomized_schemes", "passkey_depths"):
+                     "randomized_schemes"):
             if isinstance(getattr(self, name), (list, tuple)):
                 check_distinct(getattr(self, name), name, error=ConfigError)
         for t in self.tasks:
             get_task(t, "tasks")
+        self.options = check_settings(declared(), self.options)
         for s in list(self.schemes) + list(self.extended_schemes):
             check_scheme(s, "schemes" if s in self.schemes else "extended_schemes")
         for e in self.extensions:
@@ -127,13 +124,10 @@ class LabConfig:
                 if isinstance(v, int) and not isinstance(v, bool) and v > limit:
                     raise ConfigError(f"{name} must be at most {limit:,}, got {v:,}")
         check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
-        for name in ("batch_size", "eval_tokens", "sliding_tokens", "copy_examples", "passkey_trials"):
+        for name in ("batch_size", "eval_tokens", "sliding_tokens"):
             check_int(getattr(self, name), name, min=1, error=ConfigError)
-        for name in ("finetune_steps", "finetune_len", "threads", "jobs", "search_generations",
-                     "randomized_positions"):
+        for name in ("finetune_steps", "finetune_len", "threads", "jobs", "randomized_positions"):
             check_int(getattr(self, name), name, min=0, error=ConfigError)
-        check_int(self.search_population, "search_population", min=4, error=ConfigError)
-        check_int(self.search_windows, "search_windows", min=1, error=ConfigError)
         check_int(self.train.steps, "steps", min=1, error=ConfigError)
         check_int(self.train.warmup, "warmup", min=0, error=ConfigError)
         check_int(self.train.ckpt_every, "ckpt_every", min=0, error=ConfigError)
@@ -145,7 +139,6 @@ class LabConfig:
         for L in list(self.eval_lens) + list(self.sliding_lens):
             check_int(L, "eval_lens" if L in self.eval_lens else "sliding_lens", min=2, error=ConfigError)
         check_float(self.ext_factor, "ext_factor", min=0.0, error=ConfigError)
-        check_float(self.copy_min_fraction, "copy_min_fraction", min=0.0, max=1.0, error=ConfigError)
         check_float(self.train_until, "train_until", min=0.0, max=1.0, error=ConfigError)
         check_int(self.check_every, "check_every", min=1, error=ConfigError)
         check_float(self.train.bias_lr_scale, "bias_lr_scale", positive=True, error=ConfigError)
@@ -154,15 +147,12 @@ class LabConfig:
         fewest_steps = min([self.train.steps, *map(self.steps_for, self.scheme_step_scale)])
         self.length_warmup = check_length_warmup(self.length_warmup, train_len=self.train_len,
                                                  batch_size=self.batch_size, steps=fewest_steps)
-        check_bool(self.copy_distinct, "copy_distinct", error=ConfigError)
         if 0 < self.ext_factor < 1:
             raise ConfigError(f"ext_factor: expected 0 (auto) or a factor >= 1, got {self.ext_factor}")
         if not self.seeds:
             raise ConfigError("seeds: expected at least one seed")
         for s in self.seeds:
             check_int(s, "seeds", min=0, error=ConfigError)
-        for d in self.passkey_depths:
-            check_float(d, "passkey_depths", min=0.0, max=1.0, error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
         check_choice(self.precision, "precision", PRECISIONS, error=ConfigError)
         device = resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
@@ -242,13 +232,16 @@ class LabConfig:
         return replace(self.model, scheme=scheme, max_len=self.train_len)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as results.json records them: nested model and train sections, and the declared settings
+        flat beside the lab's own (as when they were LabConfig fields)."""
+        out = asdict(self)
+        return {**out.pop("options"), **out}
 
 
 # upper bounds that keep a run's memory bounded (the CLI names the flag): far above any tiny-model experiment
 SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
                "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "jobs": 4096, "eval_tokens": 2**30,
-               "sliding_tokens": 2**30, "copy_examples": 2**20, "passkey_trials": 2**20, "steps": 2**31,
+               "sliding_tokens": 2**30, "steps": 2**31,
                "check_every": 2**31, "mlp_ratio": 256, "randomized_positions": 2**20}
 
 
@@ -280,22 +273,42 @@ def device_memory_bytes(device) -> int | None:
         return None
 
 
-# flat setting name -> the section of LabConfig that owns it (None: LabConfig itself)
+# flat setting name -> the section of LabConfig that owns it (None: LabConfig itself); the settings that tasks and
+# extension methods declare go to "options" (``section_of``)
 SECTIONS = {**{f.name: "model" for f in fields(ModelConfig) if f.name not in ("scheme", "max_len", "rope_scaling")},
             **{f.name: "train" for f in fields(TrainSettings)},
-            **{f.name: None for f in fields(LabConfig) if f.name not in ("model", "train")}}
+            **{f.name: None for f in fields(LabConfig) if f.name not in ("model", "train", "options")}}
+
+
+def declared() -> dict:
+    """Setting name -> declaration (posenc._settings.Setting) of every registered task and extension method."""
+    from posenc.extensions.registry import METHOD_SETTINGS
+    from posenc.lab.tasks.registry import TASK_SETTINGS
+
+    return {**TASK_SETTINGS, **METHOD_SETTINGS}
+
+
+def section_of(name: str) -> str | None:
+    """The LabConfig section holding flat setting ``name`` ("options" for a declared one); ConfigError if none."""
+    if name in SECTIONS:
+        return SECTIONS[name]
+    if name in declared():
+        return "options"
+    raise ConfigError(f"unknown lab settings: {name}")
 
 
 def apply_settings(cfg: LabConfig, settings: dict) -> LabConfig:
     """``cfg`` with flat ``settings`` applied (None values ignored); ConfigError for an unknown name."""
-    unknown = sorted(set(settings) - set(SECTIONS))
+    unknown = sorted(n for n in settings if n not in SECTIONS and n not in declared())
     if unknown:
         raise ConfigError(f"unknown lab settings: {', '.join(unknown)}")
     parts: dict[str | None, dict] = {}
     for name, value in settings.items():
         if value is not None:
-            parts.setdefault(SECTIONS[name], {})[name] = value
+            parts.setdefault(section_of(name), {})[name] = value
     cfg = replace(cfg, **parts.get(None, {}))
+    if "options" in parts:
+        cfg.options = {**cfg.options, **parts["options"]}
     if "model" in parts:
         cfg.model = replace(cfg.model, **parts["model"])
     if "train" in parts:

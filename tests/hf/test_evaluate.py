@@ -192,8 +192,10 @@ def test_settings_are_checked():
         EvalSettings(methods=["yarn"]).validate()
     with pytest.raises(ConfigError, match="methods: expected one of none, linear"):
         EvalSettings(methods=["pi"]).validate()
-    with pytest.raises(ConfigError, match="tasks: expected one of lm, passkey"):
-        EvalSettings(tasks=["copy"]).validate()
+    with pytest.raises(ConfigError, match="tasks: expected one of lm, copy, passkey"):    # the registered tasks
+        EvalSettings(tasks=["nonesuch"]).validate()
+    with pytest.raises(ConfigError, match="passkey_trials must be an integer"):          # a task's declared setting
+        EvalSettings(tasks=["passkey"], passkey_trials=0).validate()
     with pytest.raises(ConfigError, match="eval_lens must be an integer"):
         EvalSettings(eval_lens=[1.5]).validate()
 

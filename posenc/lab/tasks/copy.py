@@ -32,6 +32,7 @@ from posenc.lab.context import supports_length
 from posenc.lab.data import IGNORE, batch_generator
 from posenc.lab.plots import accuracy_plot
 from posenc.lab.tables import fmt, markdown, pivot
+from posenc._settings import Setting
 from posenc.lab.tasks.registry import HELD_OUT, Task, register_task
 
 COPY_SEP = 0  # never drawn as a content token (content bytes are 1..255)
@@ -136,16 +137,24 @@ class Copy(Task):
 
     metrics = ("exact_match", "token_accuracy")
     title = "Copy task (teacher-forced argmax; exact match / token accuracy)"
+    settings = (
+        Setting("copy_examples", 64, "copy-task test sequences per length", kind="int", min=1, max=2**20),
+        Setting("copy_distinct", False, f"copy strings of distinct bytes, no repeats (yes/no; lengths up to "
+                f"{MAX_DISTINCT_LEN})", kind="bool"),
+        Setting("copy_min_fraction", 0.0, "shortest copy trained on, as a fraction of the longest that fits "
+                "--train-len (0: from one byte)", kind="float", min=0.0, max=1.0),
+    )
 
     def check(self, cfg) -> None:
         longest = max([cfg.train_len] + list(cfg.eval_lens))
-        if cfg.copy_distinct and longest > MAX_DISTINCT_LEN:
+        if cfg.options["copy_distinct"] and longest > MAX_DISTINCT_LEN:
             raise ConfigError(f"train_len/eval_lens: copies of distinct bytes (copy_distinct) fit sequences up to "
                               f"{MAX_DISTINCT_LEN} tokens (255 distinct bytes), got {longest}")
 
     def sampler(self, run, seq_len, batch_size, seed):
         cfg = run.cfg
-        return CopySampler(seq_len, batch_size, seed, distinct=cfg.copy_distinct, min_fraction=cfg.copy_min_fraction)
+        return CopySampler(seq_len, batch_size, seed, distinct=cfg.options["copy_distinct"],
+                           min_fraction=cfg.options["copy_min_fraction"])
 
     def criterion(self, run, model, seed: int) -> float:
         """Exact match at the training length on held-out strings (other draws than the test's): the lower of
@@ -155,8 +164,9 @@ class Copy(Task):
         cfg = run.cfg
 
         def exact(offset: int) -> float:  # a failing set stops at the batch that decides it (copy_eval's need)
-            return copy_eval(model, cfg.train_len, n_examples=cfg.copy_examples, seed=HELD_OUT + offset + seed,
-                             device=run.device, distinct=cfg.copy_distinct, need=cfg.train_until,
+            return copy_eval(model, cfg.train_len, n_examples=cfg.options["copy_examples"],
+                             seed=HELD_OUT + offset + seed,
+                             device=run.device, distinct=cfg.options["copy_distinct"], need=cfg.train_until,
                              held_out=True)["exact_match"]
 
         first = exact(0)
@@ -166,8 +176,8 @@ class Copy(Task):
 
     def evaluate(self, ev) -> list[dict]:
         cfg = ev.cfg
-        results = ev.map(lambda L: copy_eval(ev.model, L, n_examples=cfg.copy_examples, seed=ev.seed,
-                                             device=ev.device, distinct=cfg.copy_distinct),
+        results = ev.map(lambda L: copy_eval(ev.model, L, n_examples=cfg.options["copy_examples"], seed=ev.seed,
+                                             device=ev.device, distinct=cfg.options["copy_distinct"]),
                          cfg.eval_lens, cost=lambda L: L)
         return [ev.row(L, metric, r and r[metric]) for L, r in zip(cfg.eval_lens, results) for metric in self.metrics]
 

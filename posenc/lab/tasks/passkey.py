@@ -14,6 +14,7 @@ from posenc.lab.context import supports_length
 from posenc.lab.data import IGNORE, batch_generator
 from posenc.lab.plots import accuracy_plot
 from posenc.lab.tables import markdown, model_label, sort_key
+from posenc._settings import Setting
 from posenc.lab.tasks.registry import HELD_OUT, Task, register_task
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -89,6 +90,12 @@ class Passkey(Task):
 
     metrics = ("exact_match",)
     title = "Passkey retrieval (greedy decode, exact match)"
+    settings = (
+        Setting("passkey_depths", [0.0, 0.25, 0.5, 0.75, 1.0], "where the key sits in the prompt, fractions in [0, 1] "
+                "(comma-separated)",
+                kind="floats", min=0.0, max=1.0),
+        Setting("passkey_trials", 20, "passkey episodes per length x depth cell", kind="int", min=1, max=2**20),
+    )
 
     def check(self, cfg) -> None:
         shortest = min([cfg.train_len] + list(cfg.eval_lens))
@@ -102,14 +109,15 @@ class Passkey(Task):
     def criterion(self, run, model, seed: int) -> float:
         """Retrieval rate at the training length over the depths, on held-out keys (another draw than the test's)."""
         cfg = run.cfg
-        rates = [passkey_eval(model, cfg.train_len, depth, n_trials=cfg.passkey_trials, seed=HELD_OUT + seed,
-                              device=run.device) for depth in cfg.passkey_depths]
+        rates = [passkey_eval(model, cfg.train_len, depth, n_trials=cfg.options["passkey_trials"],
+                              seed=HELD_OUT + seed,
+                              device=run.device) for depth in cfg.options["passkey_depths"]]
         return sum(rates) / len(rates)
 
     def evaluate(self, ev) -> list[dict]:
         cfg = ev.cfg
-        grid = [(L, depth) for L in cfg.eval_lens for depth in cfg.passkey_depths]
-        values = ev.map(lambda item: passkey_eval(ev.model, item[0], item[1], n_trials=cfg.passkey_trials,
+        grid = [(L, depth) for L in cfg.eval_lens for depth in cfg.options["passkey_depths"]]
+        values = ev.map(lambda item: passkey_eval(ev.model, item[0], item[1], n_trials=cfg.options["passkey_trials"],
                                                   seed=ev.seed, device=ev.device), grid, cost=lambda item: item[0])
         return [ev.row(L, "exact_match", v, depth=depth) for (L, depth), v in zip(grid, values)]
 

@@ -14,6 +14,7 @@ import inspect
 from pathlib import Path
 
 from posenc._registry import check_new_name, origin_of
+from posenc._settings import Setting, declare
 from posenc._validate import check_choice
 from posenc.errors import ConfigError
 from posenc.lab.tables import markdown, pivot, fmt
@@ -26,7 +27,9 @@ class Task:
     """Base class of a lab task. Subclasses override ``sampler`` and ``evaluate``; the rest has defaults.
 
     needs_corpus: the run loads the text corpus for it (``run.corpus``). metrics: the metric names of its rows.
-    title: heading of its report section.
+    title: heading of its report section. settings: its own settings (``posenc._settings.Setting``), declared
+    once: ``posenc lab`` and ``posenc eval`` make a flag of each and validate it; the task reads the values from
+    ``cfg.options[name]`` (``run.cfg`` / ``ev.cfg``).
     """
 
     name = ""
@@ -34,6 +37,7 @@ class Task:
     metrics: tuple[str, ...] = ()
     title = ""
     origin = ""
+    settings: tuple[Setting, ...] = ()
 
     def check(self, cfg) -> None:
         """Raise ConfigError for lab settings this task cannot run with (called by LabConfig.validate)."""
@@ -74,6 +78,8 @@ class Task:
 
 # name -> task instance, in registration order (built-ins first: lm, copy, passkey)
 TASKS: dict[str, Task] = {}
+# setting name -> its declaration, over every registered task (a name belongs to one task)
+TASK_SETTINGS: dict[str, Setting] = {}
 
 
 def register_task(name: str, *, replace: bool = False):
@@ -90,6 +96,12 @@ def register_task(name: str, *, replace: bool = False):
                               f"define {' and '.join(missing)}")
         task = cls()
         task.name, task.origin = name, origin_of(cls)
+        taken = {k: v for k, v in TASK_SETTINGS.items() if not (replace and v.owner == f"task {name}")}
+        task.settings = declare(cls.settings, f"task {name}", taken)
+        if replace:
+            for k in [k for k, v in TASK_SETTINGS.items() if v.owner == f"task {name}"]:
+                del TASK_SETTINGS[k]
+        TASK_SETTINGS.update({s.name: s for s in task.settings})
         TASKS[name] = task
         return cls
 
