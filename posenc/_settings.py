@@ -12,7 +12,7 @@ Kinds: "int", "float", "bool" (flag value yes/no), "floats" (a comma-separated l
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from posenc._validate import check_bool, check_distinct, check_float, check_int
@@ -65,13 +65,17 @@ class Setting:
 
 
 def declare(settings: Iterable[Setting], owner: str, taken: Mapping[str, Setting]) -> tuple[Setting, ...]:
-    """``settings`` with ``owner`` filled in; ConfigError for a name another owner already declared."""
+    """``settings`` with ``owner`` filled in; ConfigError for a name another owner already declared otherwise (an
+    identical declaration, as a subclass of a task inherits it, is shared)."""
     out = []
     for s in settings:
         if not isinstance(s, Setting):
             raise ConfigError(f"{owner}: settings must be posenc._settings.Setting values, got {s!r}")
         other = taken.get(s.name)
         if other is not None and other.owner != owner:
+            if replace(other, owner="") == replace(s, owner=""):   # the same declaration, inherited (a subclass of
+                out.append(other)                                 # a task): shared, still its first owner's
+                continue
             raise ConfigError(f"{owner}: setting {s.name!r} is already declared by {other.owner}")
         out.append(Setting(s.name, s.default, s.help, s.kind, s.min, s.max, owner))
     return tuple(out)

@@ -57,6 +57,7 @@ from pathlib import Path
 import torch
 
 from posenc.devices import check_device
+from posenc.machine import load_average
 from posenc.errors import ConfigError
 
 HELP = "Evaluate a local transformers causal LM: perplexity vs length, passkey, extension methods via its config."
@@ -614,7 +615,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
                   "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
-                  "loadavg_start": _loadavg()}
+                  "loadavg_start": load_average()}
     curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
     earlier_wall = 0.0
     if resume is not None:
@@ -705,7 +706,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                        "wall_s": round(earlier_wall + time.perf_counter() - t_start, 1)}
             on_method_done({"meta": partial, "results": list(rows), "curves": dict(curves)})
     meta["wall_s"] = round(earlier_wall + time.perf_counter() - t_start, 1)
-    meta["loadavg_end"] = _loadavg()
+    meta["loadavg_end"] = load_average()
     return {"meta": meta, "results": rows, "curves": curves}
 
 
@@ -788,13 +789,6 @@ def check_resumable(doc: dict, meta: dict) -> None:
     if unknown:
         raise ConfigError(f"resume: the interrupted eval finished methods {unknown} that these settings do not "
                           "run; pass --overwrite to start again")
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
 
 
 def _lab_readable(doc: dict) -> bool:
@@ -955,7 +949,7 @@ def add_arguments(parser) -> None:
 FLAG_ALIASES = {"replace_scaling": "--replace"}
 
 
-def check_threads(threads, name: str = "--threads") -> int | None:
+def check_threads(threads, name: str = "threads") -> int | None:
     """CPU threads for torch: None or 0 = torch's own choice, else a count up to the lab's own limit (ConfigError
     naming ``name``): torch.set_num_threads refuses a negative count only with its own RuntimeError."""
     from posenc._validate import check_int

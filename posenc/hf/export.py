@@ -253,7 +253,7 @@ def _check_position_memory(limit: int, a) -> None:
     avail = available_memory()
     if avail is not None and need > avail:
         raise ConfigError(f"max_positions: {limit} positions need about {need / 2**30:.3g} GiB ({what}), more than "
-                          f"the {avail / 2**30:.3g} GiB of memory available; pass a smaller --max-positions "
+                          f"the {avail / 2**30:.3g} GiB of memory available; pass a smaller max_positions "
                           f"(default 16 x the training length = {16 * a.max_len})")
 
 
@@ -269,7 +269,7 @@ def _positions_fit(limit: int | None, a) -> None:
         what = "sinusoidal table" if a.scheme == "sinusoidal" else "ALiBi bias"
         gib = limit * (a.d_model if a.scheme == "sinusoidal" else a.n_heads) * 4 / 2**30
         raise ConfigError(f"max_positions: {limit} positions do not fit in memory here (the {what} alone is about "
-                          f"{gib:.3g} GiB of float32); pass a smaller --max-positions (default 16 x the training "
+                          f"{gib:.3g} GiB of float32); pass a smaller max_positions (default 16 x the training "
                           f"length = {16 * a.max_len})") from None
 
 

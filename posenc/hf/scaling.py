@@ -8,9 +8,9 @@ written (transformers 5 ``rope_parameters`` form; static NTK as a rescaled rope_
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
+from posenc._validate import check_float
 from posenc.errors import ConfigError
 
 # a target longer than any real context: used once to ask extend_config for the config's original context
@@ -36,8 +36,8 @@ def extend_for_factor(config: Mapping[str, Any], method: str, factor: float, *, 
 
     if method not in method_names():
         raise ConfigError(f"method must be one of {', '.join(method_names())}, got {method!r}")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (factor > 1 and math.isfinite(factor)):
-        raise ConfigError(f"factor must be a finite number > 1 (target / original context), got {factor!r}")
+    if check_float(factor, "factor (target / original context)", min=1.0, error=ConfigError) == 1.0:
+        raise ConfigError(f"factor (target / original context) must be > 1, got {factor!r}")
     version = 5 if transformers_major() >= 5 else 4
     # the original context is extend's to determine (its rule for rope_scaling configs): ask it once
     original = extend_config(config, _PROBE_TARGET, method, transformers_version=version, factor=float(factor),

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from posenc._validate import check_float
 from posenc.devices import check_device
 from posenc.errors import CheckpointError, ConfigError, DataError, PosencError
 
@@ -134,9 +135,7 @@ def timeout_seconds(timeout_s: float | None = None) -> float:
             timeout_s = float(raw)
         except ValueError:
             raise ConfigError(f"{TIMEOUT_ENV}: expected a number of seconds, got {raw!r}") from None
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
-        raise ConfigError(f"{name}: expected a positive number of seconds, got {timeout_s!r}")
-    return float(timeout_s)
+    return check_float(timeout_s, f"{name} (seconds)", positive=True, error=ConfigError)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

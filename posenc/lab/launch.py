@@ -56,8 +56,9 @@ def worker_env(nproc: int, env: dict | None = None) -> dict:
     """Environment for the workers: the CPU's cores shared out (OMP_NUM_THREADS), unless the user set it."""
     env = dict(os.environ if env is None else env)
     if "OMP_NUM_THREADS" not in env:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env["OMP_NUM_THREADS"] = str(max(1, cores // int(nproc)))
+        from posenc.machine import cpu_cores
+
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // int(nproc)))
     return env
 
 

@@ -36,41 +36,13 @@ from posenc.lab.presets import LabConfig
 from posenc.lab.report import main_table, write_report
 from posenc.lab.tables import model_label
 from posenc.lab.tasks import get_task, needs_corpus
-from posenc.lab.train import TrainSettings, checkpoint_step, train
+from posenc.lab.train import TrainJob, TrainSettings, checkpoint_step, train
+from posenc.machine import busy_cores, busy_jiffies, cpu_cores, load_average  # noqa: F401 (their owner)
 from posenc.nn.model import TinyLM
 from posenc.randomized import randomized_positions
 
 RESULT_KEY = ("task", "scheme", "positions", "scaling", "finetuned", "train_len", "eval_len", "metric", "protocol",
               "depth")
-
-
-def cpu_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def busy_jiffies() -> int | None:
-    """The machine's non-idle CPU time so far, in clock ticks (Linux /proc/stat: all but idle and iowait), or None."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(fields[:8]) - fields[3] - fields[4]
-
-
-def busy_cores(window: float = 0.1) -> float | None:
-    """Cores other processes keep busy now: the machine's non-idle CPU time over ``window`` seconds, less this
-    process's own, per second. None where /proc/stat cannot be read."""
-    before, own_before, t0 = busy_jiffies(), time.process_time(), time.perf_counter()
-    if before is None:
-        return None
-    time.sleep(window)
-    after, own_after, t1 = busy_jiffies(), time.process_time(), time.perf_counter()
-    others = (after - before) / os.sysconf("SC_CLK_TCK") - (own_after - own_before)
-    return max(0.0, others / (t1 - t0))
 
 
 def auto_threads() -> int:
@@ -125,7 +97,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},
-        "loadavg_start": _loadavg(),
+        "loadavg_start": load_average(),
     }
     # the out folder is this job's until it ends (rank 0 holds the lock: only it writes)
     lock = out_lock(run.out, "posenc " + " ".join(sys.argv[1:])) if is_main_process() else contextlib.nullcontext()
@@ -173,13 +145,13 @@ def run_unit(run: Run, unit: Unit, rows: list, curves: dict) -> dict:
     positions = positions_label(randomized)
     name = scheme + (f" ({positions})" if positions else "")
     t0 = time.perf_counter()
-    model, trained = train_model(run, task, scheme, seed, randomized)
+    model, trained = train_model(run, unit)
     t_train = time.perf_counter() - t0
     rows += evaluate(run, Evaluation(run, model, task, scheme, seed=seed, curves=curves, positions=positions))
     extensions = None
     if scheme in cfg.extended_schemes and not randomized:
         ext: dict = {}
-        evaluate_extensions(run, model, task, scheme, seed, curves, ext, rows=rows)   # (rows grow as each ends)
+        evaluate_extensions(run, model, unit, curves, ext, rows=rows)   # (rows grow as each ends)
         extensions = (f"{task}/{scheme}/seed{seed}", ext)
     t_eval = time.perf_counter() - t0 - t_train
     timing = {"train": round(t_train, 1), "eval": round(t_eval, 1), **throughput(model.cfg, cfg, trained)}
@@ -223,7 +195,7 @@ def _finish(meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: 
     """The results document: timings, the diverged models, every number finite (JSON has no NaN)."""
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["cpu_s"] = round(cpu_time() - c_start, 1)  # CPU time of this process and its --jobs workers
-    meta["loadavg_end"] = _loadavg()
+    meta["loadavg_end"] = load_average()
     diverged = sorted({model_label(r) for r in raw if str(r.get("note", "")).startswith(DIVERGED)})
     if diverged:
         meta["diverged"] = diverged
@@ -278,14 +250,6 @@ def finite_json(obj) -> tuple[object, int]:
     return walk(obj), count
 
 
-def _loadavg() -> list[float] | None:
-    """1/5/15-minute load averages: other work on the machine changes every timing."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
 def checkpoint_path(out: Path, task: str, scheme: str, seed: int, tag: str = "") -> Path:
     return out / "checkpoints" / f"{task}-{scheme}{tag}-seed{seed}.safetensors"
 
@@ -319,13 +283,14 @@ class RandomizedTrainPositions:
         return randomized_positions(seq_len, self.max_position, generator=g, batch_size=batch, device=device)
 
 
-def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0) -> tuple[TinyLM, dict]:
-    """Train (or resume) the model of (task, scheme, seed); same initial shared weights and data for every scheme.
-    -> (the model, ``train``'s result).
+def train_model(run: Run, unit: Unit) -> tuple[TinyLM, dict]:
+    """Train (or resume) the model of ``unit`` (task, scheme, randomized, seed); same initial shared weights and data
+    for every scheme. -> (the model, ``train``'s result).
 
-    ``randomized`` > 0: train on randomized positions below it (evaluation uses plain positions).
+    ``unit.randomized`` > 0: train on randomized positions below it (evaluation uses plain positions).
     """
     cfg = run.cfg
+    task, scheme, randomized, seed = unit.task, unit.scheme, unit.randomized, unit.seed
     torch.manual_seed(seed)
     model = TinyLM(cfg.model_config(scheme))
     sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, seed)
@@ -350,10 +315,10 @@ def train_model(run: Run, task: str, scheme: str, seed: int, randomized: int = 0
         def until() -> bool:
             with autocast(run.precision, run.device):
                 return get_task(task).criterion(run, model, seed) >= cfg.train_until
-    result = train(model, sampler, training(cfg, cfg.steps_for(scheme)), device=run.device, ckpt_path=ckpt,
-                   resume=run.resume, run_settings=run_settings, desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress,
-                   precision=run.precision, until=until, check_every=cfg.check_every,
-                   check_from=sum(n for _, n in cfg.length_warmup or ()))
+    job = TrainJob(device=run.device, ckpt_path=ckpt, resume=run.resume, run_settings=run_settings,
+                   desc=f"{task} {scheme}{tag} s{seed}", progress=run.progress, precision=run.precision, until=until,
+                   check_every=cfg.check_every, check_from=sum(n for _, n in cfg.length_warmup or ()))
+    result = train(model, sampler, training(cfg, cfg.steps_for(scheme)), job)
     model.train_positions = None
     return model, result
 
@@ -382,8 +347,8 @@ def finetune_batch(cfg: LabConfig, length: int) -> int:
     return max(current().world_size, finetune_rows(cfg, length))
 
 
-def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: int, curves: dict,
-                        info: dict | None = None, rows: list | None = None) -> list[dict]:
+def evaluate_extensions(run: Run, model: TinyLM, unit: Unit, curves: dict, info: dict | None = None,
+                        rows: list | None = None) -> list[dict]:
     """Zero-shot (and with --finetune-steps, fine-tuned) evaluation of an extendable model under each method.
 
     ``info`` (filled in, for results.json): per method the time and details of its ``fit`` (LongRoPE's search),
@@ -392,6 +357,7 @@ def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: i
     an interrupt keeps the finished ones); returned.
     """
     cfg = run.cfg
+    task, scheme, seed = unit.task, unit.scheme, unit.seed
     info = {} if info is None else info
     rows = [] if rows is None else rows
     fit = FitContext(model=model, task=task, corpus=run.corpus, device=run.device, seed=seed,
@@ -413,14 +379,13 @@ def evaluate_extensions(run: Run, model: TinyLM, task: str, scheme: str, seed: i
     apply_extension(model, None)
     if cfg.finetune_steps:
         for method in ["none"] + list(cfg.extensions):
-            ft_rows, ft_info = finetune(run, model, task, scheme, seed, method, configs.get(method), curves)
+            ft_rows, ft_info = finetune(run, model, unit, method, configs.get(method), curves)
             info.setdefault("finetune", {})[method] = ft_info
             rows += ft_rows
     return rows
 
 
-def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method: str, config, curves: dict
-             ) -> tuple[list[dict], dict]:
+def finetune(run: Run, model: TinyLM, unit: Unit, method: str, config, curves: dict) -> tuple[list[dict], dict]:
     """Fine-tune a copy of ``model`` under ``method`` (config: its MethodConfig; None for plain RoPE), then
     evaluate it -> (rows, what it cost).
 
@@ -429,6 +394,7 @@ def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method:
     steps, learning rate (0.3 x the pre-training peak, warmup then cosine) and fine-tuning data for every method.
     """
     cfg = run.cfg
+    task, scheme, seed = unit.task, unit.scheme, unit.seed
     m = get_method(method) if method != "none" else None
     pose = m is not None and m.train_positions is not None
     length = cfg.train_len if pose else finetune_length(cfg)
@@ -448,9 +414,10 @@ def finetune(run: Run, model: TinyLM, task: str, scheme: str, seed: int, method:
                     "positions": "pose" if pose else "contiguous", "scaling": config and config.scaling,
                     "base": state_fingerprint(model)}
     t0, c0 = time.perf_counter(), time.process_time()
-    out = train(ft, sampler, settings, device=run.device,
-                ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"), resume=run.resume,
-                run_settings=run_settings, desc=f"finetune {method}", progress=run.progress, precision=run.precision)
+    out = train(ft, sampler, settings, TrainJob(
+        device=run.device, ckpt_path=checkpoint_path(run.out, task, scheme, seed, f"-ft-{method}"),
+        resume=run.resume, run_settings=run_settings, desc=f"finetune {method}", progress=run.progress,
+        precision=run.precision))
     ft.train_positions = None
     ft_info = {"steps": settings.steps, "len": length, "batch": batch, "tokens": settings.steps * batch * length,
                "positions": "pose" if pose else "contiguous", "lr": settings.lr,

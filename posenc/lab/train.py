@@ -106,13 +106,29 @@ def train_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Op
     return loss.detach().clone() if shown is None else shown
 
 
-def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: str | torch.device = "cpu",
-          ckpt_path: str | Path | None = None, resume: bool = False, run_settings: dict | None = None,
-          stop_after: int | None = None, desc: str = "train", progress: bool = True,
-          rank: int | None = None, world_size: int | None = None, precision: str = "fp32",
-          until: Callable[[], bool] | None = None, check_every: int = 100, check_from: int = 0) -> dict:
-    """Train ``model`` in place for ``settings.steps`` steps; returns {"step", "losses", "wall_s", "resumed_from",
-    "criterion_met"}.
+@dataclass
+class TrainJob:
+    """How one ``train`` call runs (``TrainSettings`` says what it trains): where, with which checkpoint and
+    progress, and when it may stop early. The fields are ``train``'s keyword options of the same names."""
+
+    device: str | torch.device = "cpu"
+    ckpt_path: str | Path | None = None
+    resume: bool = False
+    run_settings: dict | None = None
+    stop_after: int | None = None
+    desc: str = "train"
+    progress: bool = True
+    rank: int | None = None
+    world_size: int | None = None
+    precision: str = "fp32"
+    until: Callable[[], bool] | None = None
+    check_every: int = 100
+    check_from: int = 0
+
+
+def train(model: torch.nn.Module, sampler, settings: TrainSettings, job: TrainJob | None = None, **options) -> dict:
+    """Train ``model`` in place for ``settings.steps`` steps as ``job`` says (``options``: TrainJob fields given
+    by name instead, or on top of ``job``); returns {"step", "losses", "wall_s", "resumed_from", "criterion_met"}.
 
     ``sampler.batch(step, rank, world_size)`` -> (inputs [B, T], targets [B, T]). With ``resume`` and an existing
     ``ckpt_path``, continues from its step (its ``run_settings`` must match). ``stop_after`` ends the call early
@@ -127,8 +143,14 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
     that had stopped there stops again at once: the check of the same weights gives the same answer. Under
     several processes rank 0's answer is everyone's.
     """
+    from dataclasses import replace
+
     from tqdm.auto import tqdm
 
+    job = replace(job or TrainJob(), **options)
+    device, ckpt_path, resume, run_settings = job.device, job.ckpt_path, job.resume, job.run_settings
+    stop_after, desc, progress, rank, world_size = job.stop_after, job.desc, job.progress, job.rank, job.world_size
+    precision, until, check_every, check_from = job.precision, job.until, job.check_every, job.check_from
     if rank is None or world_size is None:  # default: this process's place in torch.distributed's group (0 of 1)
         rank = current().rank if rank is None else rank
         world_size = current().world_size if world_size is None else world_size
@@ -149,7 +171,7 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, *, device: s
         except CheckpointError as exc:
             raise CheckpointError(f"{exc}. {restart_hint(ckpt_path)}") from None
         if meta["settings"] != run_settings:
-            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; use a new --out, "
+            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; use a new out folder, "
                                   f"or {restart_hint(ckpt_path, lower=True)}")
         start = meta["step"]
     net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
@@ -207,8 +229,8 @@ def _criterion(model: torch.nn.Module, until: Callable[[], bool], world_size: in
 
 def restart_hint(path, lower: bool = False) -> str:
     """How to restart one model whose checkpoint cannot be resumed, keeping the others."""
-    text = (f"To restart that model from scratch, delete {path} and run the same command with --resume again "
-            "(the other models resume from their checkpoints)")
+    text = (f"To restart that model from scratch, delete {path} and resume again (posenc lab "
+            "--resume; the other models resume from their checkpoints)")
     return text[0].lower() + text[1:] if lower else text
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._validate import check_int
+from posenc._validate import check_bool, check_int
 from posenc.errors import ConfigError, PosencError
 from posenc.rope.apply import apply_rope_table, as_positions, default_inv_freq, math_dtype, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
@@ -50,8 +50,7 @@ def mrope_axes(mrope_section: Sequence[int], pairs: int | None = None, *, interl
     if pairs is not None and total != pairs:
         raise ConfigError(f"mrope_section {sections} must add up to the number of rotary pairs (rotary_dim // 2 = "
                           f"{pairs}), got {total}")
-    if not isinstance(interleaved, bool):
-        raise ConfigError(f"mrope_interleaved must be true or false, got {interleaved!r}")
+    check_bool(interleaved, "mrope_interleaved", error=ConfigError)
     if not interleaved:
         return torch.cat([torch.full((n,), i % MROPE_AXES, dtype=torch.long) for i, n in enumerate(sections)])
     if len(sections) != MROPE_AXES:

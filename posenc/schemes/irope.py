@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from posenc._validate import check_float, positive_int
+from posenc._validate import check_float, check_int, positive_int
 from posenc.errors import ConfigError
 from posenc.irope import apply_attention_temperature, irope_rope_layers
 from posenc.schemes.base import AttentionContext, Scheme
@@ -58,8 +58,7 @@ class IRoPEScheme(RoPEScheme):
         self.nope = TemperatureNoPE(floor_scale, check_float(attn_scale, "attn_scale", error=ConfigError))
 
     def for_layer(self, layer: int) -> Scheme:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(self.rope_layers):
-            raise ConfigError(f"layer must be an index 0..{len(self.rope_layers) - 1}, got {layer!r}")
+        check_int(layer, "layer", min=0, max=len(self.rope_layers) - 1, error=ConfigError)
         return self if self.rope_layers[layer] else self.nope
 
     def describe(self) -> str:

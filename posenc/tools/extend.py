@@ -64,6 +64,22 @@ class ExtendResult:
     check: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Request:
+    """What ``_validated`` establishes about one extend call: the method, the config (its text part for multimodal
+    configs: ``outer`` is the whole file, ``text_key`` where the part sits), its RoPE, the original context and
+    the factor s."""
+
+    method: Any
+    outer: dict
+    text_key: str | None
+    cfg: dict
+    rc: RopeConfig
+    old_warnings: set
+    original: int
+    factor: float
+
+
 def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: int, method: str, *,
                   transformers_version: int = 5, factor: float | None = None, short_factor=None, long_factor=None,
                   replace: bool = False) -> ExtendResult:
@@ -74,9 +90,29 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     JSON files; replace: allow replacing an existing non-default scaling (computed from its original context).
     Raises ConfigError (a ValueError) for a non-RoPE config, an unknown method, a target not longer than the
     original context, or a result the registry rejects.
+
+    Four steps: validate the request, compute the method's scaling, write it in the version's form, check the
+    written config through the registry (then the changes and notes are described).
     """
+    req = _validated(config, target_length, method, transformers_version, factor, replace)
+    options = {k: v for k, v in (("short_factor", short_factor), ("long_factor", long_factor)) if v is not None}
+    own, scaling, max_positions, notes = _computed(req, method, target_length, options)
+    new, lmax_key = _written(req, scaling, max_positions, transformers_version, notes)
+    check = _self_check(req, new, own, scaling, target_length)
+    changes = [f"{key}: {_short(req.cfg.get(key, '<absent>'))} -> {_short(new.get(key, '<absent>'))}"
+               for key in sorted(set(req.cfg) | set(new)) if req.cfg.get(key, "<absent>") != new.get(key, "<absent>")]
+    _add_notes(notes, req, target_length, factor, transformers_version, lmax_key)
+    if req.text_key is not None:
+        changes = [f"{req.text_key}.{change}" for change in changes]
+        new = {**req.outer, req.text_key: new}
+    return ExtendResult(config=new, method=method, factor=req.factor, original_context=req.original,
+                        target_length=target_length, transformers_version=transformers_version, changes=changes,
+                        notes=notes, check=check)
+
+
+def _validated(config, target_length, method, transformers_version, factor, replace) -> _Request:
+    """Every check of the request before anything is computed; ConfigError naming the argument otherwise."""
     from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
-    from posenc.rope.scaling import MULTI_AXIS_KEYS
 
     m = get_method(method)
     if m.fit is not None:
@@ -126,10 +162,17 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                           f"max_position_embeddings would claim {target_length} ({target_length / original:g}x "
                           f"the original context {original}); leave --factor out for target / original = "
                           f"{target_length / original:g}")
+    return _Request(m, outer, text_key, cfg, rc, old_warnings, original, s)
 
-    spec = ExtensionSpec(original=original, factor=s, rotary_dim=rc.rotary_dim, theta=rc.theta,
+
+def _computed(req: _Request, method: str, target_length: int, options: dict):
+    """-> (posenc's registry form of the method's config, the scaling transformers reads, the context length to
+    write, notes)."""
+    from posenc.rope.scaling import MULTI_AXIS_KEYS
+
+    cfg, rc = req.cfg, req.rc
+    spec = ExtensionSpec(original=req.original, factor=req.factor, rotary_dim=rc.rotary_dim, theta=rc.theta,
                          target=target_length, head_dim=rc.head_dim)
-    options = {k: v for k, v in (("short_factor", short_factor), ("long_factor", long_factor)) if v is not None}
     own = method_config(method, spec, **options)         # posenc's registry form (the bands below read it)
     written = transformers_config(method, own, spec)
     scaling, notes = dict(written.scaling), list(written.notes)
@@ -142,12 +185,20 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     # gives them (a default filled in by posenc's reader is not written: transformers would flag the unknown key)
     given = {k for d in (cfg.get("rope_scaling"), cfg.get("rope_parameters")) if isinstance(d, Mapping) for k in d}
     scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params and k in given})
+    return own, scaling, written.max_position_embeddings, notes
+
+
+def _written(req: _Request, scaling: dict, max_positions: int, transformers_version: int,
+             notes: list) -> tuple[dict, str]:
+    """The new config (text part) in the version's form, and the key holding its context length."""
+    cfg, rc, original = req.cfg, req.rc, req.original
+    scaling = dict(scaling)
     theta = scaling.pop("rope_theta", rc.theta)
     new = dict(cfg)
     lmax_key = "max_position_embeddings"
     if cfg.get(lmax_key) is None and cfg.get(KEY_ALIASES[lmax_key]) is not None:
         lmax_key = KEY_ALIASES[lmax_key]  # GPT-J's n_positions: update the key the file uses
-    new[lmax_key] = written.max_position_embeddings
+    new[lmax_key] = max_positions
     if "original_max_position_embeddings" in cfg:  # Phi-3 keeps L0 at the top level, and it wins over the dict's
         new["original_max_position_embeddings"] = original
     partial = cfg.get("partial_rotary_factor")
@@ -169,13 +220,18 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
         new.pop("rope_parameters", None)
         if partial is None and "partial_rotary_factor" in old_inner:
             new["partial_rotary_factor"] = old_inner["partial_rotary_factor"]
-
     if cfg.get("model_type") in HEAD_DIM_DERIVED_TYPES and not cfg.get("head_dim"):
         # transformers' yarn / dynamic / longrope read config.head_dim, which e.g. MixtralConfig leaves None
         new["head_dim"] = rc.head_dim
         notes.append(f"head_dim written explicitly ({rc.head_dim} = hidden_size / num_attention_heads, what the "
                      "attention derives anyway): transformers' yarn, dynamic and longrope read config.head_dim")
-    # check the result through the registry: it must load, give finite frequencies, and the rope type must be right
+    return new, lmax_key
+
+
+def _self_check(req: _Request, new: dict, own, scaling: dict, target_length: int) -> dict:
+    """The written config read back through the registry: it must load, give finite frequencies and the rope type
+    written; -> what it reads as (type, theta, attention scaling, frequency bands, longest wavelength, warnings)."""
+    rc, original = req.rc, req.original
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         new_rc = load_rope_config(new)
@@ -188,17 +244,18 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                 original_max_position_embeddings=original,
                 params={k: v for k, v in own.scaling.items() if k != "rope_type"})
         bands = frequency_bands(bands_rc, target_length)
-    new_warnings = [str(w.message) for w in caught if str(w.message) not in old_warnings]
+    new_warnings = [str(w.message) for w in caught if str(w.message) not in req.old_warnings]
     if new_rc.rope_type != scaling["rope_type"] or not bool(inv.isfinite().all()):
         raise ConfigError(f"internal check failed: the written config reads back as {new_rc.rope_type!r}")
-    check = {"rope_type": new_rc.rope_type, "rope_theta": new_rc.theta, "attention_scaling": attention,
-             "bands": {k: bands.get(k, 0) for k in ("kept", "blended", "interpolated", "removed")},
-             "longest_wavelength": float(2 * math.pi / inv.double().min()), "warnings": new_warnings}
+    return {"rope_type": new_rc.rope_type, "rope_theta": new_rc.theta, "attention_scaling": attention,
+            "bands": {k: bands.get(k, 0) for k in ("kept", "blended", "interpolated", "removed")},
+            "longest_wavelength": float(2 * math.pi / inv.double().min()), "warnings": new_warnings}
 
-    changes = []
-    for key in sorted(set(cfg) | set(new)):
-        if cfg.get(key, "<absent>") != new.get(key, "<absent>"):
-            changes.append(f"{key}: {_short(cfg.get(key, '<absent>'))} -> {_short(new.get(key, '<absent>'))}")
+
+def _add_notes(notes: list, req: _Request, target_length: int, factor, transformers_version: int,
+               lmax_key: str) -> None:
+    """What to expect of the written config, added to ``notes`` (a warning first, the method's note last)."""
+    cfg, rc, original, s, m = req.cfg, req.rc, req.original, req.factor, req.method
     if factor is not None and not math.isclose(s, target_length / original):
         notes.append(f"factor {s:g} given explicitly (target / original would be {target_length / original:g})")
     if m.keeps_original_length:
@@ -219,11 +276,6 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                         "(base 10000 is hard-coded), so this config changes nothing there; it takes effect only in "
                         "code that reads these keys (posenc, some serving runtimes)")
     notes.append(m.note)
-    if text_key is not None:
-        changes = [f"{text_key}.{change}" for change in changes]
-        new = {**outer, text_key: new}
-    return ExtendResult(config=new, method=method, factor=s, original_context=original, target_length=target_length,
-                        transformers_version=transformers_version, changes=changes, notes=notes, check=check)
 
 
 def _short(value) -> str:

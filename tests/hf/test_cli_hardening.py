@@ -125,7 +125,7 @@ def test_export_names_max_positions_when_its_tables_do_not_fit(tmp_path, monkeyp
 
     run = lab_run(tmp_path / "run", scheme="sinusoidal")
     monkeypatch.setattr(export, "available_memory", lambda: 1 << 20)  # 1 MiB: the 4096-row table needs more
-    with pytest.raises(ConfigError, match=r"max_positions: 4096 positions need about .* GiB .*--max-positions"):
+    with pytest.raises(ConfigError, match=r"max_positions: 4096 positions need about .* GiB .*smaller max_positions"):
         export_lab_model(run, tmp_path / "a", scheme="sinusoidal", max_positions=4096)
     monkeypatch.setattr(export, "available_memory", lambda: None)  # unknown: torch's refusal is reported instead
 

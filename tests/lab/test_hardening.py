@@ -432,9 +432,9 @@ def test_a_criterion_run_records_its_bar_in_the_checkpoint_settings(tmp_path, mo
     seen = []
     real = R.train
 
-    def spy(model, sampler, settings, **kw):
-        seen.append(kw["run_settings"])
-        return real(model, sampler, settings, **kw)
+    def spy(model, sampler, settings, job, **kw):
+        seen.append(job.run_settings)
+        return real(model, sampler, settings, job, **kw)
 
     monkeypatch.setattr(R, "train", spy)
     base = dict(tasks=["copy"], schemes=["rope"], d_model=16, n_layers=1, n_heads=2, steps=4, warmup=1,

@@ -28,9 +28,9 @@ def test_a_lab_run_trains_each_scheme_for_its_steps(tmp_path, monkeypatch):
     seen = {}
     train = run_module.train
 
-    def spy(model, sampler, settings, **kwargs):  # the schedule's length is the scheme's own step count
+    def spy(model, sampler, settings, *args, **kwargs):  # the schedule's length is the scheme's own step count
         seen[model.cfg.scheme] = (settings.steps, settings.warmup)  # warmup: at most a tenth of each
-        return train(model, sampler, settings, **kwargs)
+        return train(model, sampler, settings, *args, **kwargs)
 
     monkeypatch.setattr(run_module, "train", spy)
     common = dict(tasks=["copy"], schemes=["rope", "nope"], extensions=[], seeds=[0], steps=10, warmup=2,

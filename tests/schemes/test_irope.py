@@ -36,7 +36,7 @@ def test_floor_scale_defaults_to_the_training_length():
     assert s.for_layer(3).floor_scale == 128 and s.for_layer(3).attn_scale == 0.1
     assert [s.for_layer(i) is s for i in range(4)] == [True, True, True, False]
     for bad in (-1, 4, 1.0):
-        with pytest.raises(ConfigError, match=f"layer must be an index 0..3, got {bad!r}"):
+        with pytest.raises(ConfigError, match="layer must be an integer"):
             s.for_layer(bad)
 
 
