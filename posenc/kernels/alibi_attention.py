@@ -93,6 +93,9 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
         scale = check_float(scale, "scale", positive=True)
     if block_size is not None:
         block_size = check_int(block_size, "block_size", min=1)
+    if torch.compiler.is_compiling():     # torch.compile / export: one custom op (posenc.kernels.ops)
+        from posenc.kernels import ops
+        return ops.alibi_attention(q, k, v, slopes, causal, offset, scale, block_size, backend)
     if backend == "flex" or (backend == "auto" and _auto_backend(q) == "flex"):
         try:
             return _flex(q, k, v, slopes, causal, offset, scale)

@@ -166,7 +166,11 @@ def rope(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *, la
     inputs). ``inplace`` overwrites xs; ``out`` gives preallocated outputs (same shapes/dtypes). ``names`` /
     ``out_names`` name the tensors in error messages. Returns the rotated tensors. Shapes and dtypes are assumed
     validated (posenc.rope.apply); the memory and autograd rules (module docstring) are checked here.
+    Under torch.compile / torch.export the same call goes through posenc's custom ops (posenc.kernels.ops).
     """
+    if backend is None and _ops.under_trace(xs[0]):
+        return _ops.rope_traced(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=out,
+                                index=index, names=names)
     backend = backend or backend_for(xs[0])
     if _negated(xs, cos, sin, index, out):
         return _rope_negated(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=out,
@@ -199,3 +203,6 @@ def rope(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *, la
     backend(xs, writes, cos, sin, index, layout, rotary_dim, False)
     torch.autograd.graph.increment_version(writes)
     return tuple(writes)
+
+
+from posenc.kernels import ops as _ops  # noqa: E402  (the custom ops; they import this module's backends)

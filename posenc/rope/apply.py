@@ -427,7 +427,11 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
            inplace: bool, out, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
     """The shared body of apply_rope / apply_rope_qk (xs already checked as float tensors of one dtype/device).
 
-    The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call."""
+    The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call.
+    Under torch.compile / torch.export: cos/sin computed in the graph, then posenc's custom ops (kernels.ops)."""
+    if _kernel_ops().under_trace(xs[0]):
+        return _kernel_ops().apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling,
+                                          inplace, out, names)
     if layout not in LAYOUTS:
         _check_layout(layout)
     if inplace is not False and inplace is not True:
@@ -500,6 +504,15 @@ def _kernel_rope():
     return fn
 
 
+def _kernel_ops():
+    """posenc.kernels.ops (the custom ops the traced route calls), imported on first use."""
+    ops = _lazy.get("ops")
+    if ops is None:
+        from posenc.kernels import ops
+        _lazy["ops"] = ops
+    return ops
+
+
 def _kernel_checks():
     """posenc.kernels.rope_checks, imported on first use."""
     checks = _lazy.get("checks")
@@ -554,7 +567,7 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
     (posenc.kernels.rope_dispatch).
     """
     key = None
-    if inv_freq is None and type(x) is _Tensor and type(positions) is _Tensor:
+    if inv_freq is None and type(x) is _Tensor and type(positions) is _Tensor and not _dynamo_compiling():
         mode = _call_mode(inplace, out, 1)
         if mode is not None:
             key, known = _known_call(mode, (x,), positions, layout, base, rotary_dim, attention_scaling, out)
@@ -580,7 +593,8 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     Returns (q_rotated, k_rotated) in their input dtypes. Other arguments: see ``apply_rope``.
     """
     key = None
-    if inv_freq is None and type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor:
+    if (inv_freq is None and type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor
+            and not _dynamo_compiling()):
         mode = _call_mode(inplace, out, 2)
         if mode is not None:
             key, known = _known_call(mode, (q, k), positions, layout, base, rotary_dim, attention_scaling, out)
@@ -615,6 +629,7 @@ _NEW, _INPLACE, _OUT = 0, 1, 2          # fresh outputs, inplace=True, out=
 _QK_CALLS: dict = {}
 _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
+_dynamo_compiling = torch.compiler.is_dynamo_compiling    # False in eager; torch.compile folds it to True
 
 
 def _call_mode(inplace, out, n: int) -> int | None:

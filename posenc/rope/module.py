@@ -31,6 +31,7 @@ from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
 from posenc.kernels.cpu_rope import plain_cpu, qk_plan, run_fresh_qk
+from posenc.kernels.ops import rotary_traced
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
 from posenc.rope.angles import Angles, pack_frequencies
@@ -322,7 +323,12 @@ class Rotary(Float32Buffers):
         Returns (q, k) rotated, in their input dtypes. Only the first rotary_dim dims are rotated. Positions must
         be >= 0 on the CPU (its table has rows 0..n-1); on CUDA, where cos/sin are computed in the kernel without a
         host sync to inspect them, a negative position is rotated by its negative angle (as ``apply_rope`` does).
+        Under torch.compile / torch.export: cos/sin computed in the graph, then posenc's custom ops (kernels.ops).
         """
+        if _is_compiling():
+            rotated = rotary_traced(self, q, k, positions)
+            if rotated is not None:
+                return rotated
         rotated = self._decode(q, k, positions)
         return rotated if rotated is not None else self._rotate(q, k, positions)
 
