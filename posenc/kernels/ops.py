@@ -1,4 +1,4 @@
-"""posenc's kernels as torch custom ops (``torch.library``): what torch.compile and torch.export see of them.
+"""posenc's RoPE kernels as torch custom ops (``torch.library``): what torch.compile and torch.export see of them.
 
 Dynamo cannot trace the eager routes: they call the C kernel through ctypes and Triton from Python helpers that
 keep plan caches, compare ``data_ptr()``s and read positions on the host. Under a trace (``under_trace``) posenc
@@ -8,24 +8,21 @@ calls these ops instead; eager calls never do (the decode fast paths stay direct
     posenc::rope_qk(q, k, cos, sin, index, ...) -> (Tensor, Tensor)                    q and k in one kernel call
     posenc::rope_(Tensor(a!) x, ...) / rope_qk_(Tensor(a!) q, Tensor(b!) k, ...)      in place
     posenc::rope_out(x, ..., Tensor(a!) out) / rope_qk_out(q, k, ..., Tensor(a!) q_out, Tensor(b!) k_out)
-    posenc::alibi_attention(q, k, v, slopes, causal, q_offset, scale, block_size, backend) -> Tensor
-    posenc::alibi_attention_backward(grad, q, k, v, slopes, ...) -> (dq, dk, dv, dslopes)
+
+(ALiBi attention's op, ``posenc::alibi_attention``, is defined beside it in posenc.kernels.alibi_attention.)
 
 cos, sin: a table in the math dtype (float32; float64 for float64 inputs), broadcastable to x.shape[:-1] + [R/2],
 or with ``index`` (int64, broadcastable to x.shape[:-1]) a [rows, R/2] table whose row index[...] rotates each
 vector. Each op has a fake implementation (outputs ``empty_like`` the inputs, as the kernels allocate them),
-device implementations (CPU: the C kernel of posenc.kernels.cpu_rope, or its eager fallback; CUDA: the Triton
-kernel of posenc.kernels.triton_rope; any other device: the eager fallback) and, for the functional forms, autograd:
-RoPE's backward is the same op with the angle negated (so double backward works too), ALiBi's is the backward op,
-which recomputes the attention under autograd. The in-place and out= forms declare what they write in their schema
-(torch bumps those tensors' version counters) and apply posenc.kernels.rope_checks' memory rules when they run.
+device implementations (posenc.kernels.rope_backends: on the CPU the C kernel, or its eager fallback; on CUDA the
+Triton kernel; on any other device the eager fallback) and, for the functional forms, autograd: the backward is the
+same op with the angle negated (a rotation's inverse is its transpose), so double backward works too. The in-place
+and out= forms declare what they write in their schema (torch bumps those tensors' version counters) and apply
+posenc.kernels.rope_checks' memory rules when they run.
 
-Under a trace the cos/sin of the positions are computed by ``angles_cos_sin`` in the graph (float64 angles, as
-the tables are built) instead of read from posenc's cached tables, whose growth depends on the positions' values.
-Length-dependent rope types (dynamic NTK, LongRoPE), whose frequencies depend on the largest position, and
-multi-axis positions keep their eager route (a graph break, as transformers' own ``dynamic_rope_update`` makes).
-Checks that need values (finite positions and slopes, negative positions on the CPU) are skipped under a trace: a
-NaN then shows in the output.
+The callers under a trace (posenc.rope.apply, posenc.Rotary, posenc.patch) compute the cos/sin of the positions in
+the graph (``angles_cos_sin``: float64 angles, as the tables are built) instead of reading posenc's cached tables,
+whose growth depends on the positions' values. docs/compile.md has the whole picture and its limits.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import PosencError
-from posenc.kernels import rope_checks, rope_dispatch
+from posenc.kernels import rope_backends, rope_checks
 from posenc.rope.angles import Angles, angles_cos_sin
 
 _Tensor = torch.Tensor
@@ -56,11 +53,11 @@ def under_trace(x) -> bool:
 
 def _cuda_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
     from posenc.kernels import triton_rope
-    backend = rope_dispatch._triton_backend if triton_rope.available() else rope_dispatch._eager_backend
+    backend = rope_backends.triton_backend if triton_rope.available() else rope_backends.eager_backend
     backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse)
 
 
-_DEVICE_BACKENDS = {"cpu": rope_dispatch._cpu_backend, "cuda": _cuda_backend}
+_DEVICE_BACKENDS = {"cpu": rope_backends.cpu_backend, "cuda": _cuda_backend}
 
 
 def _rotate_into(backend, xs, outs, cos, sin, index, layout, rotary_dim, inverse) -> None:
@@ -106,35 +103,35 @@ def _into(backend, xs, outs, cos, sin, index, layout, rotary_dim, inverse, names
 def rope(x: Tensor, cos: Tensor, sin: Tensor, index: Optional[Tensor], layout: str, rotary_dim: int,
          inverse: bool) -> Tensor:
     """RoPE(x) (RoPE^-1 when ``inverse``) as a new tensor like x."""
-    return _fresh(rope_dispatch._eager_backend, (x,), cos, sin, index, layout, rotary_dim, inverse)[0]
+    return _fresh(rope_backends.eager_backend, (x,), cos, sin, index, layout, rotary_dim, inverse)[0]
 
 
 @torch.library.custom_op("posenc::rope_qk", mutates_args=())
 def rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, index: Optional[Tensor], layout: str, rotary_dim: int,
             inverse: bool) -> tuple[Tensor, Tensor]:
     """(RoPE(q), RoPE(k)) with one table, in one kernel call."""
-    return tuple(_fresh(rope_dispatch._eager_backend, (q, k), cos, sin, index, layout, rotary_dim, inverse))
+    return tuple(_fresh(rope_backends.eager_backend, (q, k), cos, sin, index, layout, rotary_dim, inverse))
 
 
 @torch.library.custom_op("posenc::rope_", mutates_args=("x",))
 def rope_(x: Tensor, cos: Tensor, sin: Tensor, index: Optional[Tensor], layout: str, rotary_dim: int,
           inverse: bool) -> None:
     """x = RoPE(x), in place."""
-    _inplace(rope_dispatch._eager_backend, (x,), cos, sin, index, layout, rotary_dim, inverse, ("x",))
+    _inplace(rope_backends.eager_backend, (x,), cos, sin, index, layout, rotary_dim, inverse, ("x",))
 
 
 @torch.library.custom_op("posenc::rope_qk_", mutates_args=("q", "k"))
 def rope_qk_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, index: Optional[Tensor], layout: str, rotary_dim: int,
              inverse: bool) -> None:
     """q, k = RoPE(q), RoPE(k), in place (q and k must not share memory)."""
-    _inplace(rope_dispatch._eager_backend, (q, k), cos, sin, index, layout, rotary_dim, inverse, ("q", "k"))
+    _inplace(rope_backends.eager_backend, (q, k), cos, sin, index, layout, rotary_dim, inverse, ("q", "k"))
 
 
 @torch.library.custom_op("posenc::rope_out", mutates_args=("out",))
 def rope_out(x: Tensor, cos: Tensor, sin: Tensor, index: Optional[Tensor], layout: str, rotary_dim: int,
              inverse: bool, out: Tensor) -> None:
     """out = RoPE(x) (out like x, not overlapping it)."""
-    _into(rope_dispatch._eager_backend, (x,), (out,), cos, sin, index, layout, rotary_dim, inverse, ("x",),
+    _into(rope_backends.eager_backend, (x,), (out,), cos, sin, index, layout, rotary_dim, inverse, ("x",),
           ("out",))
 
 
@@ -142,7 +139,7 @@ def rope_out(x: Tensor, cos: Tensor, sin: Tensor, index: Optional[Tensor], layou
 def rope_qk_out(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, index: Optional[Tensor], layout: str,
                 rotary_dim: int, inverse: bool, q_out: Tensor, k_out: Tensor) -> None:
     """q_out, k_out = RoPE(q), RoPE(k)."""
-    _into(rope_dispatch._eager_backend, (q, k), (q_out, k_out), cos, sin, index, layout, rotary_dim, inverse,
+    _into(rope_backends.eager_backend, (q, k), (q_out, k_out), cos, sin, index, layout, rotary_dim, inverse,
           ("q", "k"), ("out[0]", "out[1]"))
 
 
@@ -265,156 +262,3 @@ def rope_traced(xs, cos, sin, *, layout: str, rotary_dim: int, inplace: bool = F
     else:
         rope_qk_out(xs[0], xs[1], cos, sin, index, layout, rotary_dim, False, out[0], out[1])
     return tuple(out)
-
-
-def apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out, names):
-    """``posenc.apply_rope`` / ``apply_rope_qk`` under a trace: cos/sin of the positions computed in the graph
-    (float64 angles, rounded once to the math dtype, as posenc's tables are), then the ops. Arguments as there."""
-    from posenc._validate import check_bool, check_float, even_int
-    from posenc.rope import apply as A
-
-    x = xs[0]
-    A._check_layout(layout)
-    check_bool(inplace, "inplace")
-    p = positions if isinstance(positions, Tensor) else torch.as_tensor(positions)
-    p = A.check_position_dtype(p).to(x.device)
-    if p.dim() == 0:
-        p = p.reshape(1)
-    for t in xs:
-        A._check_broadcast(p.shape, t, "positions")
-    outs = None if out is None else A._check_out(out, xs, inplace, "out")
-    dim = x.shape[-1]
-    dtype = A.math_dtype(x.dtype)
-    scaling = check_float(attention_scaling, "attention_scaling", positive=True)
-    if inv_freq is None:
-        rdim = even_int(dim if rotary_dim is None else rotary_dim, "rotary_dim")
-        inv = A.default_inv_freq(rdim, base).to(x.device)
-    else:
-        inv = torch.as_tensor(inv_freq, device=x.device)
-        rdim = 2 * inv.shape[0] if rotary_dim is None else even_int(rotary_dim, "rotary_dim")
-        if inv.dim() != 1 or inv.shape[0] != rdim // 2:
-            raise PosencError(f"inv_freq must have shape [rotary_dim // 2] = [{rdim // 2}], got {tuple(inv.shape)}")
-    A._check_rotary_dim(rdim, dim)
-    if inv.requires_grad and torch.is_grad_enabled():      # learned frequencies: the readable formula
-        if inplace or outs is not None:
-            raise PosencError("inplace=True and out= cannot be used while autograd tracks the frequencies "
-                              "(inv_freq requires grad); call without them or under torch.no_grad()")
-        angle = p.to(torch.float64).unsqueeze(-1) * inv.to(torch.float64)
-        cos, sin = (angle.cos() * scaling).to(dtype), (angle.sin() * scaling).to(dtype)
-        return tuple(A._rotate(t, cos, sin, layout, rdim) for t in xs)
-    cos, sin = angles_cos_sin(p, inv.to(torch.float64), scaling, dtype)
-    return rope_traced(xs, cos, sin, layout=layout, rotary_dim=rdim, inplace=inplace, out=outs, names=names)
-
-
-def rotary_traced(module, q: Tensor, k: Tensor, positions) -> tuple[Tensor, Tensor] | None:
-    """``Rotary.forward`` under a trace, or None where the eager route must run (length rules, multi-axis).
-
-    Same checks of shapes as the eager route; cos/sin of the positions from the module's frequencies, in float32
-    as its table holds them (then the math dtype)."""
-    if module.seq_len_rule is not None or module.n_axes != 1:
-        return None
-    from posenc.rope.apply import check_position_dtype, math_dtype
-
-    qs, ks, head_dim = q.shape, k.shape, module.config.head_dim
-    if not (q.is_floating_point() and k.is_floating_point()) or q.dtype != k.dtype:
-        raise PosencError(f"q and k must be floating-point tensors of one dtype, got {q.dtype} and {k.dtype}")
-    if len(qs) != 4 or len(ks) != 4 or qs[3] != head_dim or ks[3] != head_dim or qs[0] != ks[0] or qs[2] != ks[2]:
-        raise PosencError(f"q and k must be [batch, heads, seq, head_dim={head_dim}] with one batch and seq; got "
-                          f"q {list(qs)}, k {list(ks)}")
-    p = positions if isinstance(positions, Tensor) else torch.as_tensor(positions)
-    p = check_position_dtype(p).to(q.device)
-    batch, seq = qs[0], qs[2]
-    if not (p.shape == (seq,) or p.shape == (batch, seq) or p.shape == (1, seq)):
-        raise PosencError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
-                          f"got {list(p.shape)}")
-    inv64 = module.inv_freq.detach().to(torch.float64)
-    cos, sin = angles_cos_sin(p, inv64, module.attention_scaling, torch.float32)
-    if cos.dim() == 3:   # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    dtype = math_dtype(q.dtype)
-    return rope_traced((q, k), cos.to(dtype), sin.to(dtype), layout=module.layout, rotary_dim=module.rotary_dim)
-
-
-# --------------------------------------------------------------------------------------------------- ALiBi ops
-
-def _alibi_eager(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
-    from posenc.kernels import alibi_attention as A
-    if backend == "flex" or (backend == "auto" and A._auto_backend(q) == "flex"):
-        try:
-            return A._flex(q, k, v, slopes, causal, q_offset, scale)
-        except Exception as err:  # noqa: BLE001 - as alibi_attention: auto falls back whatever broke
-            if backend == "flex":
-                raise
-            A._warn_fallback(err)
-    return A._chunked(q, k, v, slopes, causal, q_offset, scale, block_size)
-
-
-@torch.library.custom_op("posenc::alibi_attention", mutates_args=())
-def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, causal: bool, q_offset: int,
-                    scale: Optional[float], block_size: Optional[int], backend: str) -> Tensor:
-    """posenc.alibi_attention on checked arguments: [B, H, Tq, Dv], contiguous."""
-    return _alibi_eager(q, k, v, slopes, causal, q_offset, scale, block_size, backend).contiguous()
-
-
-_recompute_pool: list = []
-
-
-def _in_fresh_thread(fn):
-    """fn() on a worker thread, whose thread-local state is torch's default: the dispatcher runs an op's
-    implementation below the autograd keys, so autograd cannot record inside it on this thread."""
-    if not _recompute_pool:
-        import concurrent.futures
-        _recompute_pool.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="posenc-alibi-bwd"))
-    return _recompute_pool[0].submit(fn).result()
-
-
-@torch.library.custom_op("posenc::alibi_attention_backward", mutates_args=())
-def alibi_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, causal: bool,
-                             q_offset: int, scale: Optional[float], block_size: Optional[int], backend: str,
-                             needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of ``alibi_attention`` for q, k, v and slopes (zeros where ``needs`` is False): the forward
-    recomputed under autograd (SDPA's own backward), so no activations are kept between the passes."""
-    leaves = [t.detach().requires_grad_(bool(n)) for t, n in zip((q, k, v, slopes), needs)]
-    wanted = [t for t in leaves if t.requires_grad]
-
-    def recompute():
-        with torch.enable_grad():
-            out = _alibi_eager(*leaves, causal, q_offset, scale, block_size, backend)
-            return torch.autograd.grad(out, wanted, grad, allow_unused=True) if wanted else ()
-    got = iter(_in_fresh_thread(recompute))
-    grads = []
-    for t in leaves:
-        g = next(got) if t.requires_grad else None
-        grads.append(torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None else g.contiguous())
-    return tuple(grads)
-
-
-@alibi_attention.register_fake
-def _(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
-    return q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
-
-
-@alibi_attention_backward.register_fake
-def _(grad, q, k, v, slopes, causal, q_offset, scale, block_size, backend, needs):
-    return tuple(t.new_empty(t.shape) for t in (q, k, v, slopes))
-
-
-for _device in ("cpu", "cuda"):    # the chunked SDPA schedule on the CPU; FlexAttention (or chunked) on CUDA
-    alibi_attention.register_kernel(_device)(
-        lambda q, k, v, s, c, o, sc, b, be: _alibi_eager(q, k, v, s, c, o, sc, b, be).contiguous())
-
-
-def _setup_alibi(ctx, inputs, output):
-    q, k, v, slopes, causal, q_offset, scale, block_size, backend = inputs
-    ctx.save_for_backward(q, k, v, slopes)
-    ctx.spec = (causal, q_offset, scale, block_size, backend)
-
-
-def _alibi_backward(ctx, grad):
-    q, k, v, slopes = ctx.saved_tensors
-    needs = list(ctx.needs_input_grad[:4])
-    dq, dk, dv, ds = alibi_attention_backward(grad.contiguous(), q, k, v, slopes, *ctx.spec, needs)
-    return (*(g if n else None for g, n in zip((dq, dk, dv, ds), needs)), None, None, None, None, None)
-
-
-alibi_attention.register_autograd(_alibi_backward, setup_context=_setup_alibi)

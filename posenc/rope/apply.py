@@ -430,7 +430,7 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
     The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call.
     Under torch.compile / torch.export: cos/sin computed in the graph, then posenc's custom ops (kernels.ops)."""
     if _kernel_ops().under_trace(xs[0]):
-        return _kernel_ops().apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling,
+        return _apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling,
                                           inplace, out, names)
     if layout not in LAYOUTS:
         _check_layout(layout)
@@ -475,6 +475,43 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
                                       out=outs, index=index, names=names)
     cos, sin = angles_cos_sin(p, entry.inv64, entry.scaling, dtype)
     return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
+
+
+def _apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out, names):
+    """``posenc.apply_rope`` / ``apply_rope_qk`` under a trace: cos/sin of the positions computed in the graph
+    (float64 angles, rounded once to the math dtype, as posenc's tables are), then the ops. Arguments as there."""
+    x = xs[0]
+    _check_layout(layout)
+    check_bool(inplace, "inplace")
+    p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+    p = check_position_dtype(p).to(x.device)
+    if p.dim() == 0:
+        p = p.reshape(1)
+    for t in xs:
+        _check_broadcast(p.shape, t, "positions")
+    outs = None if out is None else _check_out(out, xs, inplace, "out")
+    dim = x.shape[-1]
+    dtype = math_dtype(x.dtype)
+    scaling = check_float(attention_scaling, "attention_scaling", positive=True)
+    if inv_freq is None:
+        rdim = even_int(dim if rotary_dim is None else rotary_dim, "rotary_dim")
+        inv = default_inv_freq(rdim, base).to(x.device)
+    else:
+        inv = torch.as_tensor(inv_freq, device=x.device)
+        rdim = 2 * inv.shape[0] if rotary_dim is None else even_int(rotary_dim, "rotary_dim")
+        if inv.dim() != 1 or inv.shape[0] != rdim // 2:
+            raise PosencError(f"inv_freq must have shape [rotary_dim // 2] = [{rdim // 2}], got {tuple(inv.shape)}")
+    _check_rotary_dim(rdim, dim)
+    if inv.requires_grad and torch.is_grad_enabled():      # learned frequencies: the readable formula
+        if inplace or outs is not None:
+            raise PosencError("inplace=True and out= cannot be used while autograd tracks the frequencies "
+                              "(inv_freq requires grad); call without them or under torch.no_grad()")
+        angle = p.to(torch.float64).unsqueeze(-1) * inv.to(torch.float64)
+        cos, sin = (angle.cos() * scaling).to(dtype), (angle.sin() * scaling).to(dtype)
+        return tuple(_rotate(t, cos, sin, layout, rdim) for t in xs)
+    cos, sin = angles_cos_sin(p, inv.to(torch.float64), scaling, dtype)
+    return _kernel_ops().rope_traced(xs, cos, sin, layout=layout, rotary_dim=rdim, inplace=inplace, out=outs,
+                                     names=names)
 
 
 def _apply_learned(xs, p, inv_freq, layout, rotary_dim, attention_scaling, inplace, outs, names, dtype):

@@ -31,11 +31,11 @@ from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
 from posenc.kernels.cpu_rope import plain_cpu, qk_plan, run_fresh_qk
-from posenc.kernels.ops import rotary_traced
+from posenc.kernels.ops import rope_traced
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
-from posenc.rope.angles import Angles, pack_frequencies
-from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, rope_cos_sin
+from posenc.rope.angles import Angles, angles_cos_sin, pack_frequencies
+from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, as_positions, check_position_dtype, math_dtype, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
 from posenc.rope.multiaxis import (
@@ -326,7 +326,7 @@ class Rotary(Float32Buffers):
         Under torch.compile / torch.export: cos/sin computed in the graph, then posenc's custom ops (kernels.ops).
         """
         if _is_compiling():
-            rotated = rotary_traced(self, q, k, positions)
+            rotated = self._rotate_traced(q, k, positions)
             if rotated is not None:
                 return rotated
         rotated = self._decode(q, k, positions)
@@ -407,6 +407,32 @@ class Rotary(Float32Buffers):
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = cos.to(q.device, dtype), sin.to(q.device, dtype)
         return apply_rope_table_qk(q, k, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim)
+
+    def _rotate_traced(self, q, k, positions):
+        """``Rotary.forward`` under a trace, or None where the eager route must run (length rules, multi-axis).
+
+        Same checks of shapes as the eager route; cos/sin of the positions from the module's frequencies, in float32
+        as its table holds them (then the math dtype)."""
+        if self.seq_len_rule is not None or self.n_axes != 1:
+            return None
+        qs, ks, head_dim = q.shape, k.shape, self.config.head_dim
+        if not (q.is_floating_point() and k.is_floating_point()) or q.dtype != k.dtype:
+            raise PosencError(f"q and k must be floating-point tensors of one dtype, got {q.dtype} and {k.dtype}")
+        if len(qs) != 4 or len(ks) != 4 or qs[3] != head_dim or ks[3] != head_dim or qs[0] != ks[0] or qs[2] != ks[2]:
+            raise PosencError(f"q and k must be [batch, heads, seq, head_dim={head_dim}] with one batch and seq; got "
+                              f"q {list(qs)}, k {list(ks)}")
+        p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+        p = check_position_dtype(p).to(q.device)
+        batch, seq = qs[0], qs[2]
+        if not (p.shape == (seq,) or p.shape == (batch, seq) or p.shape == (1, seq)):
+            raise PosencError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
+                              f"got {list(p.shape)}")
+        inv64 = self.inv_freq.detach().to(torch.float64)
+        cos, sin = angles_cos_sin(p, inv64, self.attention_scaling, torch.float32)
+        if cos.dim() == 3:   # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        dtype = math_dtype(q.dtype)
+        return rope_traced((q, k), cos.to(dtype), sin.to(dtype), layout=self.layout, rotary_dim=self.rotary_dim)
 
     def _remember(self, q, k, positions, plan, cos) -> None:
         """Record a call ``_rotate`` has checked and sent to the kernel with this module's table (see _decode)."""

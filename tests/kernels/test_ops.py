@@ -1,9 +1,8 @@
 """posenc's custom ops (posenc.kernels.ops) and what they are for: torch.compile(fullgraph=True) and torch.export
-of TinyLM (RoPE, ALiBi), with the eager numbers (the patched transformers Llama: tests/hf/test_patch_compile.py,
-since transformers imports a package named ``kernels``, which this folder would shadow).
+of TinyLM (RoPE, ALiBi), with the eager numbers (the patched transformers Llama: tests/hf/test_patch_compile.py).
 
-Oracles: the lesson's loops (posenc.reference, through tests/kernels/_oracle.py), SDPA with the materialised ALiBi
-bias, transformers' unpatched model, and the same module run eagerly. Compiles use the "aot_eager" backend (dynamo,
+Oracles: the lesson's loops (posenc.reference, through tests/_support/posenc_oracles.py), SDPA with the
+materialised ALiBi bias, and the same module run eagerly. Compiles use the "aot_eager" backend (dynamo,
 AOTAutograd and functionalization, without inductor's C++ build) except one inductor test marked slow.
 """
 
@@ -15,12 +14,13 @@ import torch.nn.functional as F
 
 import posenc
 from posenc.errors import PosencError
+from posenc.kernels import alibi_attention as alibi_module
 from posenc.kernels import ops
 from posenc.kernels.rope_checks import RopeAliasError
 from posenc.nn.model import ModelConfig, TinyLM
 from posenc.rope.apply import default_inv_freq, rope_cos_sin
 
-from ._oracle import assert_close_to_oracle, reference_rope
+from posenc_oracles import assert_close_to_oracle, reference_rope
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +109,7 @@ def test_schemas_declare_what_they_write():
     assert written(ops.rope_qk_) == {"q", "k"}
     assert written(ops.rope_out) == {"out"}
     assert written(ops.rope_qk_out) == {"q_out", "k_out"}
-    assert written(ops.alibi_attention) == written(ops.alibi_attention_backward) == set()
+    assert written(alibi_module.alibi_attention_op) == written(alibi_module.alibi_attention_backward_op) == set()
     for op in (ops.rope_, ops.rope_qk_, ops.rope_out, ops.rope_qk_out):
         assert len(op._opoverload._schema.returns) == 0     # nothing returned that aliases an input
 
@@ -183,8 +183,8 @@ def test_alibi_op_opcheck_forward_and_gradients(causal, offset):
     k = torch.randn(1, 2, 5 + offset, 8, generator=g, requires_grad=True)
     v = torch.randn(1, 2, 5 + offset, 8, generator=g, requires_grad=True)
     slopes = posenc.alibi_slopes(4).requires_grad_()
-    torch.library.opcheck(ops.alibi_attention, (q, k, v, slopes, causal, offset, None, None, "auto"))
-    out = ops.alibi_attention(q, k, v, slopes, causal, offset, None, None, "auto")
+    torch.library.opcheck(alibi_module.alibi_attention_op, (q, k, v, slopes, causal, offset, None, None, "auto"))
+    out = alibi_module.alibi_attention_op(q, k, v, slopes, causal, offset, None, None, "auto")
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v, slopes)]
     ref = alibi_oracle(*leaves, causal, offset)
     assert torch.allclose(out.double(), ref, atol=1e-5)
@@ -201,9 +201,10 @@ def test_eager_calls_take_the_direct_paths_not_the_ops(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("an eager call went through the custom ops")
 
-    for name in ("rope_traced", "apply_traced", "rotary_traced"):
-        monkeypatch.setattr(ops, name, refuse)
-    monkeypatch.setattr("posenc.rope.module.rotary_traced", refuse)
+    monkeypatch.setattr(ops, "rope_traced", refuse)
+    monkeypatch.setattr("posenc.rope.module.rope_traced", refuse)
+    monkeypatch.setattr("posenc.rope.apply._apply_traced", refuse)
+    monkeypatch.setattr(alibi_module, "alibi_attention_op", refuse)
     q, k = qk()
     rot = posenc.Rotary(16)
     for _ in range(3):       # warm calls included: the decode fast paths
