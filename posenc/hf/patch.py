@@ -133,7 +133,6 @@ class PosencRotaryEmbedding(nn.Module):
         table = RopeTable(cos[rows], sin[rows])
         return table, table
 
-
     def _traced(self, x, position_ids, layer_type):
         """forward under torch.compile / torch.export: cos/sin of the positions computed in the graph (no host
         sync, no table whose size depends on the positions' values), as the table rows would hold them."""

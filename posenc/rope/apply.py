@@ -430,8 +430,8 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
     The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call.
     Under torch.compile / torch.export: cos/sin computed in the graph, then posenc's custom ops (kernels.ops)."""
     if _kernel_ops().under_trace(xs[0]):
-        return _apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling,
-                                          inplace, out, names)
+        return _apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out,
+                             names)
     if layout not in LAYOUTS:
         _check_layout(layout)
     if inplace is not False and inplace is not True:

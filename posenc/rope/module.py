@@ -239,6 +239,9 @@ class Rotary(Float32Buffers):
         the position of its axis. Applies the length rule first (seq_len = max(positions) + 1 over every axis),
         then reads the cache (integer positions).
         """
+        if _is_compiling() and self.seq_len_rule is None and self.n_axes == 1:     # torch.compile / export
+            p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+            return self._traced_cos_sin(check_position_dtype(p).to(self.inv_freq.device))
         positions = as_positions(positions, self.inv_freq.device)     # numbers only: no NaN/inf, no half precision
         if self.axes is not None:
             positions = as_axis_positions(positions, self.n_axes)
@@ -427,12 +430,18 @@ class Rotary(Float32Buffers):
         if not (p.shape == (seq,) or p.shape == (batch, seq) or p.shape == (1, seq)):
             raise PosencError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                               f"got {list(p.shape)}")
-        inv64 = self.inv_freq.detach().to(torch.float64)
-        cos, sin = angles_cos_sin(p, inv64, self.attention_scaling, torch.float32)
+        cos, sin = self._traced_cos_sin(p)
         if cos.dim() == 3:   # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         dtype = math_dtype(q.dtype)
         return rope_traced((q, k), cos.to(dtype), sin.to(dtype), layout=self.layout, rotary_dim=self.rotary_dim)
+
+    def _traced_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin's values for 1-D positions without its table (under a trace, where the table's growth, which
+        depends on the positions' values, cannot be followed): float32 [*positions.shape, R/2], as the table holds
+        them. No length rule and no multi-axis positions (the callers check)."""
+        inv64 = self.inv_freq.detach().to(torch.float64)
+        return angles_cos_sin(positions, inv64, self.attention_scaling, torch.float32)
 
     def _remember(self, q, k, positions, plan, cos) -> None:
         """Record a call ``_rotate`` has checked and sent to the kernel with this module's table (see _decode)."""

@@ -298,6 +298,19 @@ def test_tinylm_compiles_fullgraph_with_the_eager_numbers(scheme):
         assert torch.allclose(compiled(tokens[:, :5]), model(tokens[:, :5]), atol=1e-6)
 
 
+@pytest.mark.parametrize("scheme", ["rope", "rope+alibi"])
+def test_tinylm_kv_cache_decoding_compiles_fullgraph(scheme):
+    """Prefill then single-token steps with a KV cache (keys at their own positions: Rotary.cos_sin's route)."""
+    model = tiny_lm(scheme).eval()
+    tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(6))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        caches = model.new_cache(), model.new_cache()
+        for chunk in (tokens[:, :6], tokens[:, 6:7], tokens[:, 7:8]):
+            want = model(chunk, caches[0])
+            assert torch.allclose(compiled(chunk, caches[1]), want, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_tinylm_inductor_cpu_compile_matches_eager():
     model = tiny_lm("rope")
