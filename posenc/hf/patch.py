@@ -112,6 +112,8 @@ class PosencRotaryEmbedding(nn.Module):
         return entry[2], entry[3]
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
+        if torch.compiler.is_compiling():
+            return self._traced(x, position_ids, layer_type)
         module_name = type(self.original).__module__
         if self not in _installed.get(module_name, ((), ()))[1]:  # a deep copy or unpickled model: route again
             _install_dispatcher(module_name, self)
@@ -129,6 +131,19 @@ class PosencRotaryEmbedding(nn.Module):
             return table, table
         cos, sin = self._table(layer_type, highest + 1, position_ids.device)
         table = RopeTable(cos[rows], sin[rows])
+        return table, table
+
+    def _traced(self, x, position_ids, layer_type):
+        """forward under torch.compile / torch.export: cos/sin of the positions computed in the graph (no host
+        sync, no table whose size depends on the positions' values), as the table rows would hold them."""
+        from posenc.angles import angles_cos_sin
+
+        last = position_ids.amax().reshape(1, 1)      # transformers' length rule, as in forward (its own graph)
+        self.original(x, last) if layer_type is None else self.original(x, last, layer_type)
+        inv_freq, scaling = self._frequencies(layer_type)
+        rows = position_ids[0] if position_ids.shape[0] == 1 else position_ids
+        inv64 = inv_freq.detach().to(device=rows.device, dtype=torch.float32).to(torch.float64)
+        table = RopeTable(*angles_cos_sin(rows, inv64, scaling, torch.float32))
         return table, table
 
 

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import warnings
 from functools import lru_cache
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from posenc._validate import check_bool, check_choice, check_float, check_int
 from posenc.alibi import alibi_slopes, check_slopes
@@ -93,14 +95,9 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
         scale = check_float(scale, "scale", positive=True)
     if block_size is not None:
         block_size = check_int(block_size, "block_size", min=1)
-    if backend == "flex" or (backend == "auto" and _auto_backend(q) == "flex"):
-        try:
-            return _flex(q, k, v, slopes, causal, offset, scale)
-        except Exception as err:  # noqa: BLE001 - auto falls back whatever broke inside the compiler
-            if backend == "flex":
-                raise
-            _warn_fallback(err)   # (chunked never builds the N^2 bias either)
-    return _chunked(q, k, v, slopes, causal, offset, scale, block_size)
+    if torch.compiler.is_compiling():     # torch.compile / export: one custom op (below)
+        return alibi_attention_op(q, k, v, slopes, causal, offset, scale, block_size, backend)
+    return _alibi_eager(q, k, v, slopes, causal, offset, scale, block_size, backend)
 
 
 def default_block_size(n_heads: int, q_len: int, k_len: int, device: torch.device | str = "cpu",
@@ -523,3 +520,93 @@ def _auto_backend(q: torch.Tensor) -> str:
 
 def _warn_fallback(err: Exception) -> None:
     warnings.warn(f"flex_attention failed ({err}); using the chunked ALiBi path", RuntimeWarning, stacklevel=3)
+
+
+# ----------------------------------------------------------------------------------------------- the custom op
+#
+# Under torch.compile / torch.export ``alibi_attention`` is one op, ``posenc::alibi_attention`` (posenc.kernels.ops
+# holds RoPE's): a fake implementation (the output shape, contiguous), the schedules above as its CPU and CUDA
+# implementations, and autograd through ``posenc::alibi_attention_backward``, which recomputes the forward under
+# autograd (SDPA's own backward; no attention weights kept between the passes).
+
+def _alibi_eager(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
+    """alibi_attention's eager body on checked arguments (the op's implementation and its recompute)."""
+    if backend == "flex" or (backend == "auto" and _auto_backend(q) == "flex"):
+        try:
+            return _flex(q, k, v, slopes, causal, q_offset, scale)
+        except Exception as err:  # noqa: BLE001 - auto falls back whatever broke inside the compiler
+            if backend == "flex":
+                raise
+            _warn_fallback(err)   # (chunked never builds the N^2 bias either)
+    return _chunked(q, k, v, slopes, causal, q_offset, scale, block_size)
+
+
+@torch.library.custom_op("posenc::alibi_attention", mutates_args=())
+def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, causal: bool, q_offset: int,
+                    scale: Optional[float], block_size: Optional[int], backend: str) -> Tensor:
+    """posenc.alibi_attention on checked arguments: [B, H, Tq, Dv], contiguous."""
+    return _alibi_eager(q, k, v, slopes, causal, q_offset, scale, block_size, backend).contiguous()
+
+
+_recompute_pool: list = []
+
+
+def _in_fresh_thread(fn):
+    """fn() on a worker thread, whose thread-local state is torch's default: the dispatcher runs an op's
+    implementation below the autograd keys, so autograd cannot record inside it on this thread."""
+    if not _recompute_pool:
+        import concurrent.futures
+        _recompute_pool.append(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="posenc-alibi-bwd"))
+    return _recompute_pool[0].submit(fn).result()
+
+
+@torch.library.custom_op("posenc::alibi_attention_backward", mutates_args=())
+def alibi_attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, causal: bool,
+                             q_offset: int, scale: Optional[float], block_size: Optional[int], backend: str,
+                             needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of ``alibi_attention`` for q, k, v and slopes (zeros where ``needs`` is False): the forward
+    recomputed under autograd (SDPA's own backward), so no activations are kept between the passes."""
+    leaves = [t.detach().requires_grad_(bool(n)) for t, n in zip((q, k, v, slopes), needs)]
+    wanted = [t for t in leaves if t.requires_grad]
+
+    def recompute():
+        with torch.enable_grad():
+            out = _alibi_eager(*leaves, causal, q_offset, scale, block_size, backend)
+            return torch.autograd.grad(out, wanted, grad, allow_unused=True) if wanted else ()
+    got = iter(_in_fresh_thread(recompute))
+    grads = []
+    for t in leaves:
+        g = next(got) if t.requires_grad else None
+        grads.append(torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None else g.contiguous())
+    return tuple(grads)
+
+
+@alibi_attention_op.register_fake
+def _(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
+    return q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+
+
+@alibi_attention_backward_op.register_fake
+def _(grad, q, k, v, slopes, causal, q_offset, scale, block_size, backend, needs):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, slopes))
+
+
+for _device in ("cpu", "cuda"):    # the chunked SDPA schedule on the CPU; FlexAttention (or chunked) on CUDA
+    alibi_attention_op.register_kernel(_device)(
+        lambda q, k, v, s, c, o, sc, b, be: _alibi_eager(q, k, v, s, c, o, sc, b, be).contiguous())
+
+
+def _setup_alibi(ctx, inputs, output):
+    q, k, v, slopes, causal, q_offset, scale, block_size, backend = inputs
+    ctx.save_for_backward(q, k, v, slopes)
+    ctx.spec = (causal, q_offset, scale, block_size, backend)
+
+
+def _alibi_backward(ctx, grad):
+    q, k, v, slopes = ctx.saved_tensors
+    needs = list(ctx.needs_input_grad[:4])
+    dq, dk, dv, ds = alibi_attention_backward_op(grad.contiguous(), q, k, v, slopes, *ctx.spec, needs)
+    return (*(g if n else None for g, n in zip((dq, dk, dv, ds), needs)), None, None, None, None, None)
+
+
+alibi_attention_op.register_autograd(_alibi_backward, setup_context=_setup_alibi)

@@ -24,57 +24,22 @@ one launch); the other backends build the table first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from posenc.kernels import cpu_rope
+from posenc.kernels import ops as _ops
+from posenc.kernels import rope_backends
 from posenc.kernels.rope_checks import RopeAliasError, check_writes
 from posenc.angles import Angles
 
 
-def _as_table(cos, sin, xs):
-    """(cos, sin) as tables in the math dtype of xs: an Angles is built into one, a table passes through."""
-    if isinstance(cos, Angles):
-        return cos.table(torch.float64 if xs[0].dtype == torch.float64 else torch.float32)
-    return cos, sin
-
-
-# backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse): write RoPE(xs[i]) into outs[i]
-Backend = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor, torch.Tensor,
-                    torch.Tensor | None, str, int, bool], None]
-
-
-def _cpu_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
-    cos, sin = _as_table(cos, sin, xs)
-    if len(xs) > 2 or not cpu_rope.native_rope(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
-        cpu_rope.rope_many(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse, index=index)
-
-
-def _eager_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
-    cos, sin = _as_table(cos, sin, xs)
-    cpu_rope.rope_many(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse, index=index)
-
-
-def _triton_backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse):
-    from posenc.kernels import triton_rope
-    if index is not None:
-        cos, sin = cpu_rope.gather_table(*_as_table(cos, sin, xs), index)
-    triton_rope.rope_into(xs, outs, cos, sin, layout=layout, rotary_dim=rotary_dim, inverse=inverse)
-
-
-def backend_for(x: torch.Tensor) -> Backend:
-    """The backend apply_rope uses for tensors on x's device. Under torch.jit.trace, the eager one: the tracer
-    records torch ops only, so a kernel's writes would be missing from the trace (its outputs left unwritten)."""
-    if torch._C._get_tracing_state():
-        return _eager_backend
-    if x.is_cpu:
-        return _cpu_backend
-    if x.device.type == "cuda":
-        from posenc.kernels import triton_rope
-        if triton_rope.available():
-            return _triton_backend
-    return _eager_backend
+# the backends live in posenc.kernels.rope_backends (the custom ops of posenc.kernels.ops run them too)
+Backend = rope_backends.Backend
+backend_for = rope_backends.backend_for
+_cpu_backend = rope_backends.cpu_backend
+_eager_backend = rope_backends.eager_backend
+_triton_backend = rope_backends.triton_backend
 
 
 class _Rope(torch.autograd.Function):
@@ -166,7 +131,11 @@ def rope(xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, *, la
     inputs). ``inplace`` overwrites xs; ``out`` gives preallocated outputs (same shapes/dtypes). ``names`` /
     ``out_names`` name the tensors in error messages. Returns the rotated tensors. Shapes and dtypes are assumed
     validated (posenc.rope.apply); the memory and autograd rules (module docstring) are checked here.
+    Under torch.compile / torch.export the same call goes through posenc's custom ops (posenc.kernels.ops).
     """
+    if backend is None and _ops.under_trace(xs[0]):
+        return _ops.rope_traced(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=out,
+                                index=index, names=names)
     backend = backend or backend_for(xs[0])
     if _negated(xs, cos, sin, index, out):
         return _rope_negated(xs, cos, sin, layout=layout, rotary_dim=rotary_dim, inplace=inplace, out=out,

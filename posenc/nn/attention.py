@@ -142,4 +142,9 @@ class CausalSelfAttention(nn.Module):
         mask = attention_mask(scheme.bias(q, k, ctx), T, total, qkv.device)
         if mask is not None:
             mask = mask.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T == total and T > 1)
+        # (a branch, not the expression: under torch.compile with dynamic shapes the comparison is symbolic, and SDPA
+        # takes a Python bool; the branch makes dynamo decide it and guard on it)
+        causal = False
+        if mask is None and T == total and T > 1:
+            causal = True
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)

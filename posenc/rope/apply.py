@@ -378,7 +378,11 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
            inplace: bool, out, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
     """The shared body of apply_rope / apply_rope_qk (xs already checked as float tensors of one dtype/device).
 
-    The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call."""
+    The decode hot path: a handful of attribute reads, one dict lookup for the table, one kernel call.
+    Under torch.compile / torch.export: cos/sin computed in the graph, then posenc's custom ops (kernels.ops)."""
+    if _kernel_ops().under_trace(xs[0]):
+        return _apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out,
+                             names)
     if layout not in LAYOUTS:
         _check_layout(layout)
     if inplace is not False and inplace is not True:
@@ -424,6 +428,43 @@ def _apply(xs: Sequence[torch.Tensor], positions, base, inv_freq, layout: str, r
     return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
 
 
+def _apply_traced(xs, positions, base, inv_freq, layout, rotary_dim, attention_scaling, inplace, out, names):
+    """``posenc.apply_rope`` / ``apply_rope_qk`` under a trace: cos/sin of the positions computed in the graph
+    (float64 angles, rounded once to the math dtype, as posenc's tables are), then the ops. Arguments as there."""
+    x = xs[0]
+    _check_layout(layout)
+    check_bool(inplace, "inplace")
+    p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+    p = check_position_dtype(p).to(x.device)
+    if p.dim() == 0:
+        p = p.reshape(1)
+    for t in xs:
+        _check_broadcast(p.shape, t, "positions")
+    outs = None if out is None else _check_out(out, xs, inplace, "out")
+    dim = x.shape[-1]
+    dtype = math_dtype(x.dtype)
+    scaling = check_float(attention_scaling, "attention_scaling", positive=True)
+    if inv_freq is None:
+        rdim = even_int(dim if rotary_dim is None else rotary_dim, "rotary_dim")
+        inv = default_inv_freq(rdim, base).to(x.device)
+    else:
+        inv = torch.as_tensor(inv_freq, device=x.device)
+        rdim = 2 * inv.shape[0] if rotary_dim is None else even_int(rotary_dim, "rotary_dim")
+        if inv.dim() != 1 or inv.shape[0] != rdim // 2:
+            raise PosencError(f"inv_freq must have shape [rotary_dim // 2] = [{rdim // 2}], got {tuple(inv.shape)}")
+    _check_rotary_dim(rdim, dim)
+    if inv.requires_grad and torch.is_grad_enabled():      # learned frequencies: the readable formula
+        if inplace or outs is not None:
+            raise PosencError("inplace=True and out= cannot be used while autograd tracks the frequencies "
+                              "(inv_freq requires grad); call without them or under torch.no_grad()")
+        angle = p.to(torch.float64).unsqueeze(-1) * inv.to(torch.float64)
+        cos, sin = (angle.cos() * scaling).to(dtype), (angle.sin() * scaling).to(dtype)
+        return tuple(_rotate(t, cos, sin, layout, rdim) for t in xs)
+    cos, sin = angles_cos_sin(p, inv.to(torch.float64), scaling, dtype)
+    return _kernel_ops().rope_traced(xs, cos, sin, layout=layout, rotary_dim=rdim, inplace=inplace, out=outs,
+                                     names=names)
+
+
 def _apply_learned(xs, p, inv_freq, layout, rotary_dim, attention_scaling, inplace, outs, names, dtype):
     """Learned frequencies (inv_freq requires grad): the readable formula, differentiated through the table too."""
     x = xs[0]
@@ -449,6 +490,15 @@ def _kernel_rope():
         from posenc.kernels.rope_dispatch import rope as fn
         _lazy.update(rope=fn, TableIndexError=TableIndexError)
     return fn
+
+
+def _kernel_ops():
+    """posenc.kernels.ops (the custom ops the traced route calls), imported on first use."""
+    ops = _lazy.get("ops")
+    if ops is None:
+        from posenc.kernels import ops
+        _lazy["ops"] = ops
+    return ops
 
 
 def _kernel_checks():
@@ -505,7 +555,7 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
     (posenc.kernels.rope_dispatch).
     """
     key = None
-    if inv_freq is None and type(x) is _Tensor and type(positions) is _Tensor:
+    if inv_freq is None and type(x) is _Tensor and type(positions) is _Tensor and not _dynamo_compiling():
         mode = _call_mode(inplace, out, 1)
         if mode is not None:
             key, known = _known_call(mode, (x,), positions, layout, base, rotary_dim, attention_scaling, out)
@@ -531,7 +581,8 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     Returns (q_rotated, k_rotated) in their input dtypes. Other arguments: see ``apply_rope``.
     """
     key = None
-    if inv_freq is None and type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor:
+    if (inv_freq is None and type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor
+            and not _dynamo_compiling()):
         mode = _call_mode(inplace, out, 2)
         if mode is not None:
             key, known = _known_call(mode, (q, k), positions, layout, base, rotary_dim, attention_scaling, out)
@@ -567,6 +618,7 @@ _NEW, _INPLACE, _OUT = 0, 1, 2          # fresh outputs, inplace=True, out=
 _PLANS = PLANS
 _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
+_dynamo_compiling = torch.compiler.is_dynamo_compiling    # False in eager; torch.compile folds it to True
 
 
 def _call_mode(inplace, out, n: int) -> int | None:

@@ -30,12 +30,13 @@ import torch
 from posenc._fp32 import Float32Buffers
 from posenc._validate import check_int
 from posenc.errors import PosencError
+from posenc.angles import Angles, angles_cos_sin, pack_frequencies
 from posenc.kernels.cpu_rope import PLANS, plain_cpu, qk_plan, run_fresh_qk
+from posenc.kernels.ops import rope_traced
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.kernels.rope_dispatch import rope as rotate_kernel
-from posenc.angles import Angles, pack_frequencies
-from posenc.positions import as_positions
-from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, rope_cos_sin
+from posenc.positions import as_positions, check_position_dtype
+from posenc.rope.apply import LAYOUTS, apply_rope_table_qk, math_dtype, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.layers import rope_layout, softmax_scale_multiplier
 from posenc.rope.multiaxis import (
@@ -61,6 +62,7 @@ _PLANS_TOKEN = "_plans_token"
 _recall = PLANS.recall
 _Tensor = torch.Tensor
 _num_threads = torch.get_num_threads
+_is_compiling = torch.compiler.is_compiling     # torch.compile / export: route through the custom ops
 
 
 class _Token:
@@ -244,6 +246,9 @@ class Rotary(Float32Buffers):
         the position of its axis. Applies the length rule first (seq_len = max(positions) + 1 over every axis),
         then reads the cache (integer positions).
         """
+        if _is_compiling() and self.seq_len_rule is None and self.n_axes == 1:     # torch.compile / export
+            p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+            return self._traced_cos_sin(check_position_dtype(p).to(self.inv_freq.device))
         positions = as_positions(positions, self.inv_freq.device)     # numbers only: no NaN/inf, no half precision
         if self.axes is not None:
             positions = as_axis_positions(positions, self.n_axes)
@@ -312,7 +317,12 @@ class Rotary(Float32Buffers):
         Returns (q, k) rotated, in their input dtypes. Only the first rotary_dim dims are rotated. Positions must
         be >= 0 on the CPU (its table has rows 0..n-1); on CUDA, where cos/sin are computed in the kernel without a
         host sync to inspect them, a negative position is rotated by its negative angle (as ``apply_rope`` does).
+        Under torch.compile / torch.export: cos/sin computed in the graph, then posenc's custom ops (kernels.ops).
         """
+        if _is_compiling():
+            rotated = self._rotate_traced(q, k, positions)
+            if rotated is not None:
+                return rotated
         rotated = self._decode(q, k, positions)
         return rotated if rotated is not None else self._rotate(q, k, positions)
 
@@ -391,6 +401,38 @@ class Rotary(Float32Buffers):
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = cos.to(q.device, dtype), sin.to(q.device, dtype)
         return apply_rope_table_qk(q, k, cos, sin, layout=self.layout, rotary_dim=self.rotary_dim)
+
+    def _rotate_traced(self, q, k, positions):
+        """``Rotary.forward`` under a trace, or None where the eager route must run (length rules, multi-axis).
+
+        Same checks of shapes as the eager route; cos/sin of the positions from the module's frequencies, in float32
+        as its table holds them (then the math dtype)."""
+        if self.seq_len_rule is not None or self.n_axes != 1:
+            return None
+        qs, ks, head_dim = q.shape, k.shape, self.config.head_dim
+        if not (q.is_floating_point() and k.is_floating_point()) or q.dtype != k.dtype:
+            raise PosencError(f"q and k must be floating-point tensors of one dtype, got {q.dtype} and {k.dtype}")
+        if len(qs) != 4 or len(ks) != 4 or qs[3] != head_dim or ks[3] != head_dim or qs[0] != ks[0] or qs[2] != ks[2]:
+            raise PosencError(f"q and k must be [batch, heads, seq, head_dim={head_dim}] with one batch and seq; got "
+                              f"q {list(qs)}, k {list(ks)}")
+        p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+        p = check_position_dtype(p).to(q.device)
+        batch, seq = qs[0], qs[2]
+        if not (p.shape == (seq,) or p.shape == (batch, seq) or p.shape == (1, seq)):
+            raise PosencError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
+                              f"got {list(p.shape)}")
+        cos, sin = self._traced_cos_sin(p)
+        if cos.dim() == 3:   # [B, T, R/2] -> [B, 1, T, R/2]: broadcast over heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        dtype = math_dtype(q.dtype)
+        return rope_traced((q, k), cos.to(dtype), sin.to(dtype), layout=self.layout, rotary_dim=self.rotary_dim)
+
+    def _traced_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos_sin's values for 1-D positions without its table (under a trace, where the table's growth, which
+        depends on the positions' values, cannot be followed): float32 [*positions.shape, R/2], as the table holds
+        them. No length rule and no multi-axis positions (the callers check)."""
+        inv64 = self.inv_freq.detach().to(torch.float64)
+        return angles_cos_sin(positions, inv64, self.attention_scaling, torch.float32)
 
     def _remember(self, q, k, positions, plan, cos) -> None:
         """Record a call ``_rotate`` has checked and sent to the kernel with this module's table (see _decode)."""

@@ -140,6 +140,8 @@ class ALiBiScheme(Scheme):
         if not ctx.contiguous:  # positions that are not past..past+T-1 (randomized, PoSE): distances from them
             d = ctx.distance().abs()
             return -slopes.view(-1, 1, 1) * (d[:, None] if d.dim() == 3 else d)
+        if torch.compiler.is_compiling():    # traced: the bias is built in the graph (no cache keyed by versions)
+            return alibi_bias(len(slopes), q_len, k_len, slopes=slopes.to(q.device), device=q.device)
         # the cached bias is valid for these lengths and device, and for these slopes unmodified since
         key = (q_len, k_len, str(q.device), slopes._version)
         cache = self._bias_cache
