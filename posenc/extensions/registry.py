@@ -22,6 +22,13 @@ from posenc._registry import check_new_name, origin_of
 from posenc._settings import declare
 from posenc._validate import check_bool, check_choice, check_float, check_int, even_int
 from posenc.errors import ConfigError
+from posenc.extensions.attention.rules import AttentionRule
+
+# What a method changes: "frequency" methods write a RoPE scaling config (rope_type + keys); "attention" methods
+# keep the frequencies and change which positions query-key pairs see (Self-Extend, ReRoPE, DCA, attention sinks):
+# their write(spec, **options) returns an ``AttentionRule`` (posenc/extensions/attention/rules.py). Readers branch on
+# this kind, never on method names.
+KINDS = ("frequency", "attention")
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,12 @@ class ExtensionMethod:
     options: tuple[str, ...] = ()
     origin: str = ""
     settings: tuple = ()        # posenc._settings.Setting: the lab's settings of a fit (its flags, validation)
+    kind: str = "frequency"
+    costs: str = ""          # what the method costs at inference (attention kind: score passes, cache, what is lost)
+
+    @property
+    def changes_attention(self) -> bool:
+        return self.kind == "attention"
 
 
 # name -> method, in registration order (built-ins first: linear, ntk, dynamic, yarn, llama3, longrope)
@@ -118,7 +131,8 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
                     defaults: Mapping | None = None, keeps_original_length: bool = False,
                     lab_factor: float | None = None, transformers_form: Callable | None = None,
                     fit: Callable | None = None, train_positions: Callable | None = None,
-                    needs_corpus: bool = False, settings=(), replace: bool = False):
+                    needs_corpus: bool = False, settings=(), kind: str = "frequency", costs: str = "",
+                    replace: bool = False):
     """Decorator registering ``write(spec, **options) -> rope scaling mapping`` as extension method ``name``.
 
     label: display name (reports, plots, extend). expects_finetune / note: whether the method is meant to be
@@ -133,9 +147,16 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     zero-shot model is the plain scaling's). needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so
     the lab refuses the method before training unless a task loads it. settings: the lab settings ``fit`` reads
     from ``ctx.settings`` (``posenc._settings.Setting`` declarations: ``posenc lab`` makes their flags and checks
-    them). Options: the write function's keyword-only arguments (e.g. longrope's factor lists).
+    them). Options: the write function's keyword-only arguments (e.g. longrope's factor lists). kind: "frequency"
+    (write returns a rope scaling mapping) or "attention" (write returns an AttentionRule; no scaling, the model's
+    RoPE stays; read with ``attention_rule``); costs: what an attention method costs (extra score passes, cache
+    handling, what it cannot see).
     """
     check_new_name("extension method", name, METHODS, replace)
+    kind = check_choice(kind, "kind", KINDS, error=ConfigError)
+    if kind == "attention" and (fit or train_positions or transformers_form or keeps_original_length or lab_factor):
+        raise ConfigError(f"extension method {name!r}: an attention method takes no fit, train_positions, "
+                          "transformers_form, keeps_original_length or lab_factor (those describe frequency scaling)")
     if not isinstance(label, str) or not label:
         raise ConfigError(f"extension method {name!r}: label must be a non-empty string, got {label!r}")
     for hook_name, hook in (("transformers_form", transformers_form), ("fit", fit),
@@ -160,15 +181,17 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
                                                                     error=ConfigError),
             transformers_form=transformers_form, fit=fit, train_positions=train_positions,
             needs_corpus=check_bool(needs_corpus, "needs_corpus", error=ConfigError), options=options,
-            origin=origin_of(write), settings=declared)
+            origin=origin_of(write), settings=declared, kind=kind, costs=str(costs))
         return write
 
     return decorator
 
 
-def method_names() -> tuple[str, ...]:
-    """Registered method names in registration order."""
-    return tuple(METHODS)
+def method_names(kind: str | None = None) -> tuple[str, ...]:
+    """Registered method names in registration order (only those of ``kind`` when given)."""
+    if kind is not None:
+        kind = check_choice(kind, "kind", KINDS, error=ConfigError)
+    return tuple(name for name, m in METHODS.items() if kind is None or m.kind == kind)
 
 
 def get_method(name, argument: str = "method") -> ExtensionMethod:
@@ -187,10 +210,10 @@ def method_config(name: str, spec: ExtensionSpec, *, scaling: Mapping | None = N
     its ``details``), max_position_embeddings (the target, or L0 for methods that keep it) and notes. ``options``
     go to write()."""
     method = get_method(name)
-    unknown = set(options) - set(method.options)
-    if unknown:
-        raise ConfigError(f"extension method {name!r} takes no option {', '.join(sorted(unknown))}"
-                          + (f" (options: {', '.join(method.options)})" if method.options else ""))
+    if method.changes_attention:
+        raise ConfigError(f"extension method {name!r} changes attention, not RoPE's frequencies: it has no rope "
+                          "scaling config (use attention_rule, or posenc.patch(model, method=...))")
+    _check_options(method, options)
     notes: list[str] = []
     if scaling is None:
         out = method.write(spec, **options)
@@ -200,6 +223,28 @@ def method_config(name: str, spec: ExtensionSpec, *, scaling: Mapping | None = N
                           f"'rope_type', got {scaling!r}")
     length = spec.original if method.keeps_original_length else spec.target
     return MethodConfig(dict(scaling), int(length), tuple(notes), dict(details or {}))
+
+
+def _check_options(method: ExtensionMethod, options: Mapping) -> None:
+    unknown = set(options) - set(method.options)
+    if unknown:
+        raise ConfigError(f"extension method {method.name!r} takes no option {', '.join(sorted(unknown))}"
+                          + (f" (options: {', '.join(method.options)})" if method.options else ""))
+
+
+def attention_rule(name: str, spec: ExtensionSpec, **options):
+    """The AttentionRule that attention method ``name`` gives a model trained at ``spec.original`` (its options
+    override the defaults derived from the trained length)."""
+    method = get_method(name)
+    if not method.changes_attention:
+        raise ConfigError(f"extension method {name!r} rescales RoPE's frequencies (kind 'frequency'); it has no "
+                          "attention rule (use method_config)")
+    _check_options(method, options)
+    rule = method.write(spec, **options)
+    if not isinstance(rule, AttentionRule):
+        raise ConfigError(f"extension method {name!r} (registered in {method.origin}) must return an AttentionRule, "
+                          f"got {type(rule).__name__}")
+    return rule
 
 
 def transformers_config(name: str, config: MethodConfig, spec: ExtensionSpec) -> MethodConfig:

@@ -34,8 +34,10 @@ def extend_for_factor(config: Mapping[str, Any], method: str, factor: float, *, 
     from posenc.extensions import method_names
     from posenc.tools.extend import extend_config
 
-    if method not in method_names():
-        raise ConfigError(f"method must be one of {', '.join(method_names())}, got {method!r}")
+    if method not in method_names("frequency"):
+        raise ConfigError(f"method must be one of {', '.join(method_names('frequency'))}, got {method!r}"
+                          + (" (it changes attention: posenc.patch(model, method=...))"
+                             if method in method_names("attention") else ""))
     if check_float(factor, "factor (target / original context)", min=1.0, error=ConfigError) == 1.0:
         raise ConfigError(f"factor (target / original context) must be > 1, got {factor!r}")
     version = 5 if transformers_major() >= 5 else 4

@@ -305,7 +305,7 @@ def format_result(result: ExtendResult, out: str | None) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("config", help="the model's config.json (or a folder holding one)")
     parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
-    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None], required=True, help="context-extension method")
+    parser.add_argument("--method", choices=[m for m in method_names("frequency") if get_method(m).fit is None], required=True, help="context-extension method")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
                         help="4: write rope_scaling (rope_theta at top level); 5: rope_parameters (default)")
     where = parser.add_mutually_exclusive_group(required=True)

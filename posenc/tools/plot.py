@@ -338,7 +338,7 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     spec = ExtensionSpec(original=original, factor=factor, rotary_dim=rc.rotary_dim, theta=theta, target=target,
                          head_dim=rc.head_dim)
     configs = {"default (no scaling)": cfg({"rope_type": "default"}, original)}
-    for name in method_names():
+    for name in method_names("frequency"):  # attention methods keep the frequencies: nothing to plot here
         method = METHODS[name]
         if method.fit is not None or method.train_positions is not None:
             continue

@@ -41,8 +41,8 @@ def test_spec_and_registration_errors(registered):
         register_method("yarn", label="again")
     with pytest.raises(ConfigError, match="label"):
         register_method("test-no-label", label="")
-    with pytest.raises(ConfigError, match="extensions: expected one of .*llama3.*'rerope'"):
-        get_method("rerope", "extensions")
+    with pytest.raises(ConfigError, match="extensions: expected one of .*llama3.*'no-such-method'"):
+        get_method("no-such-method", "extensions")
     with pytest.raises(ConfigError, match="takes no option short_factor"):
         method_config("yarn", SPEC, short_factor=[1.0])
 

@@ -1,0 +1,160 @@
+"""The attention-changing methods: the blocked kernel against the plain-loop oracle (one pair at a time, float64),
+identity settings against plain RoPE attention (torch SDPA), the KV-cache decode against the full forward, and
+which keys attention sinks keep."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pytest
+
+from posenc.errors import ConfigError
+from posenc.extensions import ExtensionSpec, attention_rule, method_config, method_names
+from posenc.extensions.attention import reference
+from posenc.extensions.attention.kernel import rotate, rule_attention
+from posenc.extensions.attention.rules import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
+from posenc.rope.apply import default_inv_freq
+
+
+def qkv(T, Hq=4, Hk=2, D=8, dtype=torch.float64, seed=0, B=1):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, h, T, D, generator=g, dtype=dtype) for h in (Hq, Hk, Hk))
+
+
+def oracle(q, k, v, rule, inv_freq, attention_scaling=1.0):
+    """The reference per (batch, head), GQA mapping h -> h // (Hq / Hk)."""
+    B, Hq = q.shape[:2]
+    g = Hq // k.shape[1]
+    out = torch.empty(*q.shape[:3], v.shape[-1], dtype=torch.float64)
+    for b in range(B):
+        for h in range(Hq):
+            out[b, h] = torch.tensor(reference.attention(q[b, h].tolist(), k[b, h // g].tolist(),
+                                                         v[b, h // g].tolist(), rule, inv_freq.tolist(),
+                                                         attention_scaling=attention_scaling), dtype=torch.float64)
+    return out
+
+
+RULES = [SelfExtend(group_size=3, window=4), SelfExtend(group_size=2, window=5), ReRoPE(window=5),
+         LeakyReRoPE(window=4, leak=2.5), DualChunk(chunk_size=6, local_window=2), DualChunk(chunk_size=5, local_window=0),
+         Sinks(n_sink=2, window=5), Sinks(n_sink=0, window=4)]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.name}{tuple(r.params().values())}")
+def test_kernel_equals_reference(rule):
+    q, k, v = qkv(23)
+    inv = default_inv_freq(8, 100.0).double()
+    want = oracle(q, k, v, rule, inv, attention_scaling=1.1)
+    got = rule_attention(q, k, v, rule, inv, attention_scaling=1.1, block=8)  # several query blocks
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    # float32 (torch's CPU flash kernel for the pieces): within float32 rounding of the oracle
+    got32 = rule_attention(q.float(), k.float(), v.float(), rule, inv.float(), attention_scaling=1.1, block=8)
+    torch.testing.assert_close(got32.double(), want, rtol=2e-5, atol=2e-5)
+
+
+rules = st.one_of(
+    st.builds(SelfExtend, group_size=st.integers(1, 5), window=st.integers(1, 12)),
+    st.builds(ReRoPE, window=st.integers(1, 12)),
+    st.builds(LeakyReRoPE, window=st.integers(1, 12), leak=st.floats(1.0, 8.0)),
+    st.tuples(st.integers(2, 10), st.integers(0, 9)).filter(lambda t: t[1] < t[0])
+    .map(lambda t: DualChunk(chunk_size=t[0], local_window=t[1])),
+    st.builds(Sinks, n_sink=st.integers(0, 4), window=st.integers(1, 10)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(rule=rules, T=st.integers(1, 20), past=st.integers(0, 6), block=st.integers(1, 16), seed=st.integers(0, 99))
+def test_kernel_equals_reference_property(rule, T, past, block, seed):
+    """Any rule, length, query offset (a decode chunk after `past` cached keys) and block size."""
+    q, k, v = qkv(T + past, Hq=2, Hk=1, D=6, seed=seed)
+    q = q[:, :, past:]
+    inv = default_inv_freq(4, 50.0).double()  # partial rotary: 4 of 6 dims rotate
+    B, H = q.shape[:2]
+    want = torch.empty(B, H, T, 6, dtype=torch.float64)
+    for h in range(H):
+        want[0, h] = torch.tensor(reference.attention(q[0, h].tolist(), k[0, 0].tolist(), v[0, 0].tolist(), rule,
+                                                      inv.tolist()), dtype=torch.float64)
+    got = rule_attention(q, k, v, rule, inv, block=block)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def plain_rope_attention(q, k, v, inv, layout="half"):
+    T = q.shape[2]
+    pos = torch.arange(T, dtype=torch.float64)
+    qr, kr = rotate(q, pos, inv, 1.0, layout), rotate(k, pos, inv, 1.0, layout)
+    return F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("rule", [SelfExtend(group_size=4, window=40), SelfExtend(group_size=1, window=3),
+                                  ReRoPE(window=40), LeakyReRoPE(window=3, leak=1.0), LeakyReRoPE(window=40, leak=3.0),
+                                  DualChunk(chunk_size=50, local_window=10), Sinks(n_sink=4, window=40)],
+                         ids=lambda r: f"{r.name}{tuple(r.params().values())}")
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_identity_settings_equal_plain_rope_attention(rule, layout):
+    q, k, v = qkv(40, dtype=torch.float32)
+    inv = default_inv_freq(8)
+    assert rule.identity_for(40)
+    torch.testing.assert_close(rule_attention(q, k, v, rule, inv, layout=layout, block=16),
+                               plain_rope_attention(q, k, v, inv, layout), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.name}{tuple(r.params().values())}")
+def test_kv_cache_decode_equals_full_forward(rule):
+    """Token by token (queries after a growing cache of unrotated keys) == one full forward."""
+    q, k, v = qkv(30, dtype=torch.float32)
+    inv = default_inv_freq(8)
+    full = rule_attention(q, k, v, rule, inv)
+    steps = [rule_attention(q[:, :, :5], k[:, :, :5], v[:, :, :5], rule, inv)]
+    for t in range(5, 30):
+        steps.append(rule_attention(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], rule, inv))
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-5, atol=1e-6)
+
+
+def test_sinks_keep_only_first_and_recent_tokens():
+    """Changing a value outside the first n_sink + last window keys changes nothing; inside, it does."""
+    q, k, v = qkv(30)
+    inv = default_inv_freq(8).double()
+    rule = Sinks(n_sink=3, window=6)
+    base = rule_attention(q, k, v, rule, inv)[:, :, -1]
+    for j in range(30):
+        v2 = v.clone()
+        v2[:, :, j] += 10.0
+        changed = not torch.allclose(rule_attention(q, k, v2, rule, inv)[:, :, -1], base)
+        assert changed == (j < 3 or j >= 30 - 6), j
+
+
+def test_far_positions_stay_in_range():
+    """Self-Extend's farthest distance at its reach is below L; DCA's never exceeds chunk_size."""
+    L = 64
+    se = SelfExtend(group_size=4, window=16)
+    n = se.reach(L)
+    i, j = n - 1, 0
+    qp, kp = reference.self_extend_pair(i, j, 4, 16)
+    assert qp - kp < L
+    dca = DualChunk(chunk_size=48, local_window=4)
+    assert max(a - b for a, b in (reference.dual_chunk_pair(i, j, 48, 4) for i in range(300) for j in range(i + 1))) \
+        <= 48
+
+
+def test_registry_kind_and_validation():
+    assert set(method_names("attention")) >= {"self-extend", "rerope", "leaky-rerope", "dca", "sinks"}
+    assert not set(method_names("attention")) & set(method_names("frequency"))
+    spec = ExtensionSpec(original=128, factor=4.0, rotary_dim=16)
+    rule = attention_rule("self-extend", spec)
+    assert rule.reach(128) >= 512 and rule.window == 32
+    assert attention_rule("leaky-rerope", spec).leak > 1
+    with pytest.raises(ConfigError, match="group_size"):
+        attention_rule("self-extend", spec, group_size=0)
+    with pytest.raises(ConfigError, match="local_window"):
+        attention_rule("dca", spec, chunk_size=8, local_window=8)
+    with pytest.raises(ConfigError, match="leak"):
+        attention_rule("leaky-rerope", spec, leak=0.5)
+    with pytest.raises(ConfigError, match="n_sink"):
+        attention_rule("sinks", spec, n_sink=-1)
+    with pytest.raises(ConfigError, match="takes no option window_size"):
+        attention_rule("rerope", spec, window_size=3)
+    with pytest.raises(ConfigError, match="changes attention"):
+        method_config("dca", spec)
+    with pytest.raises(ConfigError, match="frequencies"):
+        attention_rule("yarn", spec)
