@@ -212,8 +212,12 @@ def is_patched(model: nn.Module) -> bool:
     return any(isinstance(m, PosencRotaryEmbedding) for m in model.modules())
 
 
-def patch(model: nn.Module) -> nn.Module:
+def patch(model: nn.Module, method: str | None = None, **options) -> nn.Module:
     """Swap the rotary application of a loaded transformers causal LM for posenc's fused kernel; returns ``model``.
+
+    With ``method`` (an extension method of kind "attention": self-extend, rerope, leaky-rerope, dca, sinks) and its
+    options (group_size, window, leak, chunk_size, local_window, n_sink; ``target`` = the length the defaults plan
+    for), the model's attention runs that method instead (posenc/hf/attention_patch.py).
 
     Supported: the model types in ``SUPPORTED_MODEL_TYPES`` (Llama, Mistral, Mixtral, Qwen2/3 and their MoE
     variants, Phi-3, Gemma 1/2/3-text, GPT-NeoX). Anything else raises PosencError naming the class. Patching a
@@ -222,6 +226,12 @@ def patch(model: nn.Module) -> nn.Module:
     """
     if not isinstance(model, nn.Module):
         raise PosencError(f"patch: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
+    if method is not None:
+        from posenc.hf.attention_patch import patch_attention
+
+        return patch_attention(model, method, **options)
+    if options:
+        raise PosencError(f"patch: options {', '.join(sorted(options))} need method=... (an attention method)")
     if is_patched(model):
         return model
     _check_supported(model)
@@ -235,7 +245,10 @@ def patch(model: nn.Module) -> nn.Module:
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: the model gets its original rotary module back (the same object); the modelling file's
     apply_rotary_pos_emb is transformers' again once no patched model of that family remains. Unpatched models
-    are returned unchanged."""
+    are returned unchanged. An attention method (``patch(model, method=...)``) is undone too."""
+    from posenc.hf.attention_patch import unpatch_attention
+
+    unpatch_attention(model)
     for name, module in list(model.named_modules()):
         if isinstance(module, PosencRotaryEmbedding):
             parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model

@@ -1,0 +1,200 @@
+"""``posenc.patch(model, method="self-extend", group_size=..., window=...)``: an attention-changing extension method
+(kind "attention" in the extension registry) on a loaded transformers decoder.
+
+The hook, without copying any attention code:
+
+1. The model's ``rotary_emb`` is wrapped: it still runs (so transformers' length rules, dynamic NTK or LongRoPE's
+   short/long switch, keep their meaning), but returns cos = 1 and sin = 0, so the modelling file's
+   ``apply_rotary_pos_emb`` leaves q and k as they are (x * 1 + rotate_half(x) * 0 = x exactly). The KV cache
+   therefore holds UNROTATED keys, as Self-Extend's and StreamingLLM's own code keep them.
+2. ``config._attn_implementation`` becomes "posenc_rule", an attention function registered with transformers'
+   AttentionInterface (and sdpa's mask function under the same name). Each layer calls it with q, k, v; it rotates
+   them to the rule's positions and runs ``posenc.extensions.attention.kernel.rule_attention`` (blocked, online
+   softmax, GQA). Frequencies (inv_freq, attention_scaling) come from the wrapped rotary module, per layer type
+   (Gemma 3).
+
+Sliding-window layers (Gemma 3's local layers; Mistral when its window is shorter than the keys) only see keys
+inside their window, already within the trained range: they run plain RoPE attention with transformers' mask.
+Padding (a mask that is not the plain causal one), attention-logit softcapping (Gemma 2) and position ids that are not
+past..past+T-1 are refused with a PosencError. ``posenc.unpatch`` restores the rotary module, the attention
+implementation and the layers, object for object: logits are transformers' own again, bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc.errors import PosencError
+
+IMPLEMENTATION = "posenc_rule"
+
+
+class RuleRotaryEmbedding(nn.Module):
+    """Wraps a transformers XxxRotaryEmbedding: runs it (length rules) and records its frequencies and the position
+    ids of the forward, then returns cos = 1, sin = 0 so that q and k pass unrotated into the cache."""
+
+    def __init__(self, original: nn.Module, rule, method: str):
+        super().__init__()
+        self.original, self.rule, self.method = original, rule, method
+        self.position_ids: torch.Tensor | None = None
+
+    def frequencies(self, layer_type: str | None) -> tuple[torch.Tensor, float]:
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        inv = getattr(self.original, f"{prefix}inv_freq", None)
+        if inv is None:
+            inv = getattr(self.original, "inv_freq")
+            prefix = ""
+        return inv.detach().float(), float(getattr(self.original, f"{prefix}attention_scaling"))
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
+        cos, sin = (self.original(x, position_ids) if layer_type is None
+                    else self.original(x, position_ids, layer_type))
+        self.position_ids = position_ids
+        return torch.ones_like(cos), torch.zeros_like(sin)
+
+
+def _contiguous_offset(position_ids: torch.Tensor | None, t_q: int, t_k: int) -> int:
+    """Check that the queries sit at t_k - t_q .. t_k - 1 in every row (no padding, no packed sequences)."""
+    if position_ids is None:
+        return t_k - t_q
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    want = torch.arange(t_k - t_q, t_k, device=rows.device)
+    if rows.shape[-1] != t_q or not bool((rows == want).all()):
+        raise PosencError(f"posenc.patch(method=...): position ids must be past..past+T-1 with the same past in every "
+                          f"row (no left padding or packed sequences); got {rows[:, :4].tolist()}... for {t_q} "
+                          f"queries over {t_k} keys")
+    return t_k - t_q
+
+
+def _check_causal_mask(mask, t_q: int, t_k: int) -> None:
+    if mask is None:
+        return
+    m = mask if mask.dtype == torch.bool else mask == 0
+    i = torch.arange(t_k - t_q, t_k, device=m.device)[:, None]
+    j = torch.arange(t_k, device=m.device)[None, :]
+    if not bool((m == (j <= i)).all()):
+        raise PosencError("posenc.patch(method=...): the attention mask is not the plain causal one (padding?); "
+                          "attention methods run on unpadded batches")
+
+
+def rule_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                           sliding_window: int | None = None, softcap: float | None = None, **kwargs):
+    """transformers' attention-function interface: query [B, Hq, Tq, D], key/value [B, Hk, Tk, D] (unrotated) ->
+    (output [B, Tq, Hq, Dv], None)."""
+    rotary: RuleRotaryEmbedding | None = getattr(module, "posenc_rule_rotary", None)
+    if rotary is None:
+        raise PosencError(f"{type(module).__name__}: config._attn_implementation is {IMPLEMENTATION!r} but the model "
+                          "is not patched with an attention method (call posenc.patch(model, method=...))")
+    if softcap is not None:
+        raise PosencError("posenc.patch(method=...): attention-logit softcapping (Gemma 2) is not supported")
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    inv_freq, att_scaling = rotary.frequencies(getattr(module, "layer_type", None))
+    positions = rotary.position_ids
+    last = int(positions.max()) if positions is not None else t_k - 1
+    if getattr(module, "is_sliding", False):
+        # a local layer (Gemma 3): plain RoPE inside its window, whose distances stay below it; its cache holds the
+        # last keys only, so keys sit at last - Tk + 1 .. last
+        from posenc.extensions.attention.kernel import rotate
+
+        q_pos = torch.arange(last - t_q + 1, last + 1, device=query.device, dtype=torch.float64)
+        k_pos = torch.arange(last - t_k + 1, last + 1, device=query.device, dtype=torch.float64)
+        q = rotate(query, q_pos, inv_freq, att_scaling, "half").to(query.dtype)
+        k = rotate(key, k_pos, inv_freq, att_scaling, "half").to(key.dtype)
+        mask = attention_mask
+        if mask is not None and mask.dim() == 4:
+            mask = mask[:, :, :, -t_k:]
+        out = F.scaled_dot_product_attention(q, k, value, attn_mask=mask, is_causal=mask is None and t_q > 1,
+                                             scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+    if sliding_window is not None and last + 1 > sliding_window:
+        raise PosencError(f"posenc.patch(method=...): this layer's sliding window ({sliding_window}) is shorter than "
+                          f"the input ({last + 1} tokens); attention methods run on full-attention layers only")
+    offset = _contiguous_offset(positions, t_q, t_k)
+    _check_causal_mask(attention_mask, t_q, t_k)
+    from posenc.extensions.attention.kernel import rule_attention
+
+    out = rule_attention(query, key, value, rotary.rule, inv_freq, attention_scaling=att_scaling, scale=scaling,
+                         layout="half", q_offset=offset)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, rule_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+
+
+def _attention_layers(model: nn.Module):
+    return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "is_causal")
+            and any(hasattr(m, p) for p in ("q_proj", "qkv_proj"))]
+
+
+def original_context(model: nn.Module) -> int:
+    """The trained length: the rope config's original_max_position_embeddings, else max_position_embeddings."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values()):  # per layer type (Gemma 3)
+        rope = next((v for v in rope.values() if isinstance(v, dict) and "original_max_position_embeddings" in v), {})
+    value = (rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None) \
+        or getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
+    return int(value)
+
+
+def patch_attention(model: nn.Module, method: str, *, target: int | None = None, **options) -> nn.Module:
+    """Apply attention method ``method`` (with its options, e.g. group_size / window) to ``model``; see the module
+    docstring. target: the length the defaults plan for (default 4x the trained length). Returns ``model``."""
+    from posenc.extensions import ExtensionSpec, attention_rule, get_method
+    from posenc.hf.patch import _check_supported, find_rotary, is_patched
+
+    m = get_method(method, "method")
+    if not m.changes_attention:
+        raise PosencError(f"method: {method!r} rescales RoPE's frequencies; write it into the config instead "
+                          f"(posenc extend CONFIG --method {method}); posenc.patch's method= takes "
+                          f"attention methods ({', '.join(n for n in _attention_names())})")
+    _check_supported(model)
+    if is_patched(model) or any(isinstance(x, RuleRotaryEmbedding) for x in model.modules()):
+        raise PosencError("patch: the model is already patched; posenc.unpatch(model) first")
+    if getattr(model.config, "model_type", None) == "gpt_neox":
+        raise PosencError("patch: attention methods need a transformers attention function; GPT-NeoX is not covered")
+    original = original_context(model)
+    target = 4 * original if target is None else target
+    spec = ExtensionSpec(original=original, factor=max(1.0, target / original), rotary_dim=None, target=int(target))
+    rule = attention_rule(method, spec, **options)
+    _register()
+    parent, attr, rotary = find_rotary(model)
+    wrapper = RuleRotaryEmbedding(rotary, rule, method)
+    layers = _attention_layers(model)
+    if not layers:
+        raise PosencError(f"patch: found no attention layers in {type(model).__name__}")
+    wrapper.previous_implementation = model.config._attn_implementation
+    setattr(parent, attr, wrapper)
+    for layer in layers:  # a plain attribute, not a registered submodule (no second path to it, no state dict entry)
+        object.__setattr__(layer, "posenc_rule_rotary", wrapper)
+    model.config._attn_implementation = IMPLEMENTATION
+    return model
+
+
+def _attention_names():
+    from posenc.extensions import method_names
+
+    return method_names("attention")
+
+
+def unpatch_attention(model: nn.Module) -> bool:
+    """Undo ``patch_attention``; True when something was undone."""
+    done = False
+    for name, module in list(model.named_modules()):
+        if isinstance(module, RuleRotaryEmbedding):
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(parent, name.rsplit(".", 1)[-1], module.original)
+            model.config._attn_implementation = module.previous_implementation
+            done = True
+    for layer in model.modules():
+        if "posenc_rule_rotary" in vars(layer):
+            del layer.posenc_rule_rotary
+    return done

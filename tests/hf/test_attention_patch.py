@@ -1,0 +1,102 @@
+"""posenc.patch(model, method=...) with the attention-changing methods on tiny random transformers models (no
+download): identity settings give the unpatched logits for every family; real settings give what the kernel gives
+on the model's own q/k/v (checked against the plain-loop oracle via the kernel tests) and change far positions only;
+a KV-cache decode equals the full forward; unpatch restores transformers' logits bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", minversion="5.0", reason="transformers >= 5 (transformers builds the models)")
+
+import posenc  # noqa: E402
+from posenc.errors import ConfigError, PosencError  # noqa: E402
+from tests.hf.test_patch import LMAX, TINY, build, close, logits  # noqa: E402
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma3_text"]
+T = 40  # longer than LMAX = 32
+
+
+IDENTITY = {"self-extend": dict(group_size=4, window=T), "rerope": dict(window=T),
+            "leaky-rerope": dict(window=T, leak=3.0), "dca": dict(chunk_size=T + 8, local_window=8),
+            "sinks": dict(n_sink=4, window=T)}
+REAL = {"self-extend": dict(group_size=3, window=8), "rerope": dict(window=8),
+        "leaky-rerope": dict(window=8, leak=2.0), "dca": dict(chunk_size=24, local_window=4),
+        "sinks": dict(n_sink=4, window=12)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", sorted(IDENTITY))
+def test_identity_settings_give_the_unpatched_logits(family, method):
+    reference = build(family)
+    model = posenc.patch(copy.deepcopy(reference), method=method, **IDENTITY[method])
+    close(logits(model, T), logits(reference, T))
+    posenc.unpatch(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma3_text"])
+@pytest.mark.parametrize("method", sorted(REAL))
+def test_real_settings_change_only_far_tokens_and_unpatch_restores(family, method):
+    extra = {"partial_rotary_factor": 0.5} if family == "phi3" else {}
+    reference = build(family, **extra)
+    want = logits(reference, T)
+    model = posenc.patch(reference, method=method, **REAL[method])
+    got = logits(model, T)
+    close(got[:, :8], want[:, :8])         # the first 8 tokens see only neighbours: plain RoPE
+    assert (got[:, 20:] - want[:, 20:]).abs().max() > 1e-4   # far tokens see remapped positions
+    posenc.unpatch(model)
+    assert torch.equal(logits(model, T), want)  # transformers' own path again, bit for bit
+    assert not any("posenc_rule_rotary" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize("method", sorted(REAL))
+def test_kv_cache_decode_equals_full_forward(method):
+    model = posenc.patch(build("qwen2"), method=method, **REAL[method])
+    ids = torch.randint(0, TINY["vocab_size"], (1, T), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        out = model(input_ids=ids[:, :10], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(10, T):
+            out = model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    close(torch.cat(steps, dim=1), full)
+
+
+def test_gemma3_local_layers_keep_plain_rope_in_their_window():
+    """Gemma 3's sliding layers run plain RoPE; with every full layer under an identity rule the logits are
+    transformers' at a length past the sliding window (8)."""
+    reference = build("gemma3_text")
+    model = posenc.patch(copy.deepcopy(reference), method="self-extend", group_size=2, window=T)
+    close(logits(model, T), logits(reference, T))
+
+
+def test_errors_name_the_argument():
+    model = build("llama")
+    with pytest.raises(ConfigError, match="group_size"):
+        posenc.patch(model, method="self-extend", group_size=0, window=4)
+    with pytest.raises(ConfigError, match="takes no option"):
+        posenc.patch(model, method="rerope", group_size=2)
+    with pytest.raises(PosencError, match="rescales RoPE's frequencies"):
+        posenc.patch(model, method="yarn")
+    with pytest.raises(PosencError, match="need method"):
+        posenc.patch(model, window=3)
+    posenc.patch(model, method="sinks")
+    with pytest.raises(PosencError, match="already patched"):
+        posenc.patch(model, method="dca")
+    posenc.unpatch(model)
+    assert not posenc.is_patched(model)
+
+
+def test_padding_is_refused():
+    model = posenc.patch(build("llama"), method="rerope", window=4)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :3] = 0
+    with pytest.raises(PosencError, match="padding|position ids"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
