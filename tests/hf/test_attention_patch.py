@@ -15,7 +15,7 @@ transformers = pytest.importorskip(
 
 import posenc  # noqa: E402
 from posenc.errors import ConfigError, PosencError  # noqa: E402
-from tests.hf.test_patch import LMAX, TINY, build, close, logits  # noqa: E402
+from posenc_tiny_hf import TINY, build, close, logits  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma3_text"]
 T = 40  # longer than LMAX = 32
