@@ -7,7 +7,9 @@ The tasks' own scoring (perplexity, copy, passkey) lives with each task in posen
 from __future__ import annotations
 
 from posenc.errors import ConfigError
-from posenc.extensions import ExtensionSpec, FitContext, MethodConfig, get_method, method_config
+from posenc.extensions import ExtensionSpec, FitContext, MethodConfig, attention_rule, get_method, method_config
+from posenc.extensions.attention.rules import AttentionRule
+from posenc.extensions.attention.scheme import RuleScheme
 from posenc.rope.config import load_rope_config
 from posenc.rope.scaling import frequency_bands
 
@@ -23,12 +25,15 @@ def lab_spec(method: str, scheme, factor: float, train_len: int) -> ExtensionSpe
                          theta=rc.theta, head_dim=rc.head_dim)
 
 
-def extension_config(method: str, model, factor: float, train_len: int, fit: FitContext | None = None
-                     ) -> MethodConfig:
+def extension_config(method: str, model, factor: float, train_len: int, fit: FitContext | None = None,
+                     options: dict | None = None) -> MethodConfig | AttentionRule:
     """The config ``method`` gives ``model`` (a method with ``fit`` computes it from the model and ``fit``'s data;
-    what it reports besides the scaling goes into the config's ``details``)."""
-    spec = lab_spec(method, model.scheme, factor, train_len)
+    what it reports besides the scaling goes into the config's ``details``); for a method of kind "attention",
+    its AttentionRule. ``options``: the method's own (--extension-options)."""
+    spec = lab_spec(method, plain_scheme(model.scheme), factor, train_len)
     m = get_method(method, "extensions")
+    if m.changes_attention:
+        return attention_rule(method, spec, **(options or {}))
     if m.fit is not None:
         if fit is None:
             raise ConfigError(f"extension method {method!r} computes its config from the trained model and data; "
@@ -36,19 +41,32 @@ def extension_config(method: str, model, factor: float, train_len: int, fit: Fit
         out = m.fit(spec, fit)
         scaling, details = out if isinstance(out, tuple) else (out, None)
         return method_config(method, spec, scaling=scaling, details=details)
-    return method_config(method, spec)
+    return method_config(method, spec, **(options or {}))
 
 
-def apply_extension(model, config: MethodConfig | None) -> None:
-    """Switch the model's RoPE to ``config`` (None: back to plain RoPE)."""
-    if config is None:
+def plain_scheme(scheme):
+    """The RoPE scheme itself, under whatever attention rule wraps it."""
+    return scheme.base if isinstance(scheme, RuleScheme) else scheme
+
+
+def apply_extension(model, config: MethodConfig | AttentionRule | None) -> None:
+    """Switch the model's RoPE to ``config`` (None: back to plain RoPE); an AttentionRule keeps the plain
+    frequencies and wraps the scheme so that attention runs the rule."""
+    model.scheme = plain_scheme(model.scheme)
+    if isinstance(config, AttentionRule):
+        model.scheme.set_rope_scaling(None)
+        model.scheme = RuleScheme(model.scheme, config)
+    elif config is None:
         model.scheme.set_rope_scaling(None)
     else:
         model.scheme.set_rope_scaling(config.scaling, max_position_embeddings=config.max_position_embeddings)
 
 
 def band_counts(scheme, seq_len: int | None = None) -> dict | None:
-    """Pairs kept / blended / interpolated for the scheme's current scaling (YaRN, Llama 3, ...), if known."""
+    """Pairs kept / blended / interpolated for the scheme's current scaling (YaRN, Llama 3, ...), if known; for an
+    attention rule, what it keeps ({"keeps": "exact within 32, grouped by 4 beyond"})."""
+    if isinstance(scheme, RuleScheme):
+        return {"keeps": scheme.rule.keeps}
     try:
         bands = frequency_bands(scheme.rope_config, seq_len=seq_len)
     except (ValueError, KeyError, TypeError, NotImplementedError):

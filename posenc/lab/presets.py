@@ -72,6 +72,8 @@ class LabConfig:
     sliding_tokens: int = 49152  # = eval_tokens (get_preset keeps them equal): both protocols score one text
     extensions: list = field(default_factory=lambda: ["linear", "ntk", "dynamic", "yarn", "llama3"])
     extended_schemes: list = field(default_factory=lambda: ["rope"])  # models evaluated under the extensions
+    # per-method options, "method.option" -> value (e.g. {"self-extend.window": 32}); a method's write() receives them
+    extension_options: dict = field(default_factory=dict)
     # randomized positions (Ruoss et al. 2023): train on a sorted random subset of 0..N-1 (0: off)
     randomized_positions: int = 0
     randomized_schemes: list = field(default_factory=list)  # empty: every scheme; else these, besides plain ones
@@ -116,6 +118,7 @@ class LabConfig:
             check_scheme(s, "schemes" if s in self.schemes else "extended_schemes")
         for e in self.extensions:
             get_method(e, "extensions")
+        self.method_options(None)
         self.model.validate()
         even_int(self.model.head_dim, "d_model / n_heads (the head dim)", error=ConfigError)
         for name, limit in SIZE_LIMITS.items():  # sizes no lab run needs, which would only exhaust memory
@@ -180,6 +183,25 @@ class LabConfig:
         """Training steps of ``scheme``'s models: ``train.steps`` x its ``scheme_step_scale`` entry (default 1),
         rounded to the nearest step."""
         return scaled_steps(self.train.steps, self.scheme_step_scale.get(scheme, 1.0))
+
+    def method_options(self, method: str | None) -> dict:
+        """The options --extension-options gives ``method`` ({option: value}); None: check them all (each key is
+        "method.option" for a listed method and one of its options) and return {}."""
+        if not isinstance(self.extension_options, dict):
+            raise ConfigError(f"extension_options: expected method.option=value pairs, got {self.extension_options!r}")
+        out: dict = {}
+        for key, value in self.extension_options.items():
+            name, dot, option = str(key).partition(".")
+            if method is None:
+                if not dot or name not in self.extensions:
+                    raise ConfigError(f"extension_options: expected method.option=value with a method of "
+                                      f"--extensions ({', '.join(self.extensions) or 'none'}), got {key!r}")
+                if option not in get_method(name).options:
+                    raise ConfigError(f"extension_options: {name} takes no option {option!r} (options: "
+                                      f"{', '.join(get_method(name).options) or 'none'})")
+            elif name == method:
+                out[option] = value
+        return out
 
     def _check_schemes(self) -> None:
         """What would otherwise fail only after a model has trained: each scheme is built once with its options

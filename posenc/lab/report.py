@@ -134,7 +134,8 @@ def write_report(doc: dict, out: Path) -> Path:
     lines += ["", "## Results", "", main_table(doc), "",
               "Notes: `n/a (table = N)`: a learned position table has no row past its training length, so the model "
               "cannot run there (nothing is clamped). `bands k/b/i`: rotary pairs kept / blended / interpolated by "
-              "the method at this head dimension. Dynamic NTK uses transformers' formula with factor 1, i.e. the "
+              "the method at this head dimension; for an attention method (Self-Extend, ReRoPE, Dual Chunk, sinks) the "
+              "cell says which distances it keeps exact and what it does beyond. Dynamic NTK uses transformers' formula with factor 1, i.e. the "
               "static NTK base for exactly (length / train length) at each length.", ""]
     for name in plots:
         lines += [f"![{name}]({name})", ""]

@@ -366,7 +366,7 @@ def evaluate_extensions(run: Run, model: TinyLM, unit: Unit, curves: dict, info:
     configs = {}
     for method in cfg.extensions:
         t0, c0 = time.perf_counter(), time.process_time()
-        configs[method] = extension_config(method, model, cfg.factor, cfg.train_len, fit)
+        configs[method] = extension_config(method, model, cfg.factor, cfg.train_len, fit, cfg.method_options(method))
         if get_method(method).fit is not None:
             info.setdefault("fit", {})[method] = {"wall_s": round(time.perf_counter() - t0, 2),
                                                   "cpu_s": round(time.process_time() - c0, 2),
@@ -378,7 +378,7 @@ def evaluate_extensions(run: Run, model: TinyLM, unit: Unit, curves: dict, info:
         rows += evaluate(run, Evaluation(run, model, task, scheme, method, seed=seed, bands=bands, curves=curves))
     apply_extension(model, None)
     if cfg.finetune_steps:
-        for method in ["none"] + list(cfg.extensions):
+        for method in ["none"] + [m for m in cfg.extensions if not get_method(m).changes_attention]:
             ft_rows, ft_info = finetune(run, model, unit, method, configs.get(method), curves)
             info.setdefault("finetune", {})[method] = ft_info
             rows += ft_rows

@@ -49,6 +49,8 @@ def bands_cell(row: dict) -> str:
     b = row.get("bands")
     if not b:
         return ""
+    if "keeps" in b:  # an attention method: what it keeps instead of frequency bands
+        return str(b["keeps"])
     keys = [k for k in ("kept", "blended", "interpolated") if k in b]
     return "/".join(str(b[k]) for k in keys) if keys else ""
 

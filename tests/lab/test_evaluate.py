@@ -18,7 +18,7 @@ def _model(scheme="rope"):
     return TinyLM(ModelConfig(scheme=scheme, d_model=64, n_layers=1, n_heads=2, max_len=128)).eval()
 
 
-@pytest.mark.parametrize("method", [m for m in method_names() if m != "longrope" and METHODS[m].fit is None])
+@pytest.mark.parametrize("method", [m for m in method_names("frequency") if m != "longrope" and METHODS[m].fit is None])
 def test_extension_configs_use_train_length_as_original(method):
     model = _model()
     written = extension_config(method, model, 8.0, 128)
@@ -45,7 +45,7 @@ def test_extensions_need_an_extendable_scheme_and_a_known_method():
     with pytest.raises(ConfigError, match="alibi scheme has no RoPE"):
         extension_config("yarn", _model("alibi"), 8.0, 128)
     with pytest.raises(ConfigError, match="extensions: expected one of"):
-        extension_config("rerope", _model(), 2.0, 128)
+        extension_config("no-such-method", _model(), 2.0, 128)
 
 
 def test_band_counts_cover_every_pair():
@@ -55,6 +55,40 @@ def test_band_counts_cover_every_pair():
     assert sum(bands[k] for k in ("kept", "blended", "interpolated")) == 16  # head_dim 32 -> 16 pairs
     apply_extension(model, extension_config("linear", model, 8.0, 128))
     assert band_counts(model.scheme)["interpolated"] == 16
+
+
+@pytest.mark.parametrize("method", method_names("attention"))
+def test_attention_methods_wrap_the_scheme_and_restore_it(method):
+    """An attention method keeps the plain frequencies and runs its rule: identity at lengths it leaves alone, a
+    different forward past them, its KV-cache decode equals the full forward, and None gives the plain model back."""
+    model = _model()
+    tokens = torch.randint(0, 256, (2, 200), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("qkv.weight"):
+                p.mul_(10)  # sharper attention than the random init's near-uniform one, so positions matter
+        plain = model(tokens)
+        rule = extension_config(method, model, 4.0, 128)
+        apply_extension(model, rule)
+        assert band_counts(model.scheme, 512) == {"keeps": rule.keeps}
+        got = model(tokens)
+        short = min(n for n in range(1, 201) if not rule.identity_for(n)) - 1  # the longest prefix it leaves alone
+        torch.testing.assert_close(got[:, :short], plain[:, :short], rtol=1e-5, atol=1e-5)
+        assert (got[:, -1] - plain[:, -1]).abs().max() > 1e-4
+        cache = model.new_cache()
+        steps = [model(tokens[:, :150], cache)] + [model(tokens[:, t:t + 1], cache) for t in range(150, 200)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), got, rtol=1e-4, atol=1e-4)
+        apply_extension(model, None)
+        assert type(model.scheme).__name__ == "RoPEScheme"
+        assert torch.equal(model(tokens), plain)
+
+
+def test_attention_method_options_reach_the_rule():
+    model = _model()
+    rule = extension_config("self-extend", model, 4.0, 128, options={"group_size": 3, "window": 20})
+    assert (rule.group_size, rule.window) == (3, 20)
+    with pytest.raises(ConfigError, match="takes no option"):
+        extension_config("dca", model, 4.0, 128, options={"window": 3})
 
 
 def test_evaluation_map_keeps_order_and_shows_progress(capsys):

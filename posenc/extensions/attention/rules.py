@@ -166,7 +166,7 @@ class LeakyReRoPE(AttentionRule):
 
     @property
     def keeps(self):
-        return f"exact within {self.window}, compressed {self.leak:g}x beyond"
+        return f"exact within {self.window}, compressed {self.leak:.3g}x beyond"
 
 
 @dataclass(frozen=True)
