@@ -145,19 +145,30 @@ def original_context(model: nn.Module) -> int:
     return int(value)
 
 
+def check_config(config) -> None:
+    """Refuse, before loading, a model type posenc.patch(method=...) does not cover (PosencError naming it)."""
+    from posenc.hf.families import SUPPORTED_MODEL_TYPES
+
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES or model_type == "gpt_neox":
+        covered = sorted({v for k, v in SUPPORTED_MODEL_TYPES.items() if k != "gpt_neox"})
+        raise PosencError(f"methods: attention methods cover {', '.join(covered)}; this model's model_type is "
+                          f"{model_type!r}")
+
+
 def patch_attention(model: nn.Module, method: str, *, target: int | None = None, **options) -> nn.Module:
     """Apply attention method ``method`` (with its options, e.g. group_size / window) to ``model``; see the module
     docstring. target: the length the defaults plan for (default 4x the trained length). Returns ``model``."""
     from posenc.extensions import ExtensionSpec, attention_rule, get_method
-    from posenc.hf.patch import _check_supported, find_rotary, is_patched
+    from posenc.hf.families import check_supported, find_rotary
 
     m = get_method(method, "method")
     if not m.changes_attention:
         raise PosencError(f"method: {method!r} rescales RoPE's frequencies; write it into the config instead "
                           f"(posenc extend CONFIG --method {method}); posenc.patch's method= takes "
                           f"attention methods ({', '.join(n for n in _attention_names())})")
-    _check_supported(model)
-    if is_patched(model) or any(isinstance(x, RuleRotaryEmbedding) for x in model.modules()):
+    check_supported(model)
+    if type(find_rotary(model)[2]).__module__.startswith("posenc."):  # posenc's kernel or a rule already there
         raise PosencError("patch: the model is already patched; posenc.unpatch(model) first")
     if getattr(model.config, "model_type", None) == "gpt_neox":
         raise PosencError("patch: attention methods need a transformers attention function; GPT-NeoX is not covered")

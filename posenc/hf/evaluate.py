@@ -101,6 +101,8 @@ class EvalSettings:
     tasks: list[str] = field(default_factory=lambda: ["lm"])
     methods: list[str] = field(default_factory=lambda: ["none"])   # "none" = the config as it is
     factor: float | None = None             # extension factor for methods other than none
+    # attention methods' options, "method.option" -> value (e.g. {"self-extend.window": 1024})
+    method_options: dict = field(default_factory=dict)
     replace_scaling: bool = False           # allow replacing a scaling the config already has
     config: str | None = None               # a config file to load the model with (e.g. posenc search's output)
     data: str | None = None                 # corpus (lab semantics): None = the CPython stdlib
@@ -151,12 +153,17 @@ class EvalSettings:
         self.options = check_settings(TASK_SETTINGS, self.options)
         if "passkey" in self.tasks and not self.options["passkey_depths"]:
             raise ConfigError("passkey_depths: expected at least one entry, got none")
+        attention = attention_methods(self.methods)
         for m in self.methods:
-            check_config_method(m, "methods", also=("none",))
-        if any(m != "none" for m in self.methods):
+            if m not in attention:
+                check_config_method(m, "methods", also=("none",))
+        self.options_for(None)
+        if any(m != "none" and m not in attention for m in self.methods):
             if self.factor is None:
                 raise ConfigError("factor: extension methods need --factor F (target / original context), e.g. 4")
             check_float(self.factor, "factor", min=1.0, error=ConfigError)
+        elif self.factor is not None and attention:
+            check_float(self.factor, "factor", min=1.0, error=ConfigError)  # the target the rules' defaults plan for
         elif self.factor is not None:
             raise ConfigError(f"factor: {self.factor!r} given, but only extension methods use it and methods is "
                               f"{','.join(self.methods)}: pass --methods with a method (e.g. --methods none,yarn) "
@@ -174,6 +181,35 @@ class EvalSettings:
         check_device(self.device)
         check_attn_implementation(self.attn_implementation)
         return self
+
+    def options_for(self, method: str | None) -> dict:
+        """``method``'s options from method_options ({option: value}); None: check every key ("method.option" for
+        an attention method of ``methods`` and one of its options) and return {}."""
+        from posenc.extensions import get_method
+
+        if not isinstance(self.method_options, dict):
+            raise ConfigError(f"method_options: expected method.option=value pairs, got {self.method_options!r}")
+        out = {}
+        for key, value in self.method_options.items():
+            name, dot, option = str(key).partition(".")
+            if method is None:
+                if not dot or name not in attention_methods(self.methods):
+                    raise ConfigError(f"method_options: expected method.option=value with an attention method of "
+                                      f"--methods, got {key!r}")
+                if option not in get_method(name).options:
+                    raise ConfigError(f"method_options: {name} takes no option {option!r} (options: "
+                                      f"{', '.join(get_method(name).options)})")
+            elif name == method:
+                out[option] = value
+        return out
+
+
+def attention_methods(methods) -> tuple[str, ...]:
+    """The entries of ``methods`` that change attention (kind "attention" in the extension registry): applied to the
+    loaded model by posenc.patch, not written into its config."""
+    from posenc.extensions import METHODS
+
+    return tuple(m for m in methods if m in METHODS and METHODS[m].changes_attention)
 
 
 # ---- checks made before anything is loaded ----------------------------------------------------------------------
@@ -593,8 +629,13 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     # already there without --replace, per-layer RoPE) is refused now, not after the earlier methods have run
     from posenc.hf.scaling import extend_for_factor
 
+    attention = attention_methods(s.methods)
     for method in s.methods:
-        if method != "none":
+        if method in attention:
+            from posenc.hf.attention_patch import check_config
+
+            check_config(config)
+        elif method != "none":
             extend_for_factor(config.to_dict(), method, s.factor, replace=s.replace_scaling)
     t_start = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
@@ -634,10 +675,19 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         if method in meta["timings_s"]:
             continue                     # finished before the interruption (resume)
         t0 = time.perf_counter()
-        model, config, extended = load_causal_lm(model_dir, method=method, factor=s.factor,
+        model, config, extended = load_causal_lm(model_dir, method=None if method in attention else method,
+                                                 factor=s.factor,
                                                  replace_scaling=s.replace_scaling, device=s.device, dtype=s.dtype,
                                                  device_map=s.device_map, attn_implementation=s.attn_implementation,
                                                  config_file=s.config, log=log, progress=progress)
+        rule = None
+        if method in attention:  # kind "attention": the loaded model's attention runs the method's rule
+            from posenc.hf.patch import patch
+
+            base = original_context(config)
+            patch(model, method=method, target=None if s.factor is None or base is None else round(s.factor * base),
+                  **s.options_for(method))
+            rule = next(m.rule for m in model.modules() if hasattr(m, "rule") and hasattr(m, "original"))
         scheme = detect_scheme(config.to_dict())[0]
         scaling = method if method != "none" or s.config is None else config_method(config)
         train_len = extended.original_context if extended else original_context(config)
@@ -647,6 +697,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         meta["methods"][method] = {"scheme": scheme, "original_context": train_len, "position_limit": limit,
                                    "rope_parameters": getattr(config, "rope_parameters", None),
                                    "changes": extended.changes if extended else [],
+                                   "attention_rule": rule and {"name": rule.name, **rule.params(), "keeps": rule.keeps},
                                    "attn_implementation": getattr(model.config, "_attn_implementation", None),
                                    "device_map": getattr(model, "hf_device_map", None)}
         common = dict(model=name)
@@ -904,6 +955,7 @@ def _names(text: str) -> list[str]:
 
 def add_arguments(parser) -> None:
     # the lab's list flags: an empty entry ('96,,192', '') is refused, not skipped; a bad one says what is expected
+    from posenc._settings import parse_options
     from posenc.argtypes import ints
 
     parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer)")
@@ -911,7 +963,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tasks", type=_names, default=["lm"],
                         help="registered tasks, comma-separated (lm, passkey, copy, a plug-in's)")
     parser.add_argument("--methods", type=_names, default=["none"],
-                        help="none and/or extension methods written into the config (linear,ntk,dynamic,yarn,...)")
+                        help="none and/or extension methods: written into the config (linear,ntk,dynamic,yarn,...) "
+                             "or applied to attention by posenc.patch (self-extend,rerope,leaky-rerope,dca,sinks)")
+    parser.add_argument("--method-options", type=parse_options, default={},
+                        help="attention methods' options, method.option=value,... (e.g. "
+                             "self-extend.group_size=8,self-extend.window=1024,sinks.n_sink=4)")
     parser.add_argument("--factor", type=float, default=None, help="extension factor (target / original context)")
     parser.add_argument("--replace", action="store_true", help="replace a rope scaling the config already has")
     parser.add_argument("--config", default=None,
@@ -921,7 +977,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
     parser.add_argument("--sliding-lens", type=ints, default=[], help="lengths for the sliding protocol")
     # the settings registered tasks declare (--passkey-depths, --passkey-trials, ...): one flag each, as in posenc lab
-    from posenc._settings import add_setting_flags, parse_options
+    from posenc._settings import add_setting_flags
     from posenc.lab.tasks.registry import TASK_SETTINGS
 
     add_setting_flags(parser, TASK_SETTINGS)
@@ -967,7 +1023,8 @@ def run(args) -> int:
     options = dict(args.task_options or {})
     options.update({name: getattr(args, name) for name in TASK_SETTINGS if getattr(args, name, None) is not None})
     settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
-                            replace_scaling=args.replace, config=args.config, data=args.data,
+                            method_options=args.method_options, replace_scaling=args.replace, config=args.config,
+                            data=args.data,
                             eval_tokens=args.eval_tokens,
                             sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens, options=options,
                             seed=args.seed, device=args.device, dtype=args.dtype, device_map=args.device_map,

@@ -39,15 +39,7 @@ import torch
 from torch import nn
 
 from posenc.errors import PosencError
-
-# model_type -> families whose attention calls the modelling file's apply_rotary_pos_emb(q, k, cos, sin) with
-# cos/sin from model.rotary_emb (transformers 5). Others are refused: their rotary code differs (interleaved
-# GPT-J/CodeGen, multimodal M-RoPE, DeepSeek's complex form, per-layer NoPE, ...).
-SUPPORTED_MODEL_TYPES = {
-    "llama": "Llama", "mistral": "Mistral", "mixtral": "Mixtral", "qwen2": "Qwen2", "qwen2_moe": "Qwen2-MoE",
-    "qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "phi3": "Phi-3", "gemma": "Gemma", "gemma2": "Gemma 2",
-    "gemma3_text": "Gemma 3 (text)", "gpt_neox": "GPT-NeoX",
-}
+from posenc.hf.families import SUPPORTED_MODEL_TYPES, check_supported, find_rotary  # noqa: F401 (re-exported)
 
 _lock = threading.Lock()
 # modelling module name -> (transformers' apply_rotary_pos_emb, WeakSet of live patched wrappers)
@@ -147,28 +139,6 @@ class PosencRotaryEmbedding(nn.Module):
         return table, table
 
 
-def find_rotary(model: nn.Module, what: str = "patch") -> tuple[nn.Module, str, nn.Module]:
-    """-> (parent module, attribute name, rotary module) of the model's single ``rotary_emb`` (transformers 5
-    decoders compute cos/sin there once per forward). ``what`` names the caller in the error."""
-    found = [(name, module) for name, module in model.named_modules() if name.rsplit(".", 1)[-1] == "rotary_emb"]
-    if len(found) != 1:
-        raise PosencError(f"{what}: {type(model).__name__} has {len(found)} modules named rotary_emb; expected one "
-                          "(a text decoder of a supported family)")
-    name, module = found[0]
-    parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-    return parent, name.rsplit(".", 1)[-1], module
-
-
-def _check_supported(model: nn.Module) -> None:
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        families = ", ".join(sorted(set(SUPPORTED_MODEL_TYPES.values())))
-        raise PosencError(f"patch: {type(model).__name__} (model_type {model_type!r}) is not supported; posenc.patch "
-                          f"knows {families}, whose attention applies RoPE through the modelling file's "
-                          "apply_rotary_pos_emb(q, k, cos, sin) with cos/sin from model.rotary_emb")
-
-
 def _install_dispatcher(module_name: str, wrapper: PosencRotaryEmbedding) -> None:
     """Make module_name.apply_rotary_pos_emb route RopeTables to posenc (once per module)."""
     module = sys.modules.get(module_name) or importlib.import_module(module_name)
@@ -234,7 +204,7 @@ def patch(model: nn.Module, method: str | None = None, **options) -> nn.Module:
         raise PosencError(f"patch: options {', '.join(sorted(options))} need method=... (an attention method)")
     if is_patched(model):
         return model
-    _check_supported(model)
+    check_supported(model)
     parent, attr, rotary = find_rotary(model)
     wrapper = PosencRotaryEmbedding(rotary)
     _install_dispatcher(type(rotary).__module__, wrapper)

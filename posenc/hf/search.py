@@ -120,7 +120,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     from posenc._atomic import check_writable_folder
     from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device,
                                     check_model_files, load_causal_lm, load_tokenizer, model_files)
-    from posenc.hf.patch import find_rotary
+    from posenc.hf.families import find_rotary
     from posenc.search.fitness import perplexity_fitness
     from posenc._fingerprint import file_fingerprint, tensor_fingerprint
     from posenc.search.longrope import LongRopeSettings, is_search_checkpoint, longrope_search

@@ -95,7 +95,7 @@ FLAGS = [
     ("--sliding-tokens", "sliding_tokens", int, "tokens scored per sliding-window length"),
     ("--extensions", "extensions", _names,
      "extension methods (frequency scaling or attention) evaluated on the extended schemes' models (or none); registered: {methods}"),
-    ("--extension-options", "extension_options", _options,
+    ("--extension-options", "extension_options", parse_options,
      "per-method options, method.option=value,... (e.g. self-extend.group_size=4,self-extend.window=32,dca.chunk_size=96)"),
     ("--extended-schemes", "extended_schemes", _names, "schemes whose models get the extension methods (default rope)"),
     ("--randomized-positions", "randomized_positions", int,

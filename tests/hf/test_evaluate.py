@@ -15,6 +15,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers runs the models)")
 
+import posenc  # noqa: E402
 from posenc.errors import ConfigError  # noqa: E402
 from posenc.hf.evaluate import (EvalSettings, eval_main, evaluate_model, load_causal_lm, logits_model,  # noqa: E402
                                 passkey_chars, token_stream)
@@ -228,3 +229,26 @@ def test_eval_command_writes_the_labs_outputs(exported, text_file, tmp_path, cap
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert eval_main([str(tmp_path / "missing")]) == 2
     assert "posenc eval: error: model " in capsys.readouterr().err
+
+
+def test_attention_methods_are_patched_onto_the_loaded_model(tmp_path, text_file):
+    """--methods self-extend,sinks with --method-options: each row is the patched model's perplexity (the same number
+    a hand-patched model gives window by window); identity-range lengths equal 'none'."""
+    model = tiny_hf("llama", tmp_path)
+    s = EvalSettings(eval_lens=[16, 96], methods=["none", "self-extend", "sinks"], data=text_file, eval_tokens=600,
+                     sliding_stride=0, method_options={"self-extend.group_size": 3, "self-extend.window": 20,
+                                                       "sinks.window": 24})
+    doc = evaluate_model(str(tmp_path), s, progress=False)
+    ppl = {(r["scaling"], r["eval_len"]): r["value"] for r in doc["results"] if r["metric"] == "ppl"}
+    val, _ = validation_bytes(text_file)
+    for method, opts in (("self-extend", dict(group_size=3, window=20)), ("sinks", dict(window=24))):
+        assert ppl[(method, 16)] == pytest.approx(ppl[("none", 16)], rel=1e-5)  # 16 tokens: inside the window
+        patched = posenc.patch(tiny_hf("llama", tmp_path / method), method=method, **opts)
+        assert ppl[(method, 96)] == pytest.approx(brute_force_ppl(patched, val, 96, 600), rel=1e-5)
+        assert ppl[(method, 96)] != pytest.approx(ppl[("none", 96)], rel=1e-6)
+    assert doc["meta"]["methods"]["self-extend"]["attention_rule"] == {
+        "name": "self-extend", "group_size": 3, "window": 20, "keeps": "exact within 20, grouped by 3 beyond"}
+    with pytest.raises(ConfigError, match="method_options"):
+        EvalSettings(methods=["sinks"], method_options={"dca.chunk_size": 3}).validate()
+    with pytest.raises(ConfigError, match="takes no option"):
+        EvalSettings(methods=["sinks"], method_options={"sinks.group_size": 3}).validate()
