@@ -112,6 +112,17 @@ def _alt(option: str, why_not: str) -> dict[str, str]:
     return {"option": option, "why_not": why_not}
 
 
+def attention_alternatives() -> list[dict[str, str]]:
+    """The registry's attention-changing methods as zero-shot alternatives, each with what it costs at inference:
+    they need no config change but run only where posenc patches the model's attention (docs/attention-extension.md
+    has the lab's measurements)."""
+    from posenc.extensions import METHODS, method_names
+
+    return [_alt(f"{METHODS[n].label} (changes attention: posenc.patch(model, method={n!r}))",
+                 f"not a config edit: the model must run under posenc.patch; costs: {METHODS[n].costs}. "
+                 f"{METHODS[n].note}") for n in method_names("attention")]
+
+
 def _pretrain_theta(context: int) -> tuple[float, str]:
     for limit, theta, who in _THETA_ANCHORS:
         if context <= limit:
@@ -507,6 +518,7 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
                                  "(`posenc search`); it then beats the fixed methods at the searched length: "
                                  + EVIDENCE["lab_longrope"]),
                 _alt("ALiBi", "needs pretraining from scratch"),
+                *attention_alternatives(),
             ],
             config_snippet=_snippet("dynamic", L, T, theta, lmax),
             notes=notes + ["keep max_position_embeddings at the original context: dynamic NTK scales relative to "
