@@ -158,3 +158,44 @@ def test_registry_kind_and_validation():
         method_config("dca", spec)
     with pytest.raises(ConfigError, match="frequencies"):
         attention_rule("yarn", spec)
+
+
+def test_a_plugin_attention_method_runs_through_the_kind_alone():
+    """A method registered with kind="attention" whose rule is new (a plain sliding window, one mode) is read by
+    attention_rule and run by the kernel with no name known anywhere: it equals SDPA with a banded causal mask."""
+    from posenc.extensions.attention.rules import AttentionRule, Mode, window_mode
+    from posenc.extensions.registry import METHODS, register_method
+
+    class Window(AttentionRule):
+        name = "test-window"
+
+        def __init__(self, window):
+            self.window = window
+
+        def modes(self):
+            return (window_mode("recent", self.window),)
+
+        def identity_for(self, n):
+            return self.window >= n
+
+        keeps = "last window tokens"
+
+    @register_method("test-window", label="window", kind="attention", costs="one pass over the window")
+    def window(spec, *, window: int = 5):
+        return Window(window)
+
+    try:
+        spec = ExtensionSpec(original=32, factor=2.0, rotary_dim=8)
+        rule = attention_rule("test-window", spec, window=6)
+        assert "test-window" in method_names("attention") and isinstance(rule.modes()[0], Mode)
+        q, k, v = qkv(30, dtype=torch.float32)
+        inv = default_inv_freq(8)
+        pos = torch.arange(30, dtype=torch.float64)
+        qr, kr = rotate(q, pos, inv, 1.0, "half"), rotate(k, pos, inv, 1.0, "half")
+        i, j = torch.arange(30)[:, None], torch.arange(30)[None, :]
+        want = F.scaled_dot_product_attention(qr, kr, v, attn_mask=(j <= i) & (i - j < 6), enable_gqa=True)
+        torch.testing.assert_close(rule_attention(q, k, v, rule, inv, block=8), want, rtol=2e-6, atol=2e-6)
+        with pytest.raises(ConfigError, match="attention method takes no fit"):
+            register_method("test-bad", label="bad", kind="attention", fit=lambda spec, ctx: {})
+    finally:
+        METHODS.pop("test-window", None)

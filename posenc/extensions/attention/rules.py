@@ -61,7 +61,7 @@ def _constant(value: float) -> IntFn:
     return lambda x: torch.full(x.shape, float(value), dtype=torch.float64, device=x.device)
 
 
-def _window_mode(name: str, window: int) -> Mode:
+def window_mode(name: str, window: int) -> Mode:
     """Plain RoPE positions for the keys i - window < j <= i."""
     return Mode(name, _same, _same, lambda i: (i - window + 1).clamp(min=0), lambda i: i + 1)
 
@@ -102,7 +102,7 @@ class SelfExtend(AttentionRule):
     def modes(self):
         g, w = self.group_size, self.window
         shift = w - w // g
-        return (_window_mode("neighbour", w),
+        return (window_mode("neighbour", w),
                 Mode("grouped", lambda i: (torch.div(i, g, rounding_mode="floor") + shift).double(),
                      lambda j: torch.div(j, g, rounding_mode="floor").double(),
                      _zeros, lambda i: (i - w + 1).clamp(min=0)))
@@ -131,7 +131,7 @@ class ReRoPE(AttentionRule):
 
     def modes(self):
         w = self.window
-        return (_window_mode("local", w),
+        return (window_mode("local", w),
                 Mode("clamped", _constant(w), lambda j: torch.zeros(j.shape, dtype=torch.float64, device=j.device),
                      _zeros, lambda i: (i - w + 1).clamp(min=0)))
 
@@ -157,7 +157,7 @@ class LeakyReRoPE(AttentionRule):
 
     def modes(self):
         w, k = self.window, float(self.leak)
-        return (_window_mode("local", w),
+        return (window_mode("local", w),
                 Mode("leaky", lambda i: w - w / k + i.double() / k, lambda j: j.double() / k,
                      _zeros, lambda i: (i - w + 1).clamp(min=0)))
 
@@ -224,7 +224,7 @@ class Sinks(AttentionRule):
 
     def modes(self):
         n, w = self.n_sink, self.window
-        recent = _window_mode("recent", w)
+        recent = window_mode("recent", w)
         if n == 0:
             return (recent,)
         return (recent, Mode("sink", lambda i: i.clamp(max=n + w - 1).double(), _same,
