@@ -17,6 +17,8 @@ from posenc.schemes import scheme_names
 SCHEME_PALETTE = ("tab:gray", "tab:orange", "tab:brown", "tab:blue", "tab:green", "tab:purple", "tab:olive",
                   "tab:cyan", "tab:pink", "tab:red", "black", "gold", "navy", "lime", "teal", "maroon")
 METHOD_PALETTE = ("tab:red", "tab:cyan", "tab:olive", "tab:pink", "black", "tab:brown", "tab:purple", "tab:green")
+# methods that change attention (kind "attention") get their own colours, in their own order, and a dash-dot line
+ATTENTION_PALETTE = ("teal", "tab:purple", "tab:orange", "maroon", "gold", "navy", "lime", "tab:green")
 
 
 def _colour(name: str, names: tuple, palette: tuple) -> str | None:
@@ -29,7 +31,10 @@ def style(row: dict) -> dict:
         return dict(color=_colour(row["scheme"], scheme_names(), SCHEME_PALETTE),
                     linestyle=":" if row["finetuned"] else "-." if row.get("positions") else "-", linewidth=2.2,
                     marker="o")
-    return dict(color=_colour(row["scaling"], method_names(), METHOD_PALETTE),
+    if row["scaling"] in method_names("attention"):
+        return dict(color=_colour(row["scaling"], method_names("attention"), ATTENTION_PALETTE), linestyle="-.",
+                    linewidth=1.4, marker="^", markersize=4)
+    return dict(color=_colour(row["scaling"], method_names("frequency"), METHOD_PALETTE),
                 linestyle=":" if row["finetuned"] else "--", linewidth=1.4, marker="s", markersize=4)
 
 
