@@ -100,3 +100,12 @@ def test_padding_is_refused():
     mask[0, :3] = 0
     with pytest.raises(PosencError, match="padding|position ids"), torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
+
+
+def test_bf16_model_under_an_identity_rule_agrees_within_a_rounding():
+    reference = build("llama").to(torch.bfloat16)
+    model = posenc.patch(copy.deepcopy(reference), method="self-extend", group_size=4, window=T)
+    got, want = logits(model, T), logits(reference, T)
+    assert got.dtype == torch.bfloat16
+    # transformers rotates in bf16 with bf16 cos/sin; posenc rotates in fp32 and rounds once: a few bf16 ulps
+    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=4 * 2 ** -8 * float(want.abs().max()))
