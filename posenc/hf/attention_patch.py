@@ -90,6 +90,9 @@ def rule_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
                           "is not patched with an attention method (call posenc.patch(model, method=...))")
     if softcap is not None:
         raise PosencError("posenc.patch(method=...): attention-logit softcapping (Gemma 2) is not supported")
+    if dropout:
+        raise PosencError(f"posenc.patch(method=...): attention dropout {dropout} is not supported (inference "
+                          "only: call model.eval())")
     t_q, t_k = query.shape[-2], key.shape[-2]
     inv_freq, att_scaling = rotary.frequencies(getattr(module, "layer_type", None))
     positions = rotary.position_ids
