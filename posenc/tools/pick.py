@@ -29,6 +29,10 @@ TASKS = ("lm", "code", "retrieval", "encoder")
 # Evidence: published results cited by paper (author, year, table), transformers' semantics, the spec (docs/lesson.md)
 # and posenc's own lab measurements (docs/lab.md); see docs/picker.md.
 EVIDENCE = {
+    "lab_attention": "posenc lab (docs/attention-extension.md, 3 seeds): on the default preset's model at 8x, "
+                     "Self-Extend 6.86 +- 0.10, Leaky ReRoPE 6.85, ReRoPE 6.93, Dual Chunk 7.06, sinks 6.73 ppl vs "
+                     "YaRN 10.92 and RoPE 15.72 (6.79 at 1x); but passkey retrieval past the trained length stayed "
+                     "at 0-11% for all of them on the passkey preset (sinks: evicted keys are gone by design)",
     "alibi_table2": "Press et al. 2022 (ALiBi), Table 2: trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 "
                     "at 15512, while rotary reaches 79.25 and sinusoidal 406.01",
     "alibi_short_train": ("ALiBi trained at only L=64 still goes 28.46 -> 21.53 at 3072 (Press et al. 2022, "
@@ -502,6 +506,7 @@ def _pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, th
         if task == "retrieval":
             notes.append("long-range retrieval degrades before perplexity does; verify with a passkey test "
                          "(`posenc lab` passkey task) before trusting it")
+        notes.append("the attention-changing methods listed among the alternatives: " + EVIDENCE["lab_attention"])
         return Recommendation(
             scheme="RoPE (existing model)", method="dynamic NTK (zero-shot)",
             parameters={"rope_type": "dynamic", "factor": get_method("dynamic").lab_factor or s,
