@@ -251,7 +251,11 @@ def finite_json(obj) -> tuple[object, int]:
 
 
 def checkpoint_path(out: Path, task: str, scheme: str, seed: int, tag: str = "") -> Path:
-    return out / "checkpoints" / f"{task}-{scheme}{tag}-seed{seed}.safetensors"
+    """out/checkpoints/TASK-SCHEME[TAG]-seedN.safetensors; ConfigError if the names would make it leave ``out``
+    (the registries refuse such names; a plug-in may still write its table directly)."""
+    from posenc._registry import path_under
+
+    return path_under(out, "checkpoints", f"{task}-{scheme}{tag}-seed{seed}.safetensors", what="checkpoint")
 
 
 def throughput(model_cfg, cfg: LabConfig, trained: dict) -> dict:

@@ -451,5 +451,5 @@ def test_a_taken_rope_type_name_needs_replace():
         close(inv, [x / 4 for x in default_list(8, 1e4)])
     finally:
         ROPE_SCALING_FUNCTIONS["linear"] = original
-    with pytest.raises(ConfigError, match="name must be a non-empty string"):
+    with pytest.raises(ConfigError, match="name must be letters"):
         register_rope_type("")
