@@ -264,9 +264,15 @@ def read_config(model_dir: str | os.PathLike, config_file: str | os.PathLike | N
     if not isinstance(data, dict):
         raise ConfigError(f"{label}: expected a JSON object (a transformers config.json), got a JSON "
                           f"{type(data).__name__.replace('dict', 'object')}")
+    from posenc.hf.remote_code import NO_REMOTE_CODE, check_config_code, is_remote_code_refusal, remote_code_error
+
+    check_config_code(data, label)
     try:
-        return AutoConfig.from_pretrained(str(path if config_file is not None else folder), local_files_only=True)
+        return AutoConfig.from_pretrained(str(path if config_file is not None else folder), local_files_only=True,
+                                          **NO_REMOTE_CODE)
     except (ValueError, KeyError, TypeError) as exc:
+        if is_remote_code_refusal(exc):
+            raise remote_code_error(label) from None
         raise ConfigError(f"{label}: transformers does not read it as a model config: {_one_line(exc)}") from None
 
 
@@ -379,6 +385,8 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
         extended = extend_for_factor(config.to_dict(), method, factor, replace=replace_scaling)
         config = type(config).from_dict(extended.config)
     # the loading info is checked below; a shape mismatch is reported there too, not raised by transformers
+    from posenc.hf.remote_code import NO_REMOTE_CODE, is_remote_code_refusal, remote_code_error
+
     kwargs = dict(config=config, dtype=DTYPES[dtype], local_files_only=True, output_loading_info=True,
                   ignore_mismatched_sizes=True)
     if attn_implementation:
@@ -391,9 +399,11 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
             kwargs["device_map"] = "auto"
     try:
         with quiet_transformers(progress):
-            model, info = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs, **NO_REMOTE_CODE)
     except (ValueError, ImportError) as exc:
         text = _one_line(exc)
+        if is_remote_code_refusal(exc):
+            raise remote_code_error(f"model {model_dir}") from None
         if attn_implementation and ("attention" in text.lower() or "attn" in text.lower()):
             raise ConfigError(f"attn_implementation {attn_implementation!r} (--attn-implementation): this model "
                               f"cannot use it here: {text}") from None
@@ -439,9 +449,13 @@ def load_tokenizer(model_dir: str):
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         raise ConfigError(f"model {model_dir}: no tokenizer (expected tokenizer.json or tokenizer_config.json with "
                           "its vocabulary files beside config.json; posenc export writes the byte tokenizer)")
+    from posenc.hf.remote_code import NO_REMOTE_CODE, is_remote_code_refusal, remote_code_error
+
     try:
-        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, **NO_REMOTE_CODE)
     except (ValueError, OSError, KeyError, TypeError) as exc:
+        if is_remote_code_refusal(exc):
+            raise remote_code_error(f"model {model_dir}: its tokenizer") from None
         raise ConfigError(f"model {model_dir}: transformers cannot build its tokenizer: {_one_line(exc)}") from None
 
 

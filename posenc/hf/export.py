@@ -289,7 +289,10 @@ def _check(folder: Path, lab_model, length: int) -> float:
     """Max |hf - lab| / max |lab| of float32 logits on ``length`` pseudo-random bytes (two rows)."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    from posenc.hf.remote_code import NO_REMOTE_CODE
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
+                                              **NO_REMOTE_CODE).eval()
     tokens = torch.randint(0, lab_model.cfg.vocab_size, (2, length), generator=torch.Generator().manual_seed(0))
     want = lab_model(tokens).float()
     got = hf(input_ids=tokens, use_cache=False).logits.float()
@@ -397,7 +400,7 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
 
     sized = limit if a.scheme in ("sinusoidal", "alibi") else None  # memory grows with max_positions
     with _positions_fit(sized, a):
-        hf = AutoModelForCausalLM.from_config(config)
+        hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
         missing, unexpected = hf.load_state_dict(sd, strict=False)
     if missing or unexpected:  # a transformers release that renamed parameters: refuse rather than guess
         raise PosencError(f"export: {type(hf).__name__} of this transformers does not take the mapped weights "
