@@ -165,6 +165,7 @@ def sigterm_raises():
         return
 
     def handler(signum, frame):
+        SIGNAL_SEEN.set()
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, handler)
@@ -174,11 +175,106 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, previous)
 
 
+# Set by posenc's Python-level SIGINT / SIGTERM handlers when they run: the watchdog of ``signals_stop_c_calls``
+# knows from it that the main thread got the signal (and is cleaning up), not stuck inside one long C call.
+SIGNAL_SEEN = None  # a threading.Event, made on first use
+# seconds a signal may wait for the main thread to reach Python before the process ends without cleaning up
+SIGNAL_GRACE_S = 5.0
+
+
+def _signal_seen():
+    global SIGNAL_SEEN
+    if SIGNAL_SEEN is None:
+        import threading
+
+        SIGNAL_SEEN = threading.Event()
+    return SIGNAL_SEEN
+
+
+@contextlib.contextmanager
+def signals_stop_c_calls(prefix: str, grace_s: float | None = None):
+    """Inside this block (main thread only) Ctrl-C and SIGTERM stop the command even inside one long C call.
+
+    Python runs a signal handler only between bytecodes, so a single long torch call (attention over a million
+    tokens, a huge matmul) would hold both signals until it returns -- minutes or hours. A watcher thread learns of
+    each signal at once (``signal.set_wakeup_fd``); when the main thread has not run its handler ``grace_s``
+    seconds later, the watcher prints one line and ends the process (exit 130 for Ctrl-C, 143 for SIGTERM).
+    What was written before (checkpoints, atomic results) stays; nothing is left half-written, since every result
+    file is replaced atomically. A handler that runs in time (the usual case: Python between steps) cleans up as
+    before.
+    """
+    import signal
+    import socket
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    grace = SIGNAL_GRACE_S if grace_s is None else grace_s
+    seen = _signal_seen()
+    seen.clear()
+    reader, writer = socket.socketpair()
+    reader.settimeout(None)
+    writer.setblocking(False)
+    try:
+        previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        reader.close(), writer.close()
+        yield
+        return
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        def on_int(signum, frame):
+            seen.set()
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, on_int)
+
+    def watch():
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum not in (signal.SIGINT, signal.SIGTERM):
+                    continue
+                if seen.wait(grace):
+                    seen.clear()
+                    continue
+                terminated = signum == signal.SIGTERM
+                try:
+                    sys.stderr.write(f"{prefix}: {'terminated' if terminated else 'interrupted'} inside a long "
+                                     f"computation that did not return within {grace:g} s; stopped without "
+                                     "cleaning up (files written before stay)\n")
+                    sys.stderr.flush()
+                finally:
+                    os._exit(143 if terminated else 130)
+
+    watcher = threading.Thread(target=watch, name="posenc-signal-watchdog", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        if signal.getsignal(signal.SIGINT) is not previous_int and previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
+        writer.close()
+        try:
+            reader.close()
+        except OSError:
+            pass
+        watcher.join(timeout=1.0)
+
+
 def _run(prefix: str, fn: Callable[[], int | None], flags: Mapping[str, str] | None = None) -> int:
     from posenc.errors import PosencError
 
     try:
-        status = int(fn() or 0)
+        with signals_stop_c_calls(prefix):
+            status = int(fn() or 0)
         sys.stdout.flush()  # a closed pipe shows up here for short outputs
         return status
     except BrokenPipeError:

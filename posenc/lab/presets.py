@@ -160,6 +160,7 @@ class LabConfig:
         check_choice(self.precision, "precision", PRECISIONS, error=ConfigError)
         device = resolve_device(self.device)  # a bad --device is named here, before any model or relaunch
         check_fits_in_memory(self.model, device)
+        self._check_attention_memory(device)
         self._check_randomized()
         for t in self.tasks:
             get_task(t).check(self)
@@ -169,6 +170,32 @@ class LabConfig:
                                   "use 0 (off) or drop the task")
         self._check_schemes()
         return self
+
+    def longest_sequence(self) -> tuple[str, int]:
+        """(setting, length) of the longest sequence one forward call sees: training, evaluation, sliding windows,
+        or the full-length fine-tune."""
+        lengths = [("train_len", self.train_len), ("eval_lens", max(self.eval_lens))]
+        if self.sliding_lens:
+            lengths.append(("sliding_lens", max(self.sliding_lens)))
+        if self.finetune_steps and self.extensions and any(s in self.schemes for s in self.extended_schemes):
+            lengths.append(("finetune_len", self.finetune_len or max(self.eval_lens)))
+        return max(lengths, key=lambda item: item[1])
+
+    def _check_attention_memory(self, device) -> None:
+        """ConfigError when a scheme that biases the logits would need more memory for one layer's [heads, T, T]
+        float32 bias (+ causal mask) at the longest length than the device has: a lower bound (one row, one
+        layer), checked before training instead of a process ended by the out-of-memory killer mid-run."""
+        name, T = self.longest_sequence()
+        need = ATTENTION_BIAS_BYTES * self.model.n_heads * T * T
+        have = device_memory_bytes(device)
+        if not have or need <= have:
+            return
+        for s in self.schemes:
+            if make_scheme(s, **self.model_config(s).scheme_arguments()).capabilities.biases:
+                raise ConfigError(
+                    f"{name}: the {s} scheme biases the attention logits, which at {T:,} tokens takes at least "
+                    f"{need / 2**30:,.1f} GiB per layer ({self.model.n_heads} heads x {T:,}^2 float32), more than "
+                    f"this {device.type} device's {have / 2**30:.1f} GiB; use shorter lengths or drop the scheme")
 
     def _check_scheme_step_scale(self) -> None:
         if not isinstance(self.scheme_step_scale, dict):
@@ -260,12 +287,18 @@ class LabConfig:
         return {**out.pop("options"), **out}
 
 
-# upper bounds that keep a run's memory bounded (the CLI names the flag): far above any tiny-model experiment
-SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": 2**20, "eval_lens": 2**20, "sliding_lens": 2**20,
-               "finetune_len": 2**20, "batch_size": 2**16, "threads": 4096, "jobs": 4096, "eval_tokens": 2**30,
-               "sliding_tokens": 2**30, "steps": 2**31,
+# upper bounds that keep a run's memory and time bounded (the CLI names the flag): far above any tiny-model
+# experiment. Sequence lengths: attention's work grows with T^2, and one attention call at 2^20 tokens (d_model 32,
+# one layer, one row) did not finish in 11 minutes on a CPU core; 2^17 keeps one call to seconds-minutes.
+MAX_SEQUENCE = 2**17
+SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": MAX_SEQUENCE, "eval_lens": MAX_SEQUENCE,
+               "sliding_lens": MAX_SEQUENCE, "finetune_len": MAX_SEQUENCE, "batch_size": 2**16, "threads": 4096,
+               "jobs": 4096, "eval_tokens": 2**30, "sliding_tokens": 2**30, "steps": 2**31,
                "check_every": 2**31, "mlp_ratio": 256, "randomized_positions": 2**20}
 
+
+# a bias scheme's float32 [heads, T, T] logit bias and the causal mask added to it: 2 tensors of 4 bytes
+ATTENTION_BIAS_BYTES = 8
 
 # weights, gradients and Adam's two moments, all float32: what training holds per weight before any activation
 TRAINING_BYTES_PER_WEIGHT = 16
