@@ -320,7 +320,7 @@ def run_group(args, seq: int, mode: str, threads: int, variants: list[str], memo
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="S=1024, one thread count, 1 round (smoke test)")
     p.add_argument("--seq", type=int, nargs="+", default=[2048, 8192], help="sequence lengths")
     p.add_argument("--mode", nargs="+", choices=("causal", "bidirectional"), default=["causal", "bidirectional"])

@@ -52,7 +52,7 @@ SHAPES = {"train": (8, 4, 128, 16, 128, True), "eval": (32, 4, 512, 16, 128, Fal
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--min-run-time", type=float, default=1.0)
     ap.add_argument("--out", default=os.path.join(RESULTS_DIR, "biases-cpu.json"))

@@ -103,7 +103,7 @@ def measure(device: str, nproc: int, threads: int, steps: int, warmup: int) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer timed steps")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

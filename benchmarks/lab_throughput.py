@@ -191,7 +191,7 @@ def profile_steps(cfg, run, task, option: str, n_steps: int = 3) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", default="default,copy", help="comma list of lab presets (default: default,copy)")
     p.add_argument("--options", default=",".join(OPTIONS), help="comma list of: " + ",".join(OPTIONS))
     p.add_argument("--threads", default="1", help="comma list of thread counts (default 1)")

@@ -75,7 +75,7 @@ def _iqr(xs: list[float]) -> list[float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--intermediate", type=int, default=1376, help="MLP width (Llama's ~8/3 x hidden)")
     p.add_argument("--layers", type=int, default=8)

@@ -383,7 +383,7 @@ def set_malloc_regime(regime: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller shapes and short timing (a smoke run)")
     p.add_argument("--shapes", default="decode,prefill,long", help="comma list of: " + ",".join(SHAPES))
     p.add_argument("--dtypes", default="fp32,bf16", help="comma list of: " + ",".join(DTYPES))

@@ -38,7 +38,7 @@ def registers(cubin: bytes) -> int | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
     args = p.parse_args(argv)
     if triton_rope.triton is None:

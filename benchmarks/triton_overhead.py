@@ -63,7 +63,7 @@ def binder_us(q, k, pos, outs, calls: int) -> float | str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=20000)
     args = p.parse_args(argv)
     try:

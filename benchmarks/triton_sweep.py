@@ -29,7 +29,7 @@ CHOICES = [(2048, 8), (2048, 16), (4096, 16), (4096, 32), (8192, 16), (8192, 32)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="long,prefill")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--layouts", default="half,interleaved")

@@ -39,7 +39,15 @@ OPTIONAL_PACKAGES = {"transformers": "hf", "tokenizers": "hf", "rotary_embedding
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error: "posenc lab: error: argument --steps: invalid int value: 'x' (see ...)"."""
+    """argparse with a one-line error: "posenc lab: error: argument --steps: invalid int value: 'x' (see ...)".
+
+    No abbreviations (``allow_abbrev=False``, for every command and subcommand: subparsers are this class too):
+    ``posenc search MODEL --out x`` must not be taken as ``--out-config x``, and a flag added later must not change
+    what an existing command line means."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USER, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
