@@ -89,10 +89,9 @@ def load_factor_list(value, name: str, n_pairs: int) -> list[float]:
         path = Path(value)
         if not path.exists():
             raise FileNotFoundError(f"{name} file not found: {path}")
-        try:
-            value = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{name} file {path} is not valid JSON: {exc.msg}") from None
+        from posenc._json import loads
+
+        value = loads(path.read_text(encoding="utf-8"), f"{name} file {path}")
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"{name} must be a JSON list of positive numbers, got {str(value)[:80]}")
     if len(value) != n_pairs:

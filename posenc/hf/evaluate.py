@@ -257,10 +257,13 @@ def read_config(model_dir: str | os.PathLike, config_file: str | os.PathLike | N
         path, label = Path(config_file), f"config {config_file} (--config)"
         if not path.is_file():
             raise FileNotFoundError(f"config {config_file}: no such config file")
+    from posenc._json import loads
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"{label}: not a JSON file ({_one_line(exc)}); expected a transformers config") from None
+    data = loads(text, label)
     if not isinstance(data, dict):
         raise ConfigError(f"{label}: expected a JSON object (a transformers config.json), got a JSON "
                           f"{type(data).__name__.replace('dict', 'object')}")
@@ -1075,8 +1078,10 @@ def read_interrupted(out_dir: str | None, overwrite: bool = False) -> dict:
         raise ConfigError("resume (--resume) and overwrite (--overwrite) contradict each other: --resume keeps the "
                           "finished methods, --overwrite runs them again; pass one")
     path = Path(out_dir) / "results.json"
+    from posenc._json import loads
+
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = loads(path.read_text(encoding="utf-8"), f"resume (--resume): {path}")
     except FileNotFoundError:
         raise ConfigError(f"resume (--resume): {out_dir} holds no results.json, so no eval to continue; run "
                           "without --resume") from None

@@ -80,7 +80,11 @@ def _reserved(source: Path, given: int | None) -> int:
     settings = LabConfig().to_dict()
     results = source / "results.json" if source.is_dir() else source.parent.parent / "results.json"
     if results.exists():
-        settings = json.loads(results.read_text(encoding="utf-8")).get("meta", {}).get("settings", settings)
+        from posenc._json import loads
+
+        doc = loads(results.read_text(encoding="utf-8"), f"run results {results}")
+        meta = doc.get("meta") if isinstance(doc, dict) else None
+        settings = meta.get("settings", settings) if isinstance(meta, dict) else settings
     from posenc.perplexity import evaluation_prefix
 
     return evaluation_prefix(settings)

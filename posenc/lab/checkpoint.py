@@ -23,6 +23,7 @@ import torch
 
 from posenc.errors import CheckpointError
 from posenc._atomic import atomic_path
+from posenc._json import loads
 
 FORMAT = "posenc-lab-checkpoint/1"
 
@@ -82,9 +83,9 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict]:
                               "damaged); delete it (or run without --resume) to retrain that model")
     try:
         meta["step"] = int(meta["step"])
-        meta["param_groups"] = json.loads(meta["param_groups"])
-        meta["settings"] = json.loads(meta["settings"])
-    except (KeyError, ValueError) as exc:
+        meta["param_groups"] = loads(meta["param_groups"], f"checkpoint {path}: metadata", error=CheckpointError)
+        meta["settings"] = loads(meta["settings"], f"checkpoint {path}: metadata", error=CheckpointError)
+    except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path}: corrupt metadata ({exc})") from None
     train = meta["settings"].get("train") if isinstance(meta["settings"], dict) else None
     total = train.get("steps") if isinstance(train, dict) else None

@@ -256,13 +256,9 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raise ConfigError(f"config file not found: {str(path)!r}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"config file {str(path)!r} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ConfigError(f"config file {str(path)!r} nests JSON objects / lists too deeply to read "
-                          "(a config.json is a few levels deep)") from None
+    from posenc._json import loads
+
+    data = loads(text, f"config file {str(path)!r}")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data

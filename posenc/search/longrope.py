@@ -174,9 +174,11 @@ class LongRopeResult:
 
 def is_search_checkpoint(path: str | Path) -> bool:
     """True if ``path`` is a JSON file in this module's checkpoint format."""
+    from posenc._json import loads
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = loads(Path(path).read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, PosencError):
         return False
     return isinstance(data, dict) and data.get("format") == CHECKPOINT_FORMAT
 
@@ -477,10 +479,13 @@ class _Search:
             "wall_s": self.wall_s, "result": self.result})
 
     def _load(self, path: Path) -> None:
+        from posenc._json import loads
+
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"cannot read search checkpoint {str(path)!r}: {exc}") from None
+        data = loads(text, f"search checkpoint {str(path)!r}", error=CheckpointError)
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{str(path)!r} is not a LongRoPE search checkpoint ({CHECKPOINT_FORMAT})")
         if data.get("search") != self._identity():
