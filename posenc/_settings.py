@@ -108,6 +108,8 @@ def parse_options(text: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise argparse.ArgumentTypeError(f"expected key=value pairs separated by commas, got {item!r}")
+        if key.strip() in out:   # two values for one key: refuse rather than keep one of them silently
+            raise argparse.ArgumentTypeError(f"{key.strip()} is given more than once; give each key once")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

@@ -309,8 +309,25 @@ def _run(prefix: str, fn: Callable[[], int | None], flags: Mapping[str, str] | N
     except MemoryError:
         print(f"{prefix}: error: out of memory (use smaller sizes or lengths)", file=sys.stderr)
         return EXIT_BUG
-    except Exception as exc:  # a bug: say so, and keep the traceback for the report
+    except SystemExit as exc:  # sys.exit() in a plug-in's hook: name it; posenc's own exits pass through
+        blamed = _plugin_fault(exc)
+        if blamed is None:
+            raise
+        print(f"{prefix}: error: {blamed}", file=sys.stderr)
+        return EXIT_USER
+    except Exception as exc:  # a bug (posenc's, or a plug-in's: then named), and keep the traceback for the report
+        blamed = _plugin_fault(exc)
+        if blamed is not None:
+            path = save_traceback(exc)
+            print(f"{prefix}: error: {blamed}" + (f"; traceback saved to {path}" if path else ""), file=sys.stderr)
+            return EXIT_USER
         return _report_bug(prefix, exc)
+
+
+def _plugin_fault(exc: BaseException) -> str | None:
+    """posenc.plugins.plugin_fault, when plug-ins were loaded (no import otherwise)."""
+    plugins = sys.modules.get("posenc.plugins")
+    return plugins.plugin_fault(exc) if plugins is not None else None
 
 
 def _report_bug(prefix: str, exc: BaseException) -> int:

@@ -67,7 +67,7 @@ class AttentionTemperature(nn.Module):
     def __init__(self, *, floor_scale: float = 8192, attn_scale: float = 0.1):
         super().__init__()
         self.floor_scale = check_float(floor_scale, "floor_scale", positive=True)
-        self.attn_scale = check_float(attn_scale, "attn_scale")
+        self.attn_scale = check_float(attn_scale, "attn_scale", min=0.0)
 
     def forward(self, q: torch.Tensor, positions) -> torch.Tensor:
         return apply_attention_temperature(q, positions, floor_scale=self.floor_scale, attn_scale=self.attn_scale)

@@ -73,8 +73,64 @@ def load_plugin(spec: str):
         raise PluginError(f"plugin {where}: import failed: {type(exc).__name__}: {exc}") from None
     except SyntaxError as exc:
         raise PluginError(f"plugin {where}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    except SystemExit as exc:  # sys.exit() / exit() at import: the run would end with nothing done
+        raise PluginError(f"plugin {where}: called sys.exit({exc.code!r}) while being imported; a plug-in must "
+                          "only define and register (posenc ran nothing)") from None
     except Exception as exc:  # whatever the user's code raises on import
         raise PluginError(f"plugin {where}: import failed: {type(exc).__name__}: {exc}") from None
+
+
+def _plugin_files() -> dict[str, str]:
+    """Resolved source file -> the plug-in spec, for every plug-in loaded (files and modules)."""
+    files = {}
+    for name, spec in LOADED.items():
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None) or (spec if spec.endswith(".py") else None)
+        if path:
+            files[str(Path(path).resolve())] = spec
+    return files
+
+
+def _registered_by(path: str) -> list[str]:
+    """"scheme 'mine'", "task 'reverse'", ... registered from the file ``path``."""
+    from posenc.extensions.registry import METHODS
+    from posenc.lab.tasks.registry import TASKS
+    from posenc.rope.registry import ROPE_SCALING_FUNCTIONS
+    from posenc.schemes.registry import SCHEMES
+
+    names = []
+    for kind, table in (("scheme", SCHEMES), ("extension method", METHODS), ("task", TASKS),
+                        ("rope type", ROPE_SCALING_FUNCTIONS)):
+        for name, entry in table.items():
+            origin = getattr(entry, "origin", "")
+            if origin and str(Path(origin).resolve()) == path:
+                names.append(f"{kind} {name!r}")
+    return names
+
+
+def plugin_fault(exc: BaseException) -> str | None:
+    """When ``exc`` was raised inside a loaded plug-in's code: one line naming the plug-in file, what it
+    registered, the hook posenc called (the plug-in's outermost function on the stack) and the line that raised;
+    else None (the fault is posenc's, or the input's)."""
+    files = _plugin_files()
+    if not files:
+        return None
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((str(Path(tb.tb_frame.f_code.co_filename).resolve()), tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    ours = [f for f in frames if f[0] in files]
+    if not ours:
+        return None
+    path, _, hook = ours[0]
+    line = ours[-1][1]
+    names = _registered_by(path)
+    what = f" ({', '.join(names)})" if names else ""
+    text = " ".join(str(exc).split())[:240]
+    raised = "called sys.exit" if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}"
+    return (f"plugin {files[path]}{what}: {hook}() {raised}{': ' + text if text else ''} (line {line} of "
+            f"{Path(path).name}); this is a fault in the plug-in, not in posenc or your settings")
 
 
 def load_plugins(specs: Iterable[str]) -> list:

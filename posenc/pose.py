@@ -23,6 +23,8 @@ import torch
 from posenc._validate import check_int, positive_int
 from posenc.errors import PosencError
 
+MAX_TARGET = 2**30  # = posenc.tools.contexts.MAX_CONTEXT (not imported: that module pulls in the scaling registry)
+
 
 def pose_chunks(batch: int, train_length: int, target_length: int, *, chunks: int = 2,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +33,9 @@ def pose_chunks(batch: int, train_length: int, target_length: int, *, chunks: in
     target_length - train_length. Chunk i covers positions st_i + biases[:, i] + (0 .. lengths[:, i] - 1)."""
     batch = positive_int(batch, "batch")
     train_length = positive_int(train_length, "train_length")
-    target_length = check_int(target_length, "target_length", min=train_length)
+    # at most 2^30 (posenc.tools.contexts.MAX_CONTEXT, the longest context posenc reads from a config): beyond
+    # it the float64 draw below cannot reach every skip, and no position table or fp32 angle is exact anyway
+    target_length = check_int(target_length, "target_length", min=train_length, max=MAX_TARGET)
     chunks = check_int(chunks, "chunks", min=1, max=train_length)
     # N - 1 distinct cut points, uniform over {1, ..., L_c - 1}: every composition into N parts is equally likely
     if chunks > 1:

@@ -22,7 +22,7 @@ def attention_temperature(positions, *, floor_scale: float = 8192, attn_scale: f
     values equal Llama 4's bit for bit.
     """
     floor_scale = check_float(floor_scale, "floor_scale", positive=True)
-    attn_scale = check_float(attn_scale, "attn_scale")
+    attn_scale = check_float(attn_scale, "attn_scale", min=0.0)  # below 0 the temperature falls through 0
     positions = as_positions(positions)
     if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
         # log1p(floor((n + 1) / floor_scale)) is NaN or -inf below -1: absolute positions start at 0

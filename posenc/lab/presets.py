@@ -120,6 +120,7 @@ class LabConfig:
             get_method(e, "extensions")
         self.method_options(None)
         self.model.validate()
+        self._check_scheme_options()
         even_int(self.model.head_dim, "d_model / n_heads (the head dim)", error=ConfigError)
         for name, limit in SIZE_LIMITS.items():  # sizes no lab run needs, which would only exhaust memory
             value = getattr({None: self, "model": self.model, "train": self.train}[SECTIONS[name]], name)
@@ -150,6 +151,9 @@ class LabConfig:
         fewest_steps = min([self.train.steps, *map(self.steps_for, self.scheme_step_scale)])
         self.length_warmup = check_length_warmup(self.length_warmup, train_len=self.train_len,
                                                  batch_size=self.batch_size, steps=fewest_steps)
+        if self.finetune_len and self.finetune_len < self.train_len:
+            raise ConfigError(f"finetune_len must be 0 (the longest eval length) or >= train_len ({self.train_len}): "
+                              f"a fine-tune for a longer context trains at the longer length, got {self.finetune_len}")
         if 0 < self.ext_factor < 1:
             raise ConfigError(f"ext_factor: expected 0 (auto) or a factor >= 1, got {self.ext_factor}")
         if not self.seeds:
@@ -196,6 +200,22 @@ class LabConfig:
                     f"{name}: the {s} scheme biases the attention logits, which at {T:,} tokens takes at least "
                     f"{need / 2**30:,.1f} GiB per layer ({self.model.n_heads} heads x {T:,}^2 float32), more than "
                     f"this {device.type} device's {have / 2**30:.1f} GiB; use shorter lengths or drop the scheme")
+
+    def _check_scheme_options(self) -> None:
+        """Every scheme_options key is an option some registered scheme takes: a misspelled key (t5_bucket) would
+        otherwise be dropped without a word (each factory is offered only the options it names)."""
+        from posenc.schemes.registry import option_names
+
+        known: set[str] = set()
+        for s in scheme_names():
+            names = option_names(s)
+            if names is None:   # a scheme taking **kwargs accepts any key: nothing to check against
+                return
+            known |= names
+        unknown = sorted(k for k in self.model.scheme_options if k not in known)
+        if unknown:
+            raise ConfigError(f"scheme_options: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not an "
+                              f"option of any registered scheme (options: {', '.join(sorted(known))})")
 
     def _check_scheme_step_scale(self) -> None:
         if not isinstance(self.scheme_step_scale, dict):
@@ -428,4 +448,22 @@ def get_preset(name: str, **overrides) -> LabConfig:
     cfg = apply_settings(LabConfig(preset=name), PRESETS[name])
     if overrides.get("eval_tokens") is not None and overrides.get("sliding_tokens") is None:
         overrides = {**overrides, "sliding_tokens": overrides["eval_tokens"]}   # both protocols score one text
-    return apply_settings(cfg, overrides).validate()
+    cfg = apply_settings(cfg, overrides).validate()
+    _check_given_schemes(cfg, overrides)
+    return cfg
+
+
+def _check_given_schemes(cfg: LabConfig, given: dict) -> None:
+    """Per-scheme settings the caller gave (not the preset's, which outlive --schemes) must name schemes of this
+    run, and randomized_schemes needs randomized positions on: otherwise they would be ignored without a word."""
+    for name in ("randomized_schemes", "scheme_step_scale"):
+        entries = given.get(name)
+        if not entries or entries == ALL:
+            continue
+        outside = [s for s in entries if s not in cfg.schemes]
+        if outside:
+            raise ConfigError(f"{name}: {', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not among the "
+                              f"schemes of this run ({', '.join(cfg.schemes)}); add it to schemes or drop it here")
+    if given.get("randomized_schemes") and not cfg.randomized_positions:
+        raise ConfigError("randomized_schemes: randomized positions are off (randomized_positions 0), so no scheme "
+                          "would train with them; set randomized_positions N or drop randomized_schemes")

@@ -297,12 +297,12 @@ def train_model(run: Run, unit: Unit) -> tuple[TinyLM, dict]:
     task, scheme, randomized, seed = unit.task, unit.scheme, unit.randomized, unit.seed
     torch.manual_seed(seed)
     model = TinyLM(cfg.model_config(scheme))
-    sampler = get_task(task).sampler(run, cfg.train_len, cfg.batch_size, seed)
+    sampler = task_sampler(run, task, cfg.train_len, cfg.batch_size, seed)
     run_settings = {"task": task, "seed": seed, "model": model.cfg.to_dict(), "batch_size": cfg.batch_size,
                     "data": run.corpus.meta.get("files_sha256") if run.corpus else None}
     if cfg.length_warmup:  # absent when off, so checkpoints written before the setting existed still resume
         sampler = LengthWarmupSampler(
-            [(n, get_task(task).sampler(run, length, cfg.batch_size * cfg.train_len // length, seed))
+            [(n, task_sampler(run, task, length, cfg.batch_size * cfg.train_len // length, seed))
              for length, n in cfg.length_warmup], sampler)
         run_settings["length_warmup"] = cfg.length_warmup
     tag = ""
@@ -327,12 +327,22 @@ def train_model(run: Run, unit: Unit) -> tuple[TinyLM, dict]:
     return model, result
 
 
+def task_sampler(run: Run, task: str, seq_len: int, batch_size: int, seed: int):
+    """The task's training sampler, its batches checked against what was asked (posenc.lab.tasks.checks)."""
+    from posenc.lab.tasks.checks import CheckedSampler
+
+    return CheckedSampler(get_task(task).sampler(run, seq_len, batch_size, seed), get_task(task), seq_len,
+                          batch_size, run.cfg.model.vocab_size)
+
+
 def evaluate(run: Run, ev: Evaluation) -> list[dict]:
     """Score one trained model with its task (under the run's precision). Under torchrun each rank evaluates a
     share (``ev.map``)."""
+    from posenc.lab.tasks.checks import check_rows
+
     ev.model.to(run.device).eval()
     with autocast(run.precision, run.device):
-        return get_task(ev.task).evaluate(ev)
+        return check_rows(get_task(ev.task), get_task(ev.task).evaluate(ev))
 
 
 def finetune_length(cfg: LabConfig) -> int:
@@ -410,7 +420,7 @@ def finetune(run: Run, model: TinyLM, unit: Unit, method: str, config, curves: d
         spec = lab_spec(method, ft.scheme, cfg.factor, cfg.train_len)
         ft.train_positions = lambda b, t, device: m.train_positions(b, t, spec).to(device)
         torch.manual_seed(seed + 20_000)  # PoSE draws from torch's RNG, which checkpoints restore on --resume
-    sampler = get_task(task).sampler(run, length, batch, seed + 10_000)
+    sampler = task_sampler(run, task, length, batch, seed + 10_000)
     settings = training(cfg, cfg.finetune_steps, cfg.train.lr * 0.3)
     # "base": the trained model this fine-tune starts from; a checkpoint of a fine-tune of another base (the base was
     # retrained with other settings) is refused on --resume instead of reported beside the new base

@@ -90,6 +90,28 @@ def _fp32_attention(x: torch.Tensor) -> bool:
     return CPU_FP32_ATTENTION and x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
 
+def _bias_fits(bias, B: int, H: int, Tq: int, Tk: int) -> bool:
+    """A bias() result attention can add to the logits: a float tensor [.., Tq, Tk] of 2 to 4 dims whose leading
+    dims broadcast to [B, H]."""
+    if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point or not 2 <= bias.dim() <= 4:
+        return False
+    if tuple(bias.shape[-2:]) != (Tq, Tk):
+        return False
+    lead = bias.shape[:-2]
+    return all(n in (1, want) for n, want in zip(reversed(lead), (H, B)))
+
+
+def scheme_fault(scheme, hook: str, got, want: list[int]):
+    """The error for a scheme hook that returned what attention cannot use, naming the scheme and its file."""
+    from posenc.schemes.registry import SchemeError, scheme_label
+
+    shown = (f"a {got.dtype} tensor of shape {list(got.shape)}" if isinstance(got, torch.Tensor)
+             else type(got).__name__)
+    return SchemeError(f"{scheme_label(scheme)}: {hook} returned {shown}; expected a float tensor of shape {want} "
+                       "(leading dims may be 1)" if hook == "bias()" else
+                       f"{scheme_label(scheme)}: {hook} returned {shown}; expected a tensor of shape {want}")
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal attention via torch scaled_dot_product_attention; the scheme supplies position."""
 
@@ -137,9 +159,14 @@ class CausalSelfAttention(nn.Module):
             q, k = scheme.rotate_qk(q, k, ctx)
         fused = scheme.attend(q, k, v, ctx)
         if fused is not None:
+            if not isinstance(fused, torch.Tensor) or fused.shape != q.shape[:-1] + v.shape[-1:]:
+                raise scheme_fault(scheme, "attend()", fused, [B, self.n_heads, T, v.shape[-1]])
             return fused
         total = k.shape[-2]
-        mask = attention_mask(scheme.bias(q, k, ctx), T, total, qkv.device)
+        bias = scheme.bias(q, k, ctx)
+        if bias is not None and not _bias_fits(bias, B, self.n_heads, T, total):
+            raise scheme_fault(scheme, "bias()", bias, [B, self.n_heads, T, total])
+        mask = attention_mask(bias, T, total, qkv.device)
         if mask is not None:
             mask = mask.to(q.dtype)
         # (a branch, not the expression: under torch.compile with dynamic shapes the comparison is symbolic, and SDPA

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from posenc._validate import positive_int
+from posenc._validate import check_int
+
+MAX_NPOS = 2**17
 from posenc.bias.cope import CoPE
 from posenc.errors import ConfigError
 from posenc.schemes.base import AttentionContext, Scheme
@@ -31,7 +33,10 @@ class CoPEScheme(Scheme):
 
     def __init__(self, head_dim: int, n_layers: int, max_len: int, *, cope_npos: int | None = None):
         super().__init__()
-        npos = positive_int(max_len if cope_npos is None else cope_npos, "cope_npos", error=ConfigError)
+        # a soft count of keys never exceeds the sequence length: past the longest one the lab runs (2^17) a table
+        # row is never read, and 10^8 rows would only exhaust memory
+        npos = check_int(max_len if cope_npos is None else cope_npos, "cope_npos", min=1, max=MAX_NPOS,
+                         error=ConfigError)
         self.layers = nn.ModuleList(CoPE(npos, head_dim) for _ in range(n_layers))
 
     def bias(self, q, k, ctx: AttentionContext):  # q [B, H, Tq, Dh], k [B, H, Tk, Dh] -> [B, H, Tq, Tk]

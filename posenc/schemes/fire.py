@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc._validate import positive_float, positive_int
+from posenc._validate import check_int, positive_float
 from posenc.bias.fire import FIREBias
 from posenc.errors import ConfigError
 from posenc.schemes.base import AttentionContext, Scheme
@@ -31,7 +31,7 @@ class FIREScheme(Scheme):
     def __init__(self, n_heads: int, n_layers: int, max_len: int, *, fire_width: int = 32, fire_c: float = 0.1,
                  fire_threshold: float | None = None):
         super().__init__()
-        width = positive_int(fire_width, "fire_width", error=ConfigError)
+        width = check_int(fire_width, "fire_width", min=1, max=2**14, error=ConfigError)  # the paper's MLP: 32
         c = positive_float(fire_c, "fire_c", error=ConfigError)
         threshold = positive_float(max_len if fire_threshold is None else fire_threshold, "fire_threshold",
                                    error=ConfigError)

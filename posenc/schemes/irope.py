@@ -55,7 +55,9 @@ class IRoPEScheme(RoPEScheme):
         self.rope_layers = irope_rope_layers(n_layers, self.nope_every)
         floor_scale = check_float(max_len if floor_scale is None else floor_scale, "floor_scale", positive=True,
                                   error=ConfigError)
-        self.nope = TemperatureNoPE(floor_scale, check_float(attn_scale, "attn_scale", error=ConfigError))
+        # a negative scale shrinks the temperature below 1, through 0 and past it (flipping which keys attention
+        # prefers) as positions grow; Llama 4 uses 0.1, and 0 turns the temperature off
+        self.nope = TemperatureNoPE(floor_scale, check_float(attn_scale, "attn_scale", min=0.0, error=ConfigError))
 
     def for_layer(self, layer: int) -> Scheme:
         check_int(layer, "layer", min=0, max=len(self.rope_layers) - 1, error=ConfigError)

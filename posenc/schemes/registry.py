@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 from posenc._registry import call_with_accepted, check_new_name, origin_of
 from posenc._validate import check_choice, check_int, heads_divide
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, PosencError
 from posenc.schemes.base import Scheme
 
 
@@ -52,6 +52,40 @@ def register_scheme(name: str, *, description: str = "", replace: bool = False):
         return factory
 
     return decorator
+
+
+class SchemeError(PosencError):
+    """A scheme's hook returned what the model cannot use; the message names the scheme and its file."""
+
+
+def scheme_label(scheme) -> str:
+    """"scheme 'mine' (registered by /path/mine.py)" for a scheme instance (a per-layer view included)."""
+    name = getattr(scheme, "name", "") or type(scheme).__name__
+    entry = SCHEMES.get(name)
+    origin = entry.origin if entry is not None else origin_of(type(scheme))
+    return f"scheme {name!r} (registered by {origin})"
+
+
+# what make_scheme offers every factory besides scheme_options: not an option name
+MODEL_ARGUMENTS = frozenset({"d_model", "n_heads", "head_dim", "n_layers", "max_len", "vocab_size", "rope_base",
+                             "rope_layout", "rope_scaling"})
+
+
+def option_names(name: str) -> frozenset[str] | None:
+    """The scheme-specific options scheme ``name``'s factory takes (its keyword parameters that are not the model
+    description); None when it takes any (**kwargs) or has no readable signature."""
+    factory = SCHEMES[name].factory
+    if inspect.isclass(factory) and _inherits_module_init(factory):
+        return frozenset()   # make_scheme calls it without arguments
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                     and p.name != "self") - MODEL_ARGUMENTS
 
 
 def scheme_names() -> tuple[str, ...]:

@@ -10,7 +10,7 @@ training length. Scheme options: ``t5_buckets``, ``t5_max_distance``.
 
 from __future__ import annotations
 
-from posenc._validate import positive_int
+from posenc._validate import check_int, positive_int
 from posenc.bias.t5 import T5RelativeBias
 from posenc.errors import ConfigError
 from posenc.schemes.base import AttentionContext, Scheme
@@ -26,7 +26,9 @@ class T5Scheme(Scheme):
 
     def __init__(self, n_heads: int, *, t5_buckets: int = 32, t5_max_distance: int = 128):
         super().__init__()
-        buckets = positive_int(t5_buckets, "t5_buckets", error=ConfigError)
+        # far above the paper's 32: each bucket is a learned logit per head, and a bucket table past this only
+        # exhausts memory
+        buckets = check_int(t5_buckets, "t5_buckets", min=1, max=2**16, error=ConfigError)
         distance = positive_int(t5_max_distance, "t5_max_distance", error=ConfigError)
         # causal bucketing: half the buckets are exact distances, the rest log-spaced up to max_distance
         if buckets < 2:
