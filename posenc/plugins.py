@@ -91,21 +91,48 @@ def _plugin_files() -> dict[str, str]:
     return files
 
 
-def _registered_by(path: str) -> list[str]:
-    """"scheme 'mine'", "task 'reverse'", ... registered from the file ``path``."""
+def _entries_from(path: str) -> list[tuple[str, str, object]]:
+    """(kind, name, entry) of every registration made from the file ``path``."""
     from posenc.extensions.registry import METHODS
     from posenc.lab.tasks.registry import TASKS
     from posenc.rope.registry import ROPE_SCALING_FUNCTIONS
     from posenc.schemes.registry import SCHEMES
 
-    names = []
+    found = []
     for kind, table in (("scheme", SCHEMES), ("extension method", METHODS), ("task", TASKS),
                         ("rope type", ROPE_SCALING_FUNCTIONS)):
         for name, entry in table.items():
             origin = getattr(entry, "origin", "")
             if origin and str(Path(origin).resolve()) == path:
-                names.append(f"{kind} {name!r}")
-    return names
+                found.append((kind, name, entry))
+    return found
+
+
+def _hooks(kind: str, entry) -> dict:
+    """hook name -> the function posenc calls for it, for one registry entry."""
+    import inspect
+
+    if kind == "extension method":
+        return {h: getattr(entry, h) for h in ("write", "transformers_form", "fit", "train_positions")
+                if getattr(entry, h, None) is not None}
+    if kind == "rope type":
+        return {"rope type function": entry, **({"check": entry.check} if getattr(entry, "check", None) else {})}
+    owner = entry.factory if kind == "scheme" else type(entry)
+    if not inspect.isclass(owner):
+        return {"factory": owner}
+    hooks = {}
+    for cls in reversed(owner.__mro__):
+        hooks.update({k: v for k, v in vars(cls).items() if callable(v)})
+    return hooks
+
+
+def _describe_hook(code, entries) -> tuple[str, str] | None:
+    """(what: "scheme 'mine'", hook: "bias()") for the plug-in function whose code object is ``code``."""
+    for kind, name, entry in entries:
+        for hook, fn in _hooks(kind, entry).items():
+            if getattr(getattr(fn, "__func__", fn), "__code__", None) is code:
+                return f"{kind} {name!r}", f"{'__init__ (the factory)' if hook == '__init__' else hook}()"
+    return None
 
 
 def plugin_fault(exc: BaseException) -> str | None:
@@ -118,19 +145,25 @@ def plugin_fault(exc: BaseException) -> str | None:
     frames = []
     tb = exc.__traceback__
     while tb is not None:
-        frames.append((str(Path(tb.tb_frame.f_code.co_filename).resolve()), tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        frames.append((str(Path(tb.tb_frame.f_code.co_filename).resolve()), tb.tb_lineno, tb.tb_frame.f_code))
         tb = tb.tb_next
     ours = [f for f in frames if f[0] in files]
     if not ours:
         return None
-    path, _, hook = ours[0]
+    path, _, code = ours[0]
     line = ours[-1][1]
-    names = _registered_by(path)
-    what = f" ({', '.join(names)})" if names else ""
-    text = " ".join(str(exc).split())[:240]
-    raised = "called sys.exit" if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}"
-    return (f"plugin {files[path]}{what}: {hook}() {raised}{': ' + text if text else ''} (line {line} of "
-            f"{Path(path).name}); this is a fault in the plug-in, not in posenc or your settings")
+    entries = _entries_from(path)
+    described = _describe_hook(code, entries)
+    if described is not None:
+        where = f", {described[0]}, hook {described[1]}"
+    else:
+        names = [f"{kind} {name!r}" for kind, name, _ in entries]
+        where = (f" (registers {', '.join(names)})" if names else "") + \
+            f": {getattr(code, 'co_qualname', code.co_name)}()"
+    text = "" if isinstance(exc, SystemExit) else " ".join(str(exc).split())[:240]
+    raised = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}"
+    return (f"plugin {files[path]}{where} {raised}{': ' + text if text else ''} (line {line} of "
+            f"{Path(path).name}); a fault in the plug-in, not in posenc or your settings")
 
 
 def load_plugins(specs: Iterable[str]) -> list:

@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import platform
 import sys
 import time
@@ -403,6 +404,8 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
     try:
         with quiet_transformers(progress):
             model, info = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs, **NO_REMOTE_CODE)
+    except pickle.UnpicklingError as exc:
+        raise unsafe_weights_error(folder, exc) from None
     except (ValueError, ImportError) as exc:
         text = _one_line(exc)
         if is_remote_code_refusal(exc):
@@ -419,6 +422,15 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
     if device_map is None:
         model.to(device)
     return model, config, extended
+
+
+def unsafe_weights_error(folder: Path, exc: BaseException) -> ConfigError:
+    """The one-line refusal of a pickled weights file torch's restricted unpickler refused: it says the file is
+    unsafe and what it tried to load, and (unlike torch's message) never suggests loading it unrestricted."""
+    blocked = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line]
+    detail = f" ({blocked[0][:160]})" if blocked else ""
+    return ConfigError(f"model {folder}: a pickled weights file holds objects other than tensors{detail}; it is "
+                       "unsafe to load, and posenc loads only plain weights: use the model's safetensors files")
 
 
 def _refuse_unloaded_weights(info: dict, folder: Path, config_file, architecture: str) -> None:

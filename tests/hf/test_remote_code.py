@@ -103,3 +103,35 @@ def test_every_loader_in_posenc_passes_trust_remote_code_false():
     assert calls
     for name, call in calls:
         assert "NO_REMOTE_CODE" in call or "trust_remote_code=False" in call, (name, call)
+
+
+class _Evil:
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.cmd,))
+
+
+@pytest.mark.parametrize("payload", ["tensor-wrapped", "top-level", "nested"])
+def test_a_malicious_pickle_is_refused_as_unsafe_without_advising_unsafe_loading(tmp_path, capsys, payload):
+    import torch
+
+    folder = tiny_llama(tmp_path / "m")
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "RAN"
+    evil = _Evil(f"touch {marker}")
+    obj = {"tensor-wrapped": {"model.embed_tokens.weight": evil}, "top-level": evil,
+           "nested": {"a": [1, {"b": evil}]}}[payload]
+    torch.save(obj, folder / "pytorch_model.bin")
+    with pytest.raises(ConfigError) as info:
+        load_causal_lm(str(folder))
+    msg = str(info.value)
+    assert "unsafe to load" in msg and "\n" not in msg
+    assert "weights_only" not in msg and "trusted source" not in msg and "False" not in msg
+    err = fails(capsys, eval_main, [str(folder), "--eval-lens", "32", "--eval-tokens", "64", "--no-progress",
+                                    "--out", str(tmp_path / "out")])
+    assert "unsafe to load" in err and "weights_only" not in err
+    assert not marker.exists()
