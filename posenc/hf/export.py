@@ -383,11 +383,16 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     if rope_scaling is not None:
         from posenc.hf.scaling import extend_for_factor
 
-        result = extend_for_factor(config.to_dict(), rope_scaling, factor)
+        # the factor asked for is the factor written, as posenc extend writes it (dynamic NTK: --factor 4 writes
+        # 4, where the lab evaluates dynamic with 1.0 at every length)
+        result = extend_for_factor(config.to_dict(), rope_scaling, factor, as_given=True)
         config = type(config).from_dict(result.config)
         written_scaling = dict(result.config.get("rope_parameters") or result.config.get("rope_scaling") or {})
         notes += [f"config: {c}" for c in result.changes]
-        if rope_scaling in lab_methods():  # the check compares with the lab's own meaning of the method
+        from posenc.hf.lab_bridge import lab_config_factor
+
+        same_as_lab = lab_config_factor(rope_scaling, factor, a.max_len) == float(factor)
+        if rope_scaling in lab_methods() and same_as_lab:  # the check compares with the lab's meaning of the method
             set_lab_extension(model, rope_scaling, factor)
         else:  # a method the lab does not evaluate (longrope): the lab model runs the scaling that was written
             set_lab_scaling(model, {k: v for k, v in written_scaling.items()

@@ -23,12 +23,15 @@ def transformers_major() -> int:
     return int(transformers.__version__.split(".")[0])
 
 
-def extend_for_factor(config: Mapping[str, Any], method: str, factor: float, *, replace: bool = False):
+def extend_for_factor(config: Mapping[str, Any], method: str, factor: float, *, replace: bool = False,
+                      as_given: bool = False):
     """-> ``posenc.tools.extend.ExtendResult`` for ``method`` at ``factor`` x the config's original context.
 
     ``config``: a config mapping (``PretrainedConfig.to_dict()``). ``replace``: allow replacing a scaling the
     config already has (as ``posenc extend --replace``). Raises ConfigError for a factor <= 1, an unknown method or
-    a config extend refuses (not RoPE, already scaled without ``replace``).
+    a config extend refuses (not RoPE, already scaled without ``replace``). ``as_given``: write ``factor`` itself
+    as the scaling's factor, as ``posenc extend --factor`` does (``posenc export``), instead of the lab's choice
+    for the method (dynamic NTK: 1.0).
     """
     from posenc.hf.lab_bridge import lab_config_factor
     from posenc.extensions import method_names
@@ -46,4 +49,5 @@ def extend_for_factor(config: Mapping[str, Any], method: str, factor: float, *, 
                              replace=replace).original_context
     target = int(round(factor * original))
     return extend_config(config, target, method, transformers_version=version,
-                         factor=lab_config_factor(method, float(factor), original), replace=replace)
+                         factor=float(factor) if as_given else lab_config_factor(method, float(factor), original),
+                         replace=replace)

@@ -188,13 +188,20 @@ def test_extension_methods_run_by_transformers_match_the_lab(method, rope_checkp
     x = tokens(length)
     with torch.no_grad():
         plain = model(x)
-        set_lab_extension(model, method, factor)
+        if method == "dynamic":  # the factor asked is the factor written (as posenc extend): transformers' rule at 4
+            from posenc.hf.lab_bridge import set_lab_scaling
+
+            set_lab_scaling(model, {"rope_type": "dynamic", "factor": factor}, TRAIN_LEN)
+        else:
+            set_lab_extension(model, method, factor)
         want = model(x)
     got = hf_logits(tmp_path / method, x)
     assert_rel_close(got, want)
     assert float((got - plain).abs().max()) > 1e-3 * float(plain.abs().max())  # the method changed the model
     expected_type = "default" if method == "ntk" else method  # transformers lacks static NTK: a rescaled theta
     assert res.rope_scaling["rope_type"] == expected_type
+    if method != "ntk":
+        assert res.rope_scaling["factor"] == factor
 
 
 def test_longrope_export_runs_the_written_factors(rope_checkpoint, tmp_path):
@@ -271,3 +278,14 @@ def test_an_interrupted_runs_checkpoint_is_exported_with_a_warning(tmp_path):
     record = json.loads((tmp_path / "out" / "posenc_export.json").read_text())
     assert record["training"] == {"step": 2, "steps": 10, "stopped_by_criterion": False}
     assert any("interrupted run" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0, 4.0, 8.0])
+def test_export_writes_the_factor_asked_for_as_extend_does(rope_checkpoint, tmp_path, factor):
+    """export --rope-scaling METHOD --factor F writes factor F, the value posenc extend --factor F writes."""
+    path, _ = rope_checkpoint
+    for method in ("dynamic", "linear", "yarn"):
+        export_lab_model(path, tmp_path / f"{method}{factor}", rope_scaling=method, factor=factor, check=False)
+        written = json.loads((tmp_path / f"{method}{factor}" / "config.json").read_text())
+        assert written["rope_parameters"]["rope_type"] == method
+        assert written["rope_parameters"]["factor"] == factor
