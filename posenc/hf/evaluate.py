@@ -481,9 +481,35 @@ def position_limit(config) -> int | None:
     return int(value) if value else None
 
 
-def original_context(config) -> int | None:
-    """The context the model was trained for, as posenc reads the config (None when unknown)."""
+def exported_train_len(model_dir) -> int | None:
+    """The training length ``posenc export`` recorded in the folder's posenc_export.json (None when the folder is
+    not a posenc export, or the record lacks it): an MPT or GPT-2 config holds only the position limit."""
+    from posenc._json import loads
+
+    path = Path(model_dir) / "posenc_export.json"
+    try:
+        record = loads(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    value = record.get("train_len")
+    lab_model = record.get("lab_model")
+    if value is None and isinstance(lab_model, dict):   # an export from before train_len was recorded
+        value = lab_model.get("max_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def original_context(config, model_dir=None) -> int | None:
+    """The context the model was trained for, as posenc reads the config (None when unknown); for a posenc export
+    (``model_dir`` holding posenc_export.json) the training length the export recorded, since an ALiBi (MPT) or
+    sinusoidal (GPT-2) export's config holds only its position limit, or the architecture's default."""
     from posenc.tools.inspect import inspect_config
+
+    if model_dir is not None:
+        recorded = exported_train_len(model_dir)
+        if recorded is not None:
+            return recorded
 
     fallback = position_limit(config) or getattr(config, "max_position_embeddings", None)
     try:
@@ -719,7 +745,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
             rule = next(m.rule for m in model.modules() if hasattr(m, "rule") and hasattr(m, "original"))
         scheme = detect_scheme(config.to_dict())[0]
         scaling = method if method != "none" or s.config is None else config_method(config)
-        train_len = extended.original_context if extended else original_context(config)
+        train_len = extended.original_context if extended else original_context(config, model_dir)
         limit = position_limit(config)
         vocab = model.get_output_embeddings().weight.shape[0]
         budget = s.batch_tokens or max(longest, _LOGIT_BUDGET // vocab)

@@ -30,8 +30,9 @@ reading the modelling files of transformers 5.24):
 
 Common to all: the tied head is untied (input embedding = W * sqrt(d_model), lm_head = W), so both are exact.
 ``rope_scaling`` / ``--rope-scaling METHOD --factor F`` writes an extension method into config.json with
-``posenc.tools.extend.extend_config`` (the lab's meaning of the method at F: posenc.hf.scaling), so transformers'
-own implementation runs it. The folder also gets the byte-level tokenizer (posenc.hf.tokenizer) and
+``posenc.tools.extend.extend_config`` at factor F, as ``posenc extend --factor F`` writes it (dynamic NTK too:
+factor F, transformers' rule), so transformers' own implementation runs it. posenc_export.json records the
+training length, which ``posenc eval`` reads as the model's original context. The folder also gets the byte-level tokenizer (posenc.hf.tokenizer) and
 posenc_export.json (source checkpoint, mapping, the check below).
 
 The check: before the folder is moved into place, the written model is loaded back with
@@ -428,8 +429,8 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
         res = ExportResult(out_dir=str(out_dir), checkpoint=str(path), scheme=a.scheme,
                            architecture=type(hf).__name__, max_positions=limit, rope_scaling=written_scaling,
                            check_max_rel_err=err, check_length=length, notes=notes)
-        (tmp / "posenc_export.json").write_text(json.dumps({**asdict(res), "lab_model": settings,
-                                                            "training": progress}, indent=2) + "\n")
+        record = {**asdict(res), "train_len": a.max_len, "lab_model": settings, "training": progress}
+        (tmp / "posenc_export.json").write_text(json.dumps(record, indent=2) + "\n")
         _move_into_place(tmp, out_dir)
     finally:
         if tmp.exists():
