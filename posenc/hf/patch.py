@@ -153,15 +153,37 @@ def _install_dispatcher(module_name: str, wrapper: PosencRotaryEmbedding) -> Non
                     return cos.rotate(q, k, unsqueeze_dim)
                 return original(q, k, cos, sin, unsqueeze_dim)
 
-            apply_rotary_pos_emb.__wrapped__ = original
-            apply_rotary_pos_emb.__doc__ = (f"posenc dispatcher: RopeTable -> posenc.apply_rope_table, else "
-                                            f"transformers' {module_name}.apply_rotary_pos_emb")
+            dispatcher = apply_rotary_pos_emb
+            if isinstance(original, nn.Module):
+                dispatcher = _hub_kernel_dispatcher(original, apply_rotary_pos_emb)
+            else:
+                apply_rotary_pos_emb.__wrapped__ = original
+                apply_rotary_pos_emb.__doc__ = (f"posenc dispatcher: RopeTable -> posenc.apply_rope_table, else "
+                                                f"transformers' {module_name}.apply_rotary_pos_emb")
             _installed[module_name] = (original, weakref.WeakSet())
-            module.apply_rotary_pos_emb = apply_rotary_pos_emb
+            module.apply_rotary_pos_emb = dispatcher
         if wrapper not in _installed[module_name][1]:
             _installed[module_name][1].add(wrapper)
             # a patched model that is garbage collected releases its hold too
             weakref.finalize(wrapper, _release_dispatcher, module_name, None).atexit = False
+
+
+def _hub_kernel_dispatcher(original: nn.Module, route) -> nn.Module:
+    """The dispatcher as an object of transformers' own class: with the ``kernels`` package installed, a modelling
+    file's apply_rotary_pos_emb is a hub-kernel module object (``use_kernelized_func``), every attention layer
+    keeps a private one, and pickle rebuilds those as ``type(module.apply_rotary_pos_emb)()``. A plain function
+    there made ``torch.load`` of any pickled model of the family fail while one was patched; an object of another
+    class would be rebuilt into unpickled models and loop through the kernel routing. So: a fresh object of the
+    same class, whose instance ``forward`` routes posenc's tables and hands everything else to ``original``."""
+    import types
+
+    dispatcher = type(original)()
+
+    def forward(self, *args, **kwargs):
+        return route(*args, **kwargs)
+
+    dispatcher.forward = types.MethodType(forward, dispatcher)
+    return dispatcher
 
 
 def _release_dispatcher(module_name: str, wrapper: PosencRotaryEmbedding | None) -> None:
