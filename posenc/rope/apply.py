@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._validate import check_bool, check_float, even_int, positive_float
+from posenc._validate import check_bool, check_float, even_int
 from posenc.errors import PosencError
 from posenc.kernels.cpu_rope import PLANS
 from posenc.angles import Angles, angles_cos_sin, pack_frequencies
@@ -36,6 +36,16 @@ LAYOUTS = ("interleaved", "half")
 # devices whose RoPE kernel computes cos/sin itself from an Angles (the Triton kernel); tests add "cpu" to run that
 # route through triton's interpreter
 KERNEL_ANGLE_DEVICES = frozenset({"cuda"})
+
+
+_PLAIN_NUMBERS = (float, int)
+
+
+def _low_base(base) -> None:
+    """The warning for a base <= 1 (posenc.rope.config.check_theta owns it)."""
+    from posenc.rope.config import check_theta
+
+    check_theta(base, "base")
 
 
 def default_inv_freq(dim: int, base: float = 10000.0, device: torch.device | str | None = None) -> torch.Tensor:
@@ -58,8 +68,10 @@ def base_powers(dim: int, base: float = 10000.0, pairs: int | None = None) -> to
     ``pairs`` computes only the first pairs (Gemma 4's proportional RoPE): the same length as transformers matters,
     since torch's vectorised pow can round an element differently from its scalar tail loop.
     """
+    from posenc.rope.config import check_theta
+
     even_int(dim, "dim")
-    base = positive_float(base, "base")
+    base = check_theta(base, "base")  # the one rule for a base: <= 1 warns (as rope_parameters does)
     pairs = dim // 2 if pairs is None else pairs
     exponent = torch.arange(0, 2 * pairs, 2, dtype=torch.int64).to(torch.float32) / dim
     return base ** exponent
@@ -554,6 +566,8 @@ def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
     Writes obey torch's rules: overlapping outputs are refused, version counters are bumped
     (posenc.kernels.rope_dispatch).
     """
+    if base.__class__ in _PLAIN_NUMBERS and base <= 1 and inv_freq is None:
+        _low_base(base)   # before the cached paths: every call site with such a base is told
     key = None
     if inv_freq is None and type(x) is _Tensor and type(positions) is _Tensor and not _dynamo_compiling():
         mode = _call_mode(inplace, out, 1)
@@ -580,6 +594,8 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions, *, base: float = 
     inplace: overwrite q and k (they must not share memory); out: (q_out, k_out) preallocated like q and k.
     Returns (q_rotated, k_rotated) in their input dtypes. Other arguments: see ``apply_rope``.
     """
+    if base.__class__ in _PLAIN_NUMBERS and base <= 1 and inv_freq is None:
+        _low_base(base)
     key = None
     if (inv_freq is None and type(q) is _Tensor and type(k) is _Tensor and type(positions) is _Tensor
             and not _dynamo_compiling()):

@@ -196,7 +196,7 @@ def check_theta(theta, name: str = "rope_theta") -> float:
     if theta <= 1:
         warnings.warn(f"{name} {theta:g} <= 1: the frequencies theta^(-2j/d) do not decrease with j"
                       + (" (they grow)" if theta < 1 else " (all equal 1)")
-                      + ", so no pair encodes long-range position; RoPE bases are normally >= 1e4",
+                      + ", so no pair encodes long-range position; RoPE (and sinusoidal) bases are normally >= 1e4",
                       UserWarning, stacklevel=_user_stacklevel())
     return theta
 
