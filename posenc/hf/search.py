@@ -235,8 +235,11 @@ def add_arguments(parser) -> None:
                                                      "its training split is searched on")
     parser.add_argument("--windows", type=int, default=4, help="windows of target length in the search fitness")
     parser.add_argument("--heldout-windows", type=int, default=4, help="windows in the held-out choice")
-    parser.add_argument("--population", type=int, default=d.population)
-    parser.add_argument("--parents", type=int, default=d.parents)
+    parser.add_argument("--population", type=int, default=d.population,
+                        help=f"candidates per generation (default {d.population}, the paper's)")
+    parser.add_argument("--parents", type=int, default=None,
+                        help=f"the best kept each generation (default: half of --population, the paper's "
+                             f"{d.parents} of {d.population})")
     parser.add_argument("--generations", type=int, default=d.generations)
     parser.add_argument("--heldout-top", type=int, default=d.heldout_top, help="best candidates re-scored held out")
     parser.add_argument("--seed", type=int, default=0)
@@ -247,7 +250,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out-config", default=None, help="the config to write (default: "
                                                            "MODEL/config.longrope-TARGET.json)")
     parser.add_argument("--checkpoint", default=None, help="search state (default: beside --out-config)")
-    parser.add_argument("--no-resume", action="store_true", help="restart instead of resuming the checkpoint")
+    parser.add_argument("--fresh", "--no-resume", dest="fresh", action="store_true",
+                        help="start the search over instead of resuming the checkpoint (as posenc search on a lab run)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out-config")
     parser.add_argument("--replace", action="store_true", help="search a model whose config is already scaled")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default or 0: torch's own)")
@@ -261,12 +265,15 @@ def run(args) -> int:
     threads = check_threads(args.threads)
     if threads:
         torch.set_num_threads(threads)
-    settings = LongRopeSettings(population=args.population, parents=args.parents, generations=args.generations,
+    # the paper keeps half the population (32 of 64): the default follows --population, never contradicts it
+    parents = max(1, args.population // 2) if args.parents is None and isinstance(args.population, int) \
+        else args.parents
+    settings = LongRopeSettings(population=args.population, parents=parents, generations=args.generations,
                                 heldout_top=args.heldout_top, seed=args.seed)
     res = search_model(args.model, args.target_length, settings=settings, data=args.data, windows=args.windows,
                        heldout_windows=args.heldout_windows, batch_size=args.batch_size, device=args.device,
                        dtype=args.dtype, attn_implementation=args.attn_implementation, out_config=args.out_config,
-                       checkpoint=args.checkpoint, resume=not args.no_resume, overwrite=args.overwrite,
+                       checkpoint=args.checkpoint, resume=not args.fresh, overwrite=args.overwrite,
                        replace=args.replace, progress=not args.no_progress)
     print(format_result(res))
     return 0

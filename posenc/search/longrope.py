@@ -491,7 +491,7 @@ class _Search:
         if data.get("search") != self._identity():
             raise CheckpointError(f"search checkpoint {str(path)!r} was written by a search with other arguments "
                                   "(model, data, problem, settings or seeds); use another checkpoint path or "
-                                  "resume=False")
+                                  "start over with resume=False (--fresh)")
         try:
             self.evaluated = [[list(map(int, k)), int(n), _from_json_score(f)] for k, n, f in data["evaluated"]]
             self.where = {(tuple(k), n): i for i, (k, n, _) in enumerate(self.evaluated)}

@@ -200,3 +200,30 @@ def test_per_layer_type_rope_is_refused_by_name(tmp_path):
     config.save_pretrained(str(tmp_path))
     with pytest.raises(ConfigError, match="its RoPE parameters differ per layer type .*does not support this model"):
         search_model(tmp_path, 4 * config.max_position_embeddings, progress=False)
+
+
+@pytest.mark.parametrize("population", [4, 5, 8, 16, 64])
+def test_the_parents_default_follows_the_population(population, monkeypatch):
+    """--population N alone is a valid search (the default --parents is half of it, the paper's 32 of 64)."""
+    import argparse
+
+    from posenc.hf import search as hf_search
+    from posenc.search.longrope import LongRopeSettings
+
+    seen = {}
+
+    def fake_search(model, target, *, settings, resume, **kw):
+        seen.update(settings=settings, resume=resume)
+        return None
+
+    monkeypatch.setattr(hf_search, "search_model", fake_search)
+    monkeypatch.setattr(hf_search, "format_result", lambda res: "")
+    parser = argparse.ArgumentParser()
+    hf_search.add_arguments(parser)
+    assert hf_search.run(parser.parse_args(["m", "--target-length", "64", "--population", str(population)])) == 0
+    assert seen["settings"].parents == population // 2 and seen["resume"] is True
+    assert LongRopeSettings().parents == LongRopeSettings().population // 2     # the paper's ratio, as the default
+    hf_search.run(parser.parse_args(["m", "--target-length", "64", "--no-resume"]))   # the old spelling
+    assert seen["resume"] is False
+    hf_search.run(parser.parse_args(["m", "--target-length", "64", "--fresh", "--parents", "3"]))
+    assert seen["resume"] is False and seen["settings"].parents == 3

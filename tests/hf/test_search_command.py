@@ -136,7 +136,8 @@ def test_a_search_folder_resumes_only_its_own_model(searched, tmp_path, capsys):
                            build_lab_model(scheme="rope", d_model=32, n_layers=1, n_heads=2, max_len=L0))
     before = (out / "search.json").read_bytes()
     assert main(["search", str(other), *argv[2:]]) == 2
-    assert "was written by a search with other arguments" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "was written by a search with other arguments" in err and "(--fresh)" in err, err
     assert (out / "search.json").read_bytes() == before
     assert main(argv) == 0                                # its own model resumes the finished record
 
