@@ -275,3 +275,34 @@ def test_an_alibi_config_needs_no_extension(capsys):
     assert all(CITATION.search(r) for r in rec.reasons)
     assert main(["pick", "--config", str(path), "--target-context", "8192"]) == 0
     assert "ALiBi (existing model) -- none" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("theta", [1, 1.0, 0.5, 0, -3, float("nan"), float("inf"), 1e39, True, "1e4"])
+def test_rope_theta_out_of_its_stated_range_is_refused_with_that_range(theta, capsys):
+    """pick states one range for --rope-theta ((1, float32 max]) and refuses exactly what lies outside it."""
+    from posenc.rope.config import MAX_THETA
+    from posenc.tools.pick import check_pick_theta
+
+    stated = f"rope_theta must be a number > 1 and at most {MAX_THETA:.4g}"
+    with pytest.raises(PosencError, match=re.escape(stated)):
+        pick(32768, 8192, "finetune", "lm", rope_theta=theta)
+    if isinstance(theta, float):
+        assert main(["pick", "--target-context", "32768", "--train-context", "8192", "--rope-theta", repr(theta)]) \
+            == 2
+        assert stated in capsys.readouterr().err
+    for ok in (1.0000001, 2, 1e4, 5e5, MAX_THETA):
+        assert check_pick_theta(ok) == float(ok)
+
+
+def test_the_copy_cpu_count_is_read_from_the_results():
+    """The evidence text counts the models at >= 95% from docs/results/copy-cpu/results.json (an independent
+    count here), never a typed-in number."""
+    import json
+
+    from posenc.tools.pick import COPY_CPU_RESULTS, _evidence
+
+    doc = json.loads(COPY_CPU_RESULTS.read_text())
+    per_model = [v for r in doc["results"] if r["metric"] == "exact_match" and r["eval_len"] == 128 for v in r["values"]]
+    n_pass = sum(v >= 0.95 for v in per_model)
+    assert len(per_model) == 33 and n_pass == 32          # xPos seed 1 at 93.0% (docs/lab.md)
+    assert f"; {n_pass} of {len(per_model)} models >= 95% exact at 1x" in _evidence("lab_copy")
