@@ -110,6 +110,7 @@ class EvalSettings:
     eval_tokens: int = 49152
     sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
     sliding_lens: list[int] = field(default_factory=list)   # empty: the longest eval length
+    sliding_tokens: int | None = None       # tokens scored per sliding length; None: eval_tokens (the lab's rule)
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
@@ -170,6 +171,9 @@ class EvalSettings:
                               f"{','.join(self.methods)}: pass --methods with a method (e.g. --methods none,yarn) "
                               "or drop --factor")
         positive_int(self.eval_tokens, "eval_tokens", error=ConfigError)
+        if self.sliding_tokens is None:   # both protocols score one text, as the lab's get_preset keeps them
+            self.sliding_tokens = self.eval_tokens
+        positive_int(self.sliding_tokens, "sliding_tokens", error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
         if self.sliding_stride > min(self.sliding_lens or [max(self.eval_lens)]):
             raise ConfigError(f"sliding_stride: expected -1 (auto), 0 (off) or at most the sliding length, got "
@@ -698,7 +702,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     stream = None
     if "lm" in s.tasks:
         data, data_meta = validation_bytes(s.data)
-        stream, byte_level = token_stream(tokenizer, data, s.eval_tokens + longest + 1)
+        stream, byte_level = token_stream(tokenizer, data, max(s.eval_tokens, s.sliding_tokens) + longest + 1)
     else:
         from posenc.hf.tokenizer import is_byte_tokenizer
 
@@ -768,10 +772,11 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                      note=f"n/a (positions limited to {limit})", **common, **unit))
                     continue
                 per_batch = max(1, budget // L)
+                n_tokens = s.eval_tokens if stride is None else s.sliding_tokens
                 bar = _Bar(f"{method} ppl L={L}{'' if stride is None else ' sliding'}",
-                           math.ceil(_windows(s.eval_tokens, L, stride) / per_batch), progress)
+                           math.ceil(_windows(n_tokens, L, stride) / per_batch), progress)
                 _reset_length_state(model)
-                r = perplexity(logits_model(model, max_len=limit, bar=bar), stream, L, n_tokens=s.eval_tokens,
+                r = perplexity(logits_model(model, max_len=limit, bar=bar), stream, L, n_tokens=n_tokens,
                                stride=stride, device=input_device(model), batch_tokens=budget)
                 bar.close()
                 rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", r and r["ppl"], s.seed,
@@ -847,7 +852,7 @@ def run_task(task_name: str, model, s: EvalSettings, *, scheme: str, scaling: st
     task = get_task(task_name)
     cfg = EvalTaskSettings(train_len=train_len, eval_lens=list(s.eval_lens), options=dict(s.options),
                            eval_tokens=s.eval_tokens, sliding_stride=s.sliding_stride,
-                           sliding_lens=list(s.sliding_lens), sliding_tokens=s.eval_tokens, seeds=[s.seed])
+                           sliding_lens=list(s.sliding_lens), sliding_tokens=s.sliding_tokens, seeds=[s.seed])
     task.check(cfg)
     run = Run(cfg=cfg, corpus=load_corpus(s.data) if task.needs_corpus else None, device=input_device(model),
               out=Path("."), progress=progress, log=lambda *_: None)
@@ -981,7 +986,8 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
              f"{meta['platform']}; load average (1/5/15 min) {meta.get('loadavg_start')} at the start, "
              f"{meta.get('loadavg_end')} at the end.", "", "## Settings", "",
              f"- tasks: {', '.join(s['tasks'])}; evaluation lengths: {s['eval_lens']} tokens; tokens: {tokens}",
-             f"- perplexity: about {s['eval_tokens']} tokens scored per length; sliding stride {s['sliding_stride']} "
+             f"- perplexity: about {s['eval_tokens']} tokens scored per length "
+             f"({s.get('sliding_tokens') or s['eval_tokens']} per sliding length); sliding stride {s['sliding_stride']} "
              f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}",
              f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed {s['seed']}"]
     if data:
@@ -1031,6 +1037,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
     parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
     parser.add_argument("--sliding-lens", type=ints, default=[], help="lengths for the sliding protocol")
+    parser.add_argument("--sliding-tokens", type=int, default=None,
+                        help="tokens scored per sliding length (default: --eval-tokens), as posenc lab's flag")
     # the settings registered tasks declare (--passkey-depths, --passkey-trials, ...): one flag each, as in posenc lab
     from posenc._settings import add_setting_flags
     from posenc.lab.tasks.registry import TASK_SETTINGS
@@ -1081,7 +1089,8 @@ def run(args) -> int:
                             method_options=args.method_options, replace_scaling=args.replace, config=args.config,
                             data=args.data,
                             eval_tokens=args.eval_tokens,
-                            sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens, options=options,
+                            sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
+                            sliding_tokens=args.sliding_tokens, options=options,
                             seed=args.seed, device=args.device, dtype=args.dtype, device_map=args.device_map,
                             attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens).validate()
     earlier = None

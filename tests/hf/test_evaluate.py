@@ -252,3 +252,25 @@ def test_attention_methods_are_patched_onto_the_loaded_model(tmp_path, text_file
         EvalSettings(methods=["sinks"], method_options={"dca.chunk_size": 3}).validate()
     with pytest.raises(ConfigError, match="takes no option"):
         EvalSettings(methods=["sinks"], method_options={"sinks.group_size": 3}).validate()
+
+
+@pytest.mark.parametrize("sliding_tokens", [300, 700, 2100])
+def test_sliding_tokens_reproduces_the_labs_sliding_rows(exported, text_file, sliding_tokens, tmp_path, capsys):
+    """posenc eval --sliding-tokens N scores N tokens per sliding length, as the lab's --sliding-tokens does (the
+    lab's own sliding loop is the oracle); the non-overlapping rows keep --eval-tokens."""
+    ckpt, folder = exported
+    assert eval_main([str(folder), "--data", text_file, "--eval-lens", f"{TRAIN_LEN},{2 * TRAIN_LEN}",
+                      "--eval-tokens", "1500", "--sliding-lens", str(2 * TRAIN_LEN), "--sliding-stride", "16",
+                      "--sliding-tokens", str(sliding_tokens), "--tasks", "lm", "--no-progress",
+                      "--out", str(tmp_path / "e")]) == 0
+    doc = json.loads((tmp_path / "e" / "results.json").read_text())
+    for r in doc["results"]:
+        sliding = r["protocol"] != "non-overlapping"
+        want = lab_ppl(ckpt, text_file, None, r["eval_len"], 16 if sliding else None,
+                       n_tokens=sliding_tokens if sliding else 1500)
+        assert r["value"] == pytest.approx(want, rel=1e-4), r
+    assert doc["meta"]["settings"]["sliding_tokens"] == sliding_tokens
+    assert f"({sliding_tokens} per sliding length)" in (tmp_path / "e" / "report.md").read_text()
+    capsys.readouterr()
+    assert eval_main([str(folder), "--sliding-tokens", "0", "--out", str(tmp_path / "f")]) == 2
+    assert "--sliding-tokens must be a positive integer" in capsys.readouterr().err
