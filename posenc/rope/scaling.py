@@ -133,6 +133,21 @@ def _factor_or_ratio(cfg: RopeConfig) -> float:
                                cfg.max_position_embeddings / cfg.original_max_position_embeddings)
 
 
+# rope types that only raise the base, the same at every length (the model trains with theta' = ntk_theta(theta, s)):
+# type -> the parameter holding s. Replacing such a scaling must start from theta', the base the model learned.
+STATIC_BASE_KEYS = {"ntk": "factor", "ntk_alpha": "alpha", "vllm_dynamic_alpha": "alpha"}
+
+
+def trained_theta(rope_type: str, theta: float, params, rotary_dim: int) -> float:
+    """The base a model with this RoPE scaling was trained with: ntk_theta(theta, s) for the static base-raising
+    types (``STATIC_BASE_KEYS``: Hunyuan's NTK-alpha, posenc's ntk), else ``theta`` itself."""
+    key = STATIC_BASE_KEYS.get(rope_type)
+    value = params.get(key) if key is not None and params else None
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return float(theta)
+    return ntk_theta(float(theta), float(value), rotary_dim)
+
+
 def ntk_theta(theta: float, factor: float, rotary_dim: int) -> float:
     """Static NTK-aware base theta' = theta * s^(d/(d-2)) for factor s and rotary dim d (bloc97; the lesson).
 

@@ -79,6 +79,14 @@ class _Request:
     original: int
     factor: float
 
+    @property
+    def base(self) -> float:
+        """The base the model trained with: rope_theta, raised by a scaling that only raises it (Hunyuan's
+        NTK-alpha: theta x alpha^(d/(d-2)) at every length). A replacing method scales from it and keeps it."""
+        from posenc.rope.scaling import trained_theta
+
+        return trained_theta(self.rc.rope_type, self.rc.theta, self.rc.params, self.rc.rotary_dim)
+
 
 def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: int, method: str, *,
                   transformers_version: int = 5, factor: float | None = None, short_factor=None, long_factor=None,
@@ -171,7 +179,7 @@ def _computed(req: _Request, method: str, target_length: int, options: dict):
     from posenc.rope.scaling import MULTI_AXIS_KEYS
 
     cfg, rc = req.cfg, req.rc
-    spec = ExtensionSpec(original=req.original, factor=req.factor, rotary_dim=rc.rotary_dim, theta=rc.theta,
+    spec = ExtensionSpec(original=req.original, factor=req.factor, rotary_dim=rc.rotary_dim, theta=req.base,
                          target=target_length, head_dim=rc.head_dim)
     own = method_config(method, spec, **options)         # posenc's registry form (the bands below read it)
     written = transformers_config(method, own, spec)
@@ -193,7 +201,7 @@ def _written(req: _Request, scaling: dict, max_positions: int, transformers_vers
     """The new config (text part) in the version's form, and the key holding its context length."""
     cfg, rc, original = req.cfg, req.rc, req.original
     scaling = dict(scaling)
-    theta = scaling.pop("rope_theta", rc.theta)
+    theta = scaling.pop("rope_theta", req.base)
     new = dict(cfg)
     lmax_key = "max_position_embeddings"
     if cfg.get(lmax_key) is None and cfg.get(KEY_ALIASES[lmax_key]) is not None:
@@ -239,7 +247,7 @@ def _self_check(req: _Request, new: dict, own, scaling: dict, target_length: int
         bands_rc = new_rc
         if own.scaling["rope_type"] != new_rc.rope_type:    # written in another form (ntk as a raised base): the
             bands_rc = RopeConfig(                         # bands are the method's against the original base
-                rope_type=own.scaling["rope_type"], theta=rc.theta, head_dim=rc.head_dim, rotary_dim=rc.rotary_dim,
+                rope_type=own.scaling["rope_type"], theta=req.base, head_dim=rc.head_dim, rotary_dim=rc.rotary_dim,
                 partial_rotary_factor=rc.partial_rotary_factor, max_position_embeddings=own.max_position_embeddings,
                 original_max_position_embeddings=original,
                 params={k: v for k, v in own.scaling.items() if k != "rope_type"})
@@ -259,8 +267,8 @@ def _add_notes(notes: list, req: _Request, target_length: int, factor, transform
     if factor is not None and not math.isclose(s, target_length / original):
         notes.append(f"factor {s:g} given explicitly (target / original would be {target_length / original:g})")
     if m.keeps_original_length:
-        at_target = dynamic_ntk_theta(rc.theta, s, rc.rotary_dim, target_length, original)
-        static = ntk_theta(rc.theta, target_length / original, rc.rotary_dim)
+        at_target = dynamic_ntk_theta(req.base, s, rc.rotary_dim, target_length, original)
+        static = ntk_theta(req.base, target_length / original, rc.rotary_dim)
         notes.append(f"{lmax_key} stays {original}: dynamic NTK rescales relative to it from there on. "
                      f"At {target_length} tokens its base is {at_target:.7g} (transformers' rule with factor {s:g}); "
                      f"static NTK sized for this target would use {static:.7g}. --factor 1 makes dynamic reach "
@@ -268,6 +276,9 @@ def _add_notes(notes: list, req: _Request, target_length: int, factor, transform
     if rc.rope_type != "default":
         notes.append(f"replaced the existing {rc.rope_type!r} scaling; the model was trained with that one, so "
                      "expect to fine-tune")
+    if req.base != rc.theta:
+        notes.append(f"rope_theta {req.base:.7g} kept: the {rc.rope_type!r} scaling raised the base {rc.theta:g} to "
+                     f"it at every length, so the model trained with it; {m.name} scales from it")
     if transformers_version == 4:
         notes.append("written as rope_scaling with key 'rope_type' (transformers >= 4.45; older releases read "
                      "'type', and yarn/llama3 need >= 4.43/4.45)")

@@ -269,7 +269,14 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
     if config is not None:   # explicit arguments win over what the config says
         entry = _config_rope(config)
         if rope_theta is None:
+            from posenc.rope.scaling import trained_theta
+
             rope_theta, theta_from = entry["rope_theta"], "read from the config"
+            trained = trained_theta(entry["rope_type"], rope_theta, entry["parameters"], entry["rotary_dim"])
+            if trained != rope_theta:   # Hunyuan's NTK-alpha: the model trained with the raised base, keep it
+                rope_theta, theta_from = trained, (f"the base the model trained with: the config's rope_theta "
+                                                   f"{entry['rope_theta']:g} raised by its {entry['rope_type']} "
+                                                   "scaling at every length")
         if train_context is None:
             train_context = _entry_context(entry)
             if train_context is None:

@@ -17,6 +17,7 @@ import torch
 from posenc import rope_parameters
 from posenc.errors import PosencError
 from posenc.rope.config import load_rope_config, rope_layer_types, rope_section
+from posenc.rope.scaling import STATIC_BASE_KEYS, ntk_theta
 from posenc.tools.extend import ACCEPTED_ROPE_TYPES, extend_config
 from posenc.tools.inspect import format_report, inspect_config
 from posenc.tools.pick import config_context, pick
@@ -267,6 +268,11 @@ def test_pick_reads_theta_and_length(name):
     rec = pick(2 * (claimed or original), config=CONFIGS / f"{name}.json", budget="finetune")
     snippet = rec.config_snippet["rope_parameters"]
     snippet = snippet.get("full_attention", snippet)      # per-layer-type configs: the global entry is rescaled
+    rope_type, _, _, rotary_dim = entries.get(None) or entries["full_attention"]
+    if rope_type in STATIC_BASE_KEYS:   # a scaling that only raised the base (Hunyuan's NTK-alpha): the trained base
+        raw = json.loads((CONFIGS / f"{name}.json").read_text())
+        params = raw.get("rope_scaling") or raw.get("rope_parameters")
+        theta = ntk_theta(theta, params[STATIC_BASE_KEYS[rope_type]], rotary_dim)
     assert snippet["rope_theta"] == theta
     assert snippet["original_max_position_embeddings"] == (original or claimed)
     rope_type = (entries.get(None) or entries["full_attention"])[0]
