@@ -1,5 +1,5 @@
-"""A base <= 1 warns wherever a base is given -- apply_rope, apply_rope_qk, Rotary, default_inv_freq, the
-sinusoidal table and module -- as rope_parameters does (one rule: posenc.rope.config.check_theta), and the warning
+"""A base <= 1 warns wherever a user gives a base -- apply_rope, apply_rope_qk, the sinusoidal table and module --
+as rope_parameters does (one rule: posenc.rope.config.check_theta), and the warning
 names the user's line; a base in (1, 1e38] never warns."""
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from hypothesis import given, settings, strategies as st
 
 import posenc
 from posenc.absolute import SinusoidalPositionalEncoding, sinusoidal
-from posenc.rope.apply import default_inv_freq
 
 x = torch.randn(1, 2, 4, 8)
 pos = torch.arange(4)
 CALLS = {
     "apply_rope": lambda b: posenc.apply_rope(x, pos, base=b),
     "apply_rope_qk": lambda b: posenc.apply_rope_qk(x, x, pos, base=b),
-    "default_inv_freq": lambda b: default_inv_freq(8, b),
     "sinusoidal": lambda b: sinusoidal(4, 8, base=b),
     "SinusoidalPositionalEncoding": lambda b: SinusoidalPositionalEncoding(8, base=b),
 }

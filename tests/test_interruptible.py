@@ -126,3 +126,26 @@ def test_ctrl_c_stops_a_posenc_command_stuck_in_a_plugins_c_call(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
     assert err.strip().startswith("posenc lab: interrupted inside a long computation"), err
+
+
+def test_every_size_limit_names_its_setting():
+    """The class: each bounded lab setting one past its bound is refused, naming the setting (no run starts)."""
+    from posenc.errors import ConfigError
+    from posenc.lab.presets import SIZE_LIMITS, get_preset
+
+    list_settings = {"eval_lens", "sliding_lens"}
+    for name, limit in SIZE_LIMITS.items():
+        value = [96, 2 * limit] if name in list_settings else 2 * limit     # (even: d_model must split in heads)
+        with pytest.raises(ConfigError, match=rf"^{name} must be at most {limit:,}, got {2 * limit:,}"):
+            get_preset("smoke", tasks=["lm"], schemes=["rope"], **{name: value})
+
+
+@pytest.mark.parametrize("flag, value", [("--eval-lens", str(2**30 + 1)), ("--sliding-lens", str(2**30 + 1)),
+                                         ("--eval-tokens", str(2**30 + 1)), ("--sliding-tokens", str(2**31)),
+                                         ("--passkey-trials", str(2**20 + 1)), ("--batch-tokens", str(2**31)),
+                                         ("--factor", "1e12")])
+def test_eval_bounds_every_length_and_count(tmp_path, capsys, flag, value):
+    extra = ["--methods", "none,yarn"] if flag == "--factor" else []
+    assert main(["eval", str(tmp_path), flag, value, *extra, "--out", str(tmp_path / "o")]) == 2
+    err = _one_line(capsys)
+    assert f"{flag} must be" in err and ("at most" in err or "in [" in err), err

@@ -140,11 +140,12 @@ def _write(spec: ExtensionSpec) -> dict:
 # the lab's search knobs, declared once (posenc lab's --search-population etc.; results.json's settings)
 SETTINGS = (
     Setting("search_population", SearchBudget.population, "longrope-search: candidates per generation (paper: 64)",
-            kind="int", min=4),
+            kind="int", min=4, max=2**16),
     Setting("search_generations", SearchBudget.generations, "longrope-search: generations (paper: 40)", kind="int",
-            min=0),
+            min=0, max=2**16),
     Setting("search_windows", SearchBudget.windows, "longrope-search: windows of the target length in its search "
-            "and held-out splits (cut from the validation text after the part the lab reports on)", kind="int", min=1),
+            "and held-out splits (cut from the validation text after the part the lab reports on)", kind="int", min=1,
+            max=2**16),
 )
 
 register_method("longrope-search", label="LongRoPE (searched)", expects_finetune=False, fit=_fit, needs_corpus=True,

@@ -148,8 +148,13 @@ class EvalSettings:
                 raise ConfigError(f"{name}: expected at least one entry, got none")
         for name in ("eval_lens", "sliding_lens", "tasks", "methods"):
             check_distinct(getattr(self, name), name, error=ConfigError)
-        self.eval_lens = [check_int(n, "eval_lens", min=2, error=ConfigError) for n in self.eval_lens]
-        self.sliding_lens = [check_int(n, "sliding_lens", min=2, error=ConfigError) for n in self.sliding_lens]
+        from posenc.lab.presets import SIZE_LIMITS
+        from posenc.tools.contexts import MAX_CONTEXT
+
+        # every length and count has a bound (a context no config states; the lab's token and trial bounds)
+        self.eval_lens = [check_int(n, "eval_lens", min=2, max=MAX_CONTEXT, error=ConfigError) for n in self.eval_lens]
+        self.sliding_lens = [check_int(n, "sliding_lens", min=2, max=MAX_CONTEXT, error=ConfigError)
+                             for n in self.sliding_lens]
         for t in self.tasks:
             check_choice(t, "tasks", TASKS, error=ConfigError)
         self.options = check_settings(TASK_SETTINGS, self.options)
@@ -163,17 +168,17 @@ class EvalSettings:
         if any(m != "none" and m not in attention for m in self.methods):
             if self.factor is None:
                 raise ConfigError("factor: extension methods need --factor F (target / original context), e.g. 4")
-            check_float(self.factor, "factor", min=1.0, error=ConfigError)
+            check_float(self.factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)
         elif self.factor is not None and attention:
-            check_float(self.factor, "factor", min=1.0, error=ConfigError)  # the target the rules' defaults plan for
+            check_float(self.factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)  # the target the rules' defaults plan for
         elif self.factor is not None:
             raise ConfigError(f"factor: {self.factor!r} given, but only extension methods use it and methods is "
                               f"{','.join(self.methods)}: pass --methods with a method (e.g. --methods none,yarn) "
                               "or drop --factor")
-        positive_int(self.eval_tokens, "eval_tokens", error=ConfigError)
+        check_int(self.eval_tokens, "eval_tokens", min=1, max=SIZE_LIMITS["eval_tokens"], error=ConfigError)
         if self.sliding_tokens is None:   # both protocols score one text, as the lab's get_preset keeps them
             self.sliding_tokens = self.eval_tokens
-        positive_int(self.sliding_tokens, "sliding_tokens", error=ConfigError)
+        check_int(self.sliding_tokens, "sliding_tokens", min=1, max=SIZE_LIMITS["sliding_tokens"], error=ConfigError)
         check_int(self.sliding_stride, "sliding_stride", min=-1, error=ConfigError)
         if self.sliding_stride > min(self.sliding_lens or [max(self.eval_lens)]):
             raise ConfigError(f"sliding_stride: expected -1 (auto), 0 (off) or at most the sliding length, got "
@@ -182,7 +187,7 @@ class EvalSettings:
         if self.device_map is not None:
             check_choice(self.device_map, "device_map", ("auto",), error=ConfigError)
         if self.batch_tokens is not None:
-            positive_int(self.batch_tokens, "batch_tokens", error=ConfigError)
+            check_int(self.batch_tokens, "batch_tokens", min=1, max=MAX_CONTEXT, error=ConfigError)
         check_device(self.device)
         check_attn_implementation(self.attn_implementation)
         return self

@@ -314,7 +314,8 @@ MAX_SEQUENCE = 2**17
 SIZE_LIMITS = {"d_model": 2**16, "n_layers": 1024, "train_len": MAX_SEQUENCE, "eval_lens": MAX_SEQUENCE,
                "sliding_lens": MAX_SEQUENCE, "finetune_len": MAX_SEQUENCE, "batch_size": 2**16, "threads": 4096,
                "jobs": 4096, "eval_tokens": 2**30, "sliding_tokens": 2**30, "steps": 2**31,
-               "check_every": 2**31, "mlp_ratio": 256, "randomized_positions": 2**20}
+               "check_every": 2**31, "mlp_ratio": 256, "randomized_positions": 2**20, "warmup": 2**31,
+               "ckpt_every": 2**31, "finetune_steps": 2**31}
 
 
 # a bias scheme's float32 [heads, T, T] logit bias and the causal mask added to it: 2 tensors of 4 bytes

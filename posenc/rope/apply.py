@@ -68,10 +68,10 @@ def base_powers(dim: int, base: float = 10000.0, pairs: int | None = None) -> to
     ``pairs`` computes only the first pairs (Gemma 4's proportional RoPE): the same length as transformers matters,
     since torch's vectorised pow can round an element differently from its scalar tail loop.
     """
-    from posenc.rope.config import check_theta
-
     even_int(dim, "dim")
-    base = check_theta(base, "base")  # the one rule for a base: <= 1 warns (as rope_parameters does)
+    # (no warning for a base <= 1 here: the callers that take a base from the user warn -- apply_rope,
+    # apply_rope_qk, rope_parameters' config reader -- so that one setting warns once)
+    base = check_float(base, "base", positive=True)
     pairs = dim // 2 if pairs is None else pairs
     exponent = torch.arange(0, 2 * pairs, 2, dtype=torch.int64).to(torch.float32) / dim
     return base ** exponent

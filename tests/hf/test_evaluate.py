@@ -273,4 +273,4 @@ def test_sliding_tokens_reproduces_the_labs_sliding_rows(exported, text_file, sl
     assert f"({sliding_tokens} per sliding length)" in (tmp_path / "e" / "report.md").read_text()
     capsys.readouterr()
     assert eval_main([str(folder), "--sliding-tokens", "0", "--out", str(tmp_path / "f")]) == 2
-    assert "--sliding-tokens must be a positive integer" in capsys.readouterr().err
+    assert "--sliding-tokens must be an integer in [1, " in capsys.readouterr().err
