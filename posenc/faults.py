@@ -321,7 +321,24 @@ def _run(prefix: str, fn: Callable[[], int | None], flags: Mapping[str, str] | N
             path = save_traceback(exc)
             print(f"{prefix}: error: {blamed}" + (f"; traceback saved to {path}" if path else ""), file=sys.stderr)
             return EXIT_USER
+        size = allocation_failure(exc)
+        if size is not None:   # torch's allocators raise RuntimeError (torch.OutOfMemoryError on CUDA), not MemoryError
+            print(f"{prefix}: error: out of memory{size} (use smaller sizes or lengths)", file=sys.stderr)
+            return EXIT_BUG
         return _report_bug(prefix, exc)
+
+
+def allocation_failure(exc: BaseException) -> str | None:
+    """" (tried to allocate 7.5 GiB)" (or "") when ``exc`` is torch's failure to allocate memory; else None."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not ("can't allocate memory" in text or "out of memory" in text.lower()
+                                                 or type(exc).__name__ == "OutOfMemoryError"):
+        return None
+    match = re.search(r"allocate (\d+) bytes", text) or re.search(r"allocate ([\d.]+ [KMGT]i?B)", text)
+    if match is None:
+        return ""
+    amount = match.group(1)
+    return f" (tried to allocate {int(amount) / 2**30:.1f} GiB)" if amount.isdigit() else f" (tried to allocate {amount})"
 
 
 def _plugin_fault(exc: BaseException) -> str | None:
