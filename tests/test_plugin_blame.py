@@ -153,3 +153,21 @@ def test_sys_exit_at_import_is_a_plugin_error(tmp_path, capsys, clean_registries
     err = capsys.readouterr().err.strip()
     assert "plugin " in err and "bad_plugin.py: called sys.exit(" in err and "while being imported" in err, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("body, words", [
+    ("raise ValueError('boom')", ["scheme 'bad', hook bias() raised ValueError: boom"]),
+    ("sys.exit(0)", ["scheme 'bad', hook bias() called sys.exit(0)"]),
+])
+def test_a_plugins_fault_in_a_worker_process_is_named_too(tmp_path, capsys, clean_registries, body, words):
+    """--jobs 2: the hook runs in a spawned worker; the fault is still the plug-in's, by name."""
+    argv = ["--tasks", "lm", "--schemes", "bad,rope", "--jobs", "2"]
+    plugin = tmp_path / "bad_plugin.py"
+    plugin.write_text(SCHEME.format(body=body))
+    tiny = [a for i, a in enumerate(TINY) if a != "--jobs" and not (i and TINY[i - 1] == "--jobs")]
+    status = main(["lab", *tiny, "--plugin", str(plugin), *argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 2, err
+    assert "internal error" not in err and "bad_plugin.py" in err, err
+    for w in words:
+        assert w in err, err

@@ -188,4 +188,12 @@ def _worker(settings: dict, unit: Unit) -> dict:
     corpus = load_corpus(cfg.data) if needs_corpus(cfg.tasks) else None     # what the parent run loads
     run = Run(cfg, corpus, torch.device("cpu"), settings["out"], resume=settings["resume"], progress=False,
               log=lambda *args: None, precision=settings["precision"])
-    return settings["run_unit"](run, unit, [], {})
+    try:
+        return settings["run_unit"](run, unit, [], {})
+    except (Exception, SystemExit) as exc:   # a plug-in's fault is named here, where its frames are: the parent
+        from posenc.plugins import PluginError, plugin_fault     # gets the exception without them
+
+        blamed = plugin_fault(exc)
+        if blamed is not None:
+            raise PluginError(blamed) from None
+        raise
