@@ -338,7 +338,8 @@ def allocation_failure(exc: BaseException) -> str | None:
     if match is None:
         return ""
     amount = match.group(1)
-    return f" (tried to allocate {int(amount) / 2**30:.1f} GiB)" if amount.isdigit() else f" (tried to allocate {amount})"
+    shown = f"{int(amount) / 2**30:.1f} GiB" if amount.isdigit() else amount
+    return f" (tried to allocate {shown})"
 
 
 def _plugin_fault(exc: BaseException) -> str | None:

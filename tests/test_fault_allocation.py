@@ -7,7 +7,8 @@ import pytest
 
 @pytest.mark.parametrize("exc, shown", [
     (RuntimeError("[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate memory: you tried "
-                  "to allocate 8053063680 bytes. Error code 12 (Cannot allocate memory)"), "(tried to allocate 7.5 GiB)"),
+                  "to allocate 8053063680 bytes. Error code 12 (Cannot allocate memory)"),
+     "(tried to allocate 7.5 GiB)"),
     (RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total capacity)"),
      "(tried to allocate 20.00 GiB)"),
     (RuntimeError("DefaultCPUAllocator: can't allocate memory"), "out of memory (use"),

@@ -123,8 +123,8 @@ def test_a_schemes_hook(tmp_path, capsys, clean_registries, body, words):
     ("", "return [42]", ["evaluate() returned row 0 as int"]),
     ("", "return [ev.row(12345, 'exact_match', 0.5)]", ["a row for eval_len 12345, which the run did not ask"]),
     ("", "return [ev.row(96, 'exact_match', -7)]", ["exact_match = -7 at length 96; expected a value in [0, 1]"]),
-    ("", "return [ev.row(96, 'token_accuracy', float('inf'))]", ["token_accuracy = inf"]),
-    ("", "return [ev.row(96, 'exact_match', float('nan'))]", ["exact_match = nan"]),
+    ("", "return [ev.row(96, 'token_accuracy', float('inf'))]", ["a non-finite token_accuracy at length 96 for a model whose weights are finite"]),
+    ("", "return [ev.row(96, 'exact_match', float('nan'))]", ["a non-finite exact_match"]),
     ("", "raise ZeroDivisionError('x')", ["task 'bad', hook evaluate() raised ZeroDivisionError"]),
 ])
 def test_a_tasks_sampler_and_rows(tmp_path, capsys, clean_registries, batch, evaluate, words):

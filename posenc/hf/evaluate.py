@@ -137,7 +137,7 @@ class EvalSettings:
         return {**out, **out.pop("options")}
 
     def validate(self) -> "EvalSettings":
-        from posenc._validate import check_choice, check_distinct, check_float, check_int, positive_int
+        from posenc._validate import check_choice, check_distinct, check_float, check_int
         from posenc.hf.lab_bridge import check_config_method
 
         from posenc._settings import check_settings
@@ -992,7 +992,8 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
              f"{meta.get('loadavg_end')} at the end.", "", "## Settings", "",
              f"- tasks: {', '.join(s['tasks'])}; evaluation lengths: {s['eval_lens']} tokens; tokens: {tokens}",
              f"- perplexity: about {s['eval_tokens']} tokens scored per length "
-             f"({s.get('sliding_tokens') or s['eval_tokens']} per sliding length); sliding stride {s['sliding_stride']} "
+             f"({s.get('sliding_tokens') or s['eval_tokens']} per sliding length); "
+             f"sliding stride {s['sliding_stride']} "
              f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}",
              f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed {s['seed']}"]
     if data:

@@ -32,8 +32,8 @@ Common to all: the tied head is untied (input embedding = W * sqrt(d_model), lm_
 ``rope_scaling`` / ``--rope-scaling METHOD --factor F`` writes an extension method into config.json with
 ``posenc.tools.extend.extend_config`` at factor F, as ``posenc extend --factor F`` writes it (dynamic NTK too:
 factor F, transformers' rule), so transformers' own implementation runs it. posenc_export.json records the
-training length, which ``posenc eval`` reads as the model's original context. The folder also gets the byte-level tokenizer (posenc.hf.tokenizer) and
-posenc_export.json (source checkpoint, mapping, the check below).
+training length, which ``posenc eval`` reads as the model's original context. The folder also gets the
+byte-level tokenizer (posenc.hf.tokenizer) and posenc_export.json (source checkpoint, mapping, the check below).
 
 The check: before the folder is moved into place, the written model is loaded back with
 ``AutoModelForCausalLM.from_pretrained`` and its float32 logits are compared with the lab model's (under the same

@@ -342,7 +342,7 @@ def evaluate(run: Run, ev: Evaluation) -> list[dict]:
 
     ev.model.to(run.device).eval()
     with autocast(run.precision, run.device):
-        return check_rows(get_task(ev.task), get_task(ev.task).evaluate(ev))
+        return check_rows(get_task(ev.task), get_task(ev.task).evaluate(ev), ev)
 
 
 def finetune_length(cfg: LabConfig) -> int:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc._validate import check_choice, check_float, check_int
+from posenc._validate import check_choice, check_int
 from posenc.errors import PosencError
 from posenc.extensions import ExtensionSpec, get_method, method_config
 from posenc.tools.contexts import MAX_CONTEXT

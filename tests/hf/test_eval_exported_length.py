@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers", minversion="5.0", reason="tra
 
 from posenc.hf.evaluate import eval_main, original_context, read_config  # noqa: E402
 from posenc.hf.export import export_lab_model  # noqa: E402
-from tests.hf.test_cli_hardening import lab_run  # noqa: E402
+from posenc_hf_folders import lab_run  # noqa: E402
 
 CASES = [("alibi", {"bias": False}, 32), ("sinusoidal", {}, 32), ("learned", {}, 32), ("rope", {}, 32),
          ("alibi", {"bias": False, "max_len": 48}, 48), ("sinusoidal", {"max_len": 40}, 40)]

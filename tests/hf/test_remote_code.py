@@ -16,7 +16,7 @@ transformers = pytest.importorskip(
 from posenc.errors import ConfigError  # noqa: E402
 from posenc.hf.evaluate import eval_main, load_causal_lm, load_tokenizer, read_config  # noqa: E402
 from posenc.hf.search import search_main  # noqa: E402
-from tests.hf.test_cli_hardening import fails, tiny_llama  # noqa: E402
+from posenc_hf_folders import fails, tiny_llama  # noqa: E402
 
 EVIL = '''
 from pathlib import Path
@@ -66,7 +66,7 @@ def test_a_config_that_needs_the_folders_code_is_refused_in_one_line(tmp_path, c
                                     "--out", str(tmp_path / "out")]),
                        (search_main, [str(folder), "--target-length", "64", "--out-config",
                                       str(tmp_path / "c.json")])):
-        err = fails(capsys, main, argv)
+        err = fails(capsys, main, "eval" if main is eval_main else "search", argv)
         assert "never runs code from a model folder" in err and "trust_remote_code" not in err
     assert not (folder / "RAN").exists()
 
@@ -131,7 +131,7 @@ def test_a_malicious_pickle_is_refused_as_unsafe_without_advising_unsafe_loading
     msg = str(info.value)
     assert "unsafe to load" in msg and "\n" not in msg
     assert "weights_only" not in msg and "trusted source" not in msg and "False" not in msg
-    err = fails(capsys, eval_main, [str(folder), "--eval-lens", "32", "--eval-tokens", "64", "--no-progress",
+    err = fails(capsys, eval_main, "eval", [str(folder), "--eval-lens", "32", "--eval-tokens", "64", "--no-progress",
                                     "--out", str(tmp_path / "out")])
     assert "unsafe to load" in err and "weights_only" not in err
     assert not marker.exists()

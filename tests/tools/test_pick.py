@@ -302,7 +302,8 @@ def test_the_copy_cpu_count_is_read_from_the_results():
     from posenc.tools.pick import COPY_CPU_RESULTS, _evidence
 
     doc = json.loads(COPY_CPU_RESULTS.read_text())
-    per_model = [v for r in doc["results"] if r["metric"] == "exact_match" and r["eval_len"] == 128 for v in r["values"]]
+    per_model = [v for r in doc["results"] if r["metric"] == "exact_match" and r["eval_len"] == 128
+                 for v in r["values"]]
     n_pass = sum(v >= 0.95 for v in per_model)
     assert len(per_model) == 33 and n_pass == 32          # xPos seed 1 at 93.0% (docs/lab.md)
     assert f"; {n_pass} of {len(per_model)} models >= 95% exact at 1x" in _evidence("lab_copy")

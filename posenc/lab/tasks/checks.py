@@ -92,35 +92,45 @@ class CheckedSampler:
         return inputs.long(), targets.long()
 
 
-def check_row(task, cfg, eval_len, metric: str, value) -> None:
-    """TaskError when a row ``ev.row`` is asked to build breaks the contract (a length not asked, a fraction out
-    of [0, 1] or not finite)."""
+def check_row(task, cfg, eval_len, metric: str, value, nonfinite: bool = False) -> None:
+    """TaskError when a row breaks the contract (a length not asked, a fraction out of [0, 1] or not finite).
+    ``nonfinite``: ev.row turned a non-finite value of a model with finite weights into "diverged"."""
     asked = set(cfg.eval_lens) | set(cfg.sliding_lens or ())
     if isinstance(eval_len, bool) or not isinstance(eval_len, int) or eval_len not in asked:
         raise TaskError(f"{task_label(task)}: evaluate() reported a row for eval_len {eval_len!r}, which the run "
                         f"did not ask for (eval_lens {sorted(asked)})")
     if not isinstance(metric, str) or not metric:
         raise TaskError(f"{task_label(task)}: evaluate() reported a row with metric {metric!r}; expected a name")
+    bounds = value_range(task, metric)
+    if nonfinite and bounds is not None:
+        raise TaskError(f"{task_label(task)}: evaluate() reported a non-finite {metric} at length {eval_len} for a "
+                        f"model whose weights are finite; expected a value in [{bounds[0]:g}, {bounds[1]:g}]")
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TaskError(f"{task_label(task)}: evaluate() reported {metric} = {value!r} at length {eval_len}; "
                         "expected a number or None")
-    bounds = value_range(task, metric)
     if bounds is not None and not (math.isfinite(value) and bounds[0] <= value <= bounds[1]):
         raise TaskError(f"{task_label(task)}: evaluate() reported {metric} = {value!r} at length {eval_len}; "
                         f"expected a value in [{bounds[0]:g}, {bounds[1]:g}]")
 
 
-def check_rows(task, rows) -> list[dict]:
-    """``rows`` if evaluate() returned a list of row dicts; TaskError naming the task otherwise."""
+def check_rows(task, rows, ev=None) -> list[dict]:
+    """``rows`` if evaluate() returned a list of row dicts whose lengths and values keep the contract
+    (``check_row``, with ``ev``: the Evaluation); TaskError naming the task otherwise."""
     if not isinstance(rows, list):
         raise TaskError(f"{task_label(task)}: evaluate() returned {type(rows).__name__}; expected a list of rows "
                         "built with ev.row(...)")
     needed = ("task", "scheme", "eval_len", "metric", "value", "seed")
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or any(k not in row for k in needed):
-            shown = type(row).__name__ if not isinstance(row, dict) else f"a dict without {[k for k in needed if k not in row]}"
+            shown = (type(row).__name__ if not isinstance(row, dict)
+                     else f"a dict without {[k for k in needed if k not in row]}")
             raise TaskError(f"{task_label(task)}: evaluate() returned row {i} as {shown}; build rows with "
                             "ev.row(eval_len, metric, value)")
+        if ev is not None:
+            from posenc.lab.context import DIVERGED
+
+            nonfinite = row.get("note") == DIVERGED and not ev.diverged
+            check_row(task, ev.cfg, row["eval_len"], row["metric"], row["value"], nonfinite=nonfinite)
     return rows
