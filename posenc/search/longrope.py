@@ -485,7 +485,10 @@ class _Search:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"cannot read search checkpoint {str(path)!r}: {exc}") from None
-        data = loads(text, f"search checkpoint {str(path)!r}", error=CheckpointError)
+        try:
+            data = loads(text, "the file", error=CheckpointError)
+        except CheckpointError as exc:
+            raise CheckpointError(f"cannot read search checkpoint {str(path)!r}: {exc}") from None
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{str(path)!r} is not a LongRoPE search checkpoint ({CHECKPOINT_FORMAT})")
         if data.get("search") != self._identity():
