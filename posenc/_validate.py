@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
+import warnings
 from typing import Iterable
 
 from posenc.errors import PosencError
@@ -104,3 +107,36 @@ def heads_divide(d_model, n_heads, *, error: type[PosencError] = PosencError) ->
     if d_model % n_heads:
         raise error(f"d_model must be divisible by n_heads ({n_heads}), got {d_model}")
     return d_model // n_heads
+
+
+# the largest base float32 holds: RoPE and the sinusoidal encoding raise the base to a power in float32
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def user_stacklevel() -> int:
+    """stacklevel for a warning raised two frames up, pointing at the first caller outside posenc (the user's line)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and (frame.f_code.co_filename.startswith(package)  # dataclass __init__ too:
+                                 or (frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__")):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def check_base(value, name: str, *, error: type[PosencError] = PosencError) -> float:
+    """A RoPE or sinusoidal base as a float: a positive number float32 can hold (strings are refused, not parsed),
+    or ``error``. The one rule for a base, wherever a user gives one.
+
+    A base <= 1 only warns: the frequencies base^(-2j/d) then stop decreasing with j (they grow for a base < 1),
+    so no pair keeps long-range position; published models use 1e4 and above.
+    """
+    value = check_float(value, name, positive=True, error=error)
+    if value > FLOAT32_MAX:
+        raise error(f"{name} must be at most {FLOAT32_MAX:.4g} (float32's largest value: RoPE raises it to a "
+                    f"power in float32, so larger bases give inf), got {value!r}")
+    if value <= 1:
+        warnings.warn(f"{name} {value:g} <= 1: the frequencies theta^(-2j/d) do not decrease with j"
+                      + (" (they grow)" if value < 1 else " (all equal 1)")
+                      + ", so no pair encodes long-range position; RoPE (and sinusoidal) bases are normally >= 1e4",
+                      UserWarning, stacklevel=user_stacklevel())
+    return value

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc._validate import positive_int
+from posenc._validate import check_base, positive_int
 from posenc.errors import PosencError
 from posenc.positions import as_positions
 
@@ -25,9 +25,7 @@ def sinusoidal_at(positions: torch.Tensor, dim: int, base: float = 10000.0) -> t
     positive_int(dim, "dim")
     if dim % 2:
         raise PosencError(f"dim must be even for sinusoidal encodings (sin/cos pairs), got {dim}")
-    from posenc.rope.config import check_theta
-
-    base = check_theta(base, "base")  # <= 1 warns: the wavelengths base^(2i/dim) then stop growing with i
+    base = check_base(base, "base")  # <= 1 warns: the wavelengths base^(2i/dim) then stop growing with i
     positions = as_positions(positions)                 # integers or float32/64 only: bf16 would round 257 to 256
     pos = positions.to(torch.float64).unsqueeze(-1)                         # [..., 1]
     i = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)
@@ -70,9 +68,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         positive_int(dim, "dim")
         if dim % 2:
             raise PosencError(f"dim must be even for sinusoidal encodings, got {dim}")
-        from posenc.rope.config import check_theta
-
-        self.dim, self.base = dim, check_theta(base, "base")
+        self.dim, self.base = dim, check_base(base, "base")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[-1] != self.dim:

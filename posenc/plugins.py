@@ -92,15 +92,14 @@ def _plugin_files() -> dict[str, str]:
 
 
 def _entries_from(path: str) -> list[tuple[str, str, object]]:
-    """(kind, name, entry) of every registration made from the file ``path``."""
-    from posenc.extensions.registry import METHODS
-    from posenc.lab.tasks.registry import TASKS
-    from posenc.rope.registry import ROPE_SCALING_FUNCTIONS
-    from posenc.schemes.registry import SCHEMES
-
+    """(kind, name, entry) of every registration made from the file ``path``. The registries sit above this module
+    (docs/architecture.md): they are read from sys.modules, not imported -- a registry not loaded holds nothing."""
     found = []
-    for kind, table in (("scheme", SCHEMES), ("extension method", METHODS), ("task", TASKS),
-                        ("rope type", ROPE_SCALING_FUNCTIONS)):
+    for kind, module_name, attr in (("scheme", "posenc.schemes.registry", "SCHEMES"),
+                                    ("extension method", "posenc.extensions.registry", "METHODS"),
+                                    ("task", "posenc.lab.tasks.registry", "TASKS"),
+                                    ("rope type", "posenc.rope.registry", "ROPE_SCALING_FUNCTIONS")):
+        table = getattr(sys.modules.get(module_name), attr, None) or {}
         for name, entry in table.items():
             origin = getattr(entry, "origin", "")
             if origin and str(Path(origin).resolve()) == path:

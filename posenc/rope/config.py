@@ -189,16 +189,9 @@ def check_theta(theta, name: str = "rope_theta") -> float:
     A base <= 1 only warns: the frequencies theta^(-2j/d) then stop decreasing with j (they grow for theta < 1),
     so no pair keeps long-range position; published models use 1e4 and above.
     """
-    theta = check_float(theta, name, positive=True, error=ConfigError)
-    if theta > MAX_THETA:
-        raise ConfigError(f"{name} must be at most {MAX_THETA:.4g} (float32's largest value: RoPE raises it to a "
-                          f"power in float32, so larger bases give inf), got {theta!r}")
-    if theta <= 1:
-        warnings.warn(f"{name} {theta:g} <= 1: the frequencies theta^(-2j/d) do not decrease with j"
-                      + (" (they grow)" if theta < 1 else " (all equal 1)")
-                      + ", so no pair encodes long-range position; RoPE (and sinusoidal) bases are normally >= 1e4",
-                      UserWarning, stacklevel=_user_stacklevel())
-    return theta
+    from posenc._validate import check_base
+
+    return check_base(theta, name, error=ConfigError)   # the one rule for a base (posenc.absolute's too)
 
 
 def _is_number(x) -> bool:
