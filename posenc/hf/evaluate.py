@@ -170,7 +170,8 @@ class EvalSettings:
                 raise ConfigError("factor: extension methods need --factor F (target / original context), e.g. 4")
             check_float(self.factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)
         elif self.factor is not None and attention:
-            check_float(self.factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)  # the target the rules' defaults plan for
+            # the target the rules' defaults plan for
+            check_float(self.factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)
         elif self.factor is not None:
             raise ConfigError(f"factor: {self.factor!r} given, but only extension methods use it and methods is "
                               f"{','.join(self.methods)}: pass --methods with a method (e.g. --methods none,yarn) "
