@@ -5,6 +5,7 @@ scored like a brute-force window loop, with byte and non-byte tokenizers."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 import json
 import math
 
@@ -180,12 +181,25 @@ def test_non_byte_tokenizer_counts_its_own_tokens(tmp_path, text_file):
     assert "Perplexity (per token of the model's tokenizer, non-overlapping" in tables and "byte-level" not in tables
 
 
-@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")
-def test_device_map_auto_without_accelerate_falls_back_with_a_note(tmp_path):
+def test_device_map_auto_without_accelerate_falls_back_with_a_note(tmp_path, monkeypatch):
     tiny_hf("llama", tmp_path)
+    monkeypatch.setitem(sys.modules, "accelerate", None)     # as if not installed: find_spec gives None
     notes = []
     model, _, _ = load_causal_lm(str(tmp_path), device_map="auto", log=notes.append)
     assert "needs accelerate" in notes[0] and next(model.parameters()).device.type == "cpu"
+
+
+def test_device_map_auto_loads_through_accelerate(tmp_path):
+    # the hf extra installs accelerate: "auto" places the model (on this CPU-only machine, on the CPU) with no note
+    pytest.importorskip("accelerate")
+    tiny_hf("llama", tmp_path)
+    notes = []
+    model, _, _ = load_causal_lm(str(tmp_path), device_map="auto", log=notes.append)
+    assert not any("needs accelerate" in n for n in notes)
+    plain, _, _ = load_causal_lm(str(tmp_path))
+    ids = torch.arange(12).unsqueeze(0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits)
 
 
 def test_settings_are_checked():
