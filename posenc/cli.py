@@ -54,7 +54,32 @@ def _version() -> str:
     return __version__
 
 
+def _plugins_named(argv: list[str]) -> list[str]:
+    """The ``--plugin`` values of a command line (``--plugin X`` and ``--plugin=X``)."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--plugin" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif arg.startswith("--plugin="):
+            out.append(arg.split("=", 1)[1])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plugins = _plugins_named(argv)
+    if plugins and argv[0] in COMMANDS:
+        # imported before the parser is built, so that the settings a plug-in's tasks and methods declare get
+        # their own flags (--repeat-rows), as built-in ones do; the command imports them again at no cost
+        from posenc.plugins import load_plugins
+
+        def load() -> int:
+            load_plugins(plugins)
+            return 0
+
+        status = run_reporting_faults(argv[0], load)
+        if status:
+            return status
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -63,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a malformed flag (one line printed): the status, not a raise
         return exc.code if isinstance(exc.code, int) else 2
     # the raw command line, for subcommands that re-launch themselves (posenc lab --nproc N under torchrun)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = argv
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -38,7 +38,7 @@ def lab_run(tmp_path_factory):
                    "--layers", "1", "--heads", "2", "--train-len", "16", "--batch-size", "4", "--steps", "6",
                    "--warmup", "1", "--eval-lens", ",".join(map(str, LENS)), "--extensions", "none",
                    "--sliding-stride", "0", "--threads", "1", "--jobs", "1", "--ckpt-every", "0",
-                   "--task-options", "repeat_rows=3", "--out", str(out), "--quiet"])
+                   "--repeat-rows", "3", "--out", str(out), "--quiet"])
     assert status == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -76,3 +76,12 @@ def test_a_bad_value_of_the_declared_setting_is_one_line_naming_it(capsys):
                    "repeat_rows=0"])
     assert status == 2
     assert re.search("repeat[-_]rows", capsys.readouterr().err)
+
+
+def test_a_plugin_setting_has_its_own_flag_in_both_commands(capsys):
+    # the plug-in is imported before the parser is built, so its declared setting is a flag like a built-in one
+    for command in (["lab", "--schemes", "rope"], ["eval", "/nonexistent"]):
+        status = main([*command, "--plugin", PLUGIN, "--tasks", "repeat", "--repeat-rows", "0"])
+        assert status == 2
+        err = capsys.readouterr().err
+        assert "--repeat-rows" in err and "unrecognized" not in err, err
