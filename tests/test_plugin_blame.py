@@ -4,14 +4,11 @@ version."""
 
 from __future__ import annotations
 
-import sys
 
 import pytest
+from posenc_plugin_fixtures import registries_restored
 
 from posenc.cli import main
-from posenc.extensions import METHODS
-from posenc.lab.tasks import TASKS
-from posenc.schemes import SCHEMES
 
 TINY = ["--preset", "smoke", "--seeds", "0", "--threads", "1", "--jobs", "1", "--quiet", "--steps", "2",
         "--eval-lens", "96", "--sliding-stride", "0", "--extensions", "none", "--randomized-positions", "0",
@@ -70,16 +67,12 @@ def bad_write(spec):
 GOOD_EVAL = "return [ev.row(L, 'exact_match', 0.5) for L in ev.cfg.eval_lens]"
 
 
+
 @pytest.fixture
 def clean_registries():
-    before = {"s": set(SCHEMES), "m": set(METHODS), "t": set(TASKS), "mod": set(sys.modules)}
-    yield
-    for table, key in ((SCHEMES, "s"), (METHODS, "m"), (TASKS, "t")):
-        for name in set(table) - before[key]:
-            del table[name]
-    for name in set(sys.modules) - before["mod"]:
-        if name.startswith("posenc_plugin_"):
-            del sys.modules[name]
+    """Plug-ins register into the process-wide registries: remove what a test added."""
+    with registries_restored():
+        yield
 
 
 def blamed(tmp_path, capsys, source: str, argv: list[str]) -> str:

@@ -4,15 +4,13 @@ run through the smoke lab; failures name the file."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from posenc_plugin_fixtures import registries_restored
 import torch
 
 from posenc.cli import main
-from posenc.extensions import METHODS
-from posenc.lab.tasks import TASKS
 from posenc.plugins import PluginError, load_plugin
 from posenc.schemes import SCHEMES
 
@@ -73,17 +71,12 @@ class Reverse(Task):
 '''
 
 
+
 @pytest.fixture
 def clean_registries():
     """Plug-ins register into the process-wide registries: remove what a test added."""
-    before = {"s": set(SCHEMES), "m": set(METHODS), "t": set(TASKS), "mod": set(sys.modules)}
-    yield
-    for table, key in ((SCHEMES, "s"), (METHODS, "m"), (TASKS, "t")):
-        for name in set(table) - before[key]:
-            del table[name]
-    for name in set(sys.modules) - before["mod"]:
-        if name.startswith("posenc_plugin_"):
-            del sys.modules[name]
+    with registries_restored():
+        yield
 
 
 def test_readme_shows_the_example_file():

@@ -254,3 +254,24 @@ def transformers_config(name: str, config: MethodConfig, spec: ExtensionSpec) ->
         return config
     scaling, notes = method.transformers_form(dict(config.scaling), spec)
     return MethodConfig(dict(scaling), config.max_position_embeddings, config.notes + tuple(notes))
+
+
+def method_options(options, methods, method: str | None, argument: str) -> dict:
+    """``method``'s options from ``options`` ({"method.option": value}, as --extension-options / --method-options
+    give them) as {option: value}; with ``method`` None, check every key instead (a method of ``methods`` and one of
+    its declared options; ConfigError naming ``argument``) and return {}."""
+    if not isinstance(options, dict):
+        raise ConfigError(f"{argument}: expected method.option=value pairs, got {options!r}")
+    out: dict = {}
+    for key, value in options.items():
+        name, dot, option = str(key).partition(".")
+        if method is None:
+            if not dot or name not in methods:
+                raise ConfigError(f"{argument}: expected method.option=value with one of the run's methods "
+                                  f"({', '.join(methods) or 'none'}), got {key!r}")
+            if option not in get_method(name).options:
+                raise ConfigError(f"{argument}: {name} takes no option {option!r} (options: "
+                                  f"{', '.join(get_method(name).options) or 'none'})")
+        elif name == method:
+            out[option] = value
+    return out

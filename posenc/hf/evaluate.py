@@ -196,23 +196,9 @@ class EvalSettings:
     def options_for(self, method: str | None) -> dict:
         """``method``'s options from method_options ({option: value}); None: check every key ("method.option" for
         an attention method of ``methods`` and one of its options) and return {}."""
-        from posenc.extensions import get_method
+        from posenc.extensions.registry import method_options
 
-        if not isinstance(self.method_options, dict):
-            raise ConfigError(f"method_options: expected method.option=value pairs, got {self.method_options!r}")
-        out = {}
-        for key, value in self.method_options.items():
-            name, dot, option = str(key).partition(".")
-            if method is None:
-                if not dot or name not in attention_methods(self.methods):
-                    raise ConfigError(f"method_options: expected method.option=value with an attention method of "
-                                      f"--methods, got {key!r}")
-                if option not in get_method(name).options:
-                    raise ConfigError(f"method_options: {name} takes no option {option!r} (options: "
-                                      f"{', '.join(get_method(name).options)})")
-            elif name == method:
-                out[option] = value
-        return out
+        return method_options(self.method_options, attention_methods(self.methods), method, "method_options")
 
 
 def attention_methods(methods) -> tuple[str, ...]:

@@ -234,21 +234,9 @@ class LabConfig:
     def method_options(self, method: str | None) -> dict:
         """The options --extension-options gives ``method`` ({option: value}); None: check them all (each key is
         "method.option" for a listed method and one of its options) and return {}."""
-        if not isinstance(self.extension_options, dict):
-            raise ConfigError(f"extension_options: expected method.option=value pairs, got {self.extension_options!r}")
-        out: dict = {}
-        for key, value in self.extension_options.items():
-            name, dot, option = str(key).partition(".")
-            if method is None:
-                if not dot or name not in self.extensions:
-                    raise ConfigError(f"extension_options: expected method.option=value with a method of "
-                                      f"--extensions ({', '.join(self.extensions) or 'none'}), got {key!r}")
-                if option not in get_method(name).options:
-                    raise ConfigError(f"extension_options: {name} takes no option {option!r} (options: "
-                                      f"{', '.join(get_method(name).options) or 'none'})")
-            elif name == method:
-                out[option] = value
-        return out
+        from posenc.extensions.registry import method_options
+
+        return method_options(self.extension_options, self.extensions, method, "extension_options")
 
     def _check_schemes(self) -> None:
         """What would otherwise fail only after a model has trained: each scheme is built once with its options

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers loads the models)")
@@ -17,26 +16,14 @@ transformers = pytest.importorskip(
 from posenc.errors import ConfigError  # noqa: E402
 from posenc.hf.evaluate import EvalSettings, eval_main, load_causal_lm  # noqa: E402
 from posenc.hf.export import export_lab_model, export_main  # noqa: E402
-from posenc.hf.lab_bridge import build_lab_model, save_lab_model  # noqa: E402
 from posenc.hf.search import search_main  # noqa: E402
 from posenc.hf.tokenizer import save_byte_tokenizer  # noqa: E402
+from posenc_hf_folders import TRAIN_LEN, lab_run, tiny_llama  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
-TRAIN_LEN = 32
-SHAPE = dict(d_model=32, n_layers=1, n_heads=4, max_len=TRAIN_LEN)
 linux_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 
-
-def lab_run(folder: Path, scheme: str = "rope", **extra) -> Path:
-    """A lab run folder: results.json, a report and a checkpoint."""
-    torch.manual_seed(0)
-    (folder / "checkpoints").mkdir(parents=True)
-    save_lab_model(folder / "checkpoints" / f"lm-{scheme}-seed0.safetensors",
-                   build_lab_model(scheme=scheme, **{**SHAPE, **extra}))
-    (folder / "results.json").write_text("{}\n")
-    (folder / "report.md").write_text("# run\n")
-    return folder
 
 
 def snapshot(folder: Path) -> dict:
@@ -51,16 +38,6 @@ def model_dir(tmp_path_factory):
     export_lab_model(run, root / "neox", scheme="rope", check=False)
     return root / "neox"
 
-
-def tiny_llama(folder: Path, hidden: int = 32) -> Path:
-    config = transformers.LlamaConfig(
-        hidden_size=hidden, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-        vocab_size=256, max_position_embeddings=TRAIN_LEN, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(str(folder))
-    save_byte_tokenizer(folder)
-    return folder
 
 
 @pytest.fixture

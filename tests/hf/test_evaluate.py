@@ -4,7 +4,6 @@ scored like a brute-force window loop, with byte and non-byte tokenizers."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import json
 import math
