@@ -7,7 +7,6 @@ rope type); a method here only says which type and keys it writes. The notes cit
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

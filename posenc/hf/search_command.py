@@ -21,7 +21,6 @@ the first ``--reserved`` tokens (the text the lab reports on). DIR receives:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 HELP = ("LongRoPE's evolutionary factor search on a lab model or a transformers model folder; writes a Hugging "

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from posenc.errors import PosencError
 from posenc.kernels import rope_backends, rope_checks
-from posenc.angles import Angles, angles_cos_sin
+from posenc.angles import Angles
 
 _Tensor = torch.Tensor
 _dynamo_compiling = torch.compiler.is_dynamo_compiling     # eager: returns False (cheap); dynamo folds it to True

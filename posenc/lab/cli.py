@@ -14,7 +14,6 @@ library name settings (``d_model``); this command reports them with its flags (`
 from __future__ import annotations
 
 import argparse
-import json
 
 from posenc._settings import add_setting_flags, parse_options
 from posenc.argtypes import ints, items, yes_no

@@ -17,7 +17,7 @@ import math
 import torch
 
 from posenc.errors import PosencError
-from posenc.extensions.attention.rules import AttentionRule, Mode
+from posenc.extensions.attention.rules import AttentionRule
 from posenc.rope.apply import apply_rope_table, math_dtype, rope_cos_sin
 
 BLOCK = 256  # query rows per block (times the GQA group): a piece's mask is at most BLOCK x its edge width
