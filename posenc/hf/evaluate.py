@@ -744,12 +744,16 @@ def _reset_length_state(model) -> None:
     model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)), use_cache=False)
 
 
-def _cost(model, length: int, stride: int | None, result: dict | None, seconds: float, peak) -> dict:
-    """What scoring one length cost: wall seconds, tokens/s, model FLOP/s (posenc.hf.throughput.model_flops over the
-    windows run) and its fraction of the measured matmul peak, peak resident memory (and CUDA's)."""
+def _cost(model, length: int, stride: int | None, result: dict | None, seconds: float, peak,
+          cpu_seconds: float | None = None) -> dict:
+    """What scoring one length cost: wall and process CPU seconds, tokens/s, model FLOP/s (posenc.hf.throughput.
+    model_flops over the windows run, per wall second) and its fraction of the measured matmul peak, peak resident
+    memory (and CUDA's). On a shared machine wall time includes waiting for a core: CPU seconds say how much work."""
     from posenc.hf.throughput import model_flops, peak_memory
 
     out = {"wall_s": round(seconds, 2)}
+    if cpu_seconds is not None:
+        out["cpu_s"] = round(cpu_seconds, 2)
     memory = peak_memory()
     out["peak_rss_bytes"] = memory["rss_bytes"]
     if "cuda_bytes" in memory:
@@ -889,11 +893,12 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                            math.ceil(_windows(n_tokens, L, stride) / per_batch), progress)
                 _reset_length_state(model)
                 reset_peak_memory()
-                t_len = time.perf_counter()
+                t_len, cpu_len = time.perf_counter(), time.process_time()
                 r = perplexity(logits_model(model, max_len=limit, bar=bar), stream, L, n_tokens=n_tokens,
                                stride=stride, device=input_device(model), batch_tokens=budget)
                 bar.close()
-                cost = _cost(model, L, stride, r, time.perf_counter() - t_len, meta.get("matmul_peak_flops"))
+                cost = _cost(model, L, stride, r, time.perf_counter() - t_len, meta.get("matmul_peak_flops"),
+                             time.process_time() - cpu_len)
                 rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", r and r["ppl"], s.seed,
                                  protocol=protocol, n_scored=r and r["n_scored"], **cost, **common, **unit))
                 if r is not None and stride is None and L == max(s.eval_lens):
