@@ -5,7 +5,7 @@ them into one results.json, a report and a plot.
     python scripts/smollm2_study.py run --parts cpython-16k-w1,cpython-8k     # resumable: rerun to continue
     python scripts/smollm2_study.py collect            # results.json, report tables, ppl_16k.png
 
-Each part is one ``posenc eval`` into docs/results/smollm2/runs/PART (``--resume`` continues an interrupted one,
+Each part is one ``posenc eval`` into docs/results/smollm2/parts/PART (``--resume`` continues an interrupted one,
 keeping its finished methods; a finished part is skipped). Every part runs with --threads 1 in bfloat16 on the
 converted folder (its logits are the GGUF load's: tests/hf/test_gguf.py). ``collect`` writes results.json
 {"study": "real-model", "model": the model's identity (what ``posenc pick --config`` matches), "parts": settings,
@@ -58,7 +58,7 @@ def convert(_args) -> int:
 
 def run(args) -> int:
     for part in args.parts.split(","):
-        out = OUT / "runs" / part
+        out = OUT / "parts" / part
         doc = out / "results.json"
         resume = []
         if doc.is_file():
@@ -89,13 +89,13 @@ def collect(_args) -> int:
     config = json.loads((MODEL_DIR / "config.json").read_text())
     rows, parts = [], {}
     for part in PARTS:
-        path = OUT / "runs" / part / "results.json"
+        path = OUT / "parts" / part / "results.json"
         if not path.is_file():
             continue
         doc = json.loads(path.read_text())
         meta = doc["meta"]
         parts[part] = {"command": f"posenc eval {MODEL_DIR} {' '.join(PARTS[part] + COMMON)} --out "
-                                  f"docs/results/smollm2/runs/{part}",
+                                  f"docs/results/smollm2/parts/{part}",
                        "complete": not meta.get("incomplete"), "incomplete": meta.get("incomplete"),
                        "methods_done": list(meta["timings_s"]), "timings_s": meta["timings_s"],
                        "wall_s": meta.get("wall_s"), "loadavg_start": meta.get("loadavg_start"),
@@ -126,7 +126,32 @@ def collect(_args) -> int:
     from posenc._atomic import atomic_write_text
 
     atomic_write_text(OUT / "report.md", report(study, lines))
+    print("\n" + picker_table(study))
     return 0
+
+
+# the papers' and the lab's zero-shot numbers docs/picker.md sets beside the measured ones (posenc.tools.pick.EVIDENCE
+# cites the same: LongRoPE Table 1, Llama-2-7B 4k -> 8k, PG19; posenc lab default preset at 4x)
+_PAPER_2X = {"dynamic": "10.21", "linear": "10.65", "yarn": "32.64"}
+_LAB_4X = {"none": "12.53", "ntk": "8.78", "dynamic": "9.43", "yarn": "10.34", "linear": "~16.4"}
+
+
+def picker_table(study: dict) -> str:
+    """The real-model evidence table of docs/picker.md (what `posenc pick` cites, from results.json)."""
+    from posenc.extensions import get_method
+    from posenc.tools.evidence import zero_shot
+
+    base = {e["method"]: e for e in zero_shot(study, 8192)}
+    lines = ["| method | SmolLM2-135M, 16,384 tokens (2x), CPython text | LongRoPE Table 1: Llama-2-7B 4k -> 8k (2x), "
+             "PG19 | posenc lab, default preset, 4x |", "|---|---|---|---|"]
+    for e in zero_shot(study, 16384):
+        label = "unscaled" if e["method"] == "none" else get_method(e["method"]).label
+        lines.append(f"| {label} | **{e['ppl']:.2f}** ({e['windows']} window) | {_PAPER_2X.get(e['method'], '-')} | "
+                     f"{_LAB_4X.get(e['method'], '-')} |")
+    if "none" in base:
+        lines.append(f"| (unscaled at the trained 8,192) | {base['none']['ppl']:.2f} ({base['none']['windows']} "
+                     "windows) | - | 6.93 (1x) |")
+    return "\n".join(lines)
 
 
 def report(study: dict, table: list[str]) -> str:

@@ -368,6 +368,8 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
         rec.reasons.insert(0, measured + ": no method beat the unscaled model at this length")
         return
     old_method = rec.method
+    old_type = (rec.config_snippet.get("rope_parameters") or {}).get("rope_type")
+    old_measured = next((e for e in table if e["method"] == old_type), None)
     factor = get_method(best).lab_factor or _factor(T, L)
     spec = ExtensionSpec(original=L, factor=factor, rotary_dim=entry["rotary_dim"], theta=theta, target=T)
     written = transformers_config(best, method_config(best, spec), spec)
@@ -380,13 +382,15 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     rec.method = f"{best} (zero-shot: the best measured on this model at {T:,})"
     rec.config_snippet = snippet
     rec.parameters = {**snippet["rope_parameters"], **{k: v for k, v in snippet.items() if k != "rope_parameters"}}
-    rec.reasons = [measured, *(f"papers and lab (they ranked {old_method} first for this case): {r}"
-                               for r in rec.reasons)]
+    papers = list(rec.reasons)
+    if papers:
+        papers[0] = f"the papers and the lab, which rank {old_method} first for this case: {papers[0]}"
+    rec.reasons = [measured, *papers]
     mine = next(e for e in table if e["method"] == best)
-    rec.alternatives.insert(0, _alt(old_method, "the papers' and the lab's choice for this case, but measured "
-                                    "worse on this model: " + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}"
-                                                                       for e in table if e["method"] != best)
-                                    + f" vs {label(best)} {mine['ppl']:.2f}"))
+    rec.alternatives.insert(0, _alt(old_method, "the papers' and the lab's choice for this case; "
+                                    + (f"measured on this model at {T:,}: {old_measured['ppl']:.2f} vs "
+                                       f"{label(best)} {mine['ppl']:.2f}" if old_measured else
+                                       f"not measured in this model's study at {T:,}")))
     rec.notes = [n for n in rec.notes if "dynamic NTK scales" not in n and not n.startswith("factor 1:")]
     rec.notes.append(f"`posenc extend CONFIG --method {best} --target-length {T}` writes this config; the study's "
                      "settings, wall times and coverage are in docs/results/" + path.parent.name + "/report.md")

@@ -303,3 +303,24 @@ def test_chunked_losses_equal_full_logits_and_step_aside_for_softcapped_heads():
             ref = model(input_ids=windows[:, :-1]).logits
         want = F.cross_entropy(ref.transpose(1, 2), windows[:, 1:]).item()
         assert math.isclose(r["ppl"], math.exp(want), rel_tol=1e-5)
+
+
+@needs_smollm2
+def test_smollm2_pick_cites_the_committed_study():
+    """posenc pick --config SmolLM2.gguf --target-context 16384 --budget none recommends the method with the lowest
+    16k perplexity in the committed docs/results/smollm2/results.json and cites its number."""
+    import json
+
+    from posenc.tools.evidence import RESULTS
+    from posenc.tools.pick import pick
+
+    path = RESULTS / "smollm2" / "results.json"
+    if not path.is_file():
+        pytest.skip("docs/results/smollm2/results.json is not in this checkout")
+    rows = [r for r in json.loads(path.read_text())["rows"]
+            if r["task"] == "lm" and r["eval_len"] == 16384 and r["value"] is not None]
+    best = min(rows, key=lambda r: r["value"])
+    rec = pick(16384, budget="none", config=_smollm2())
+    if len({r["scaling"] for r in rows}) > 1 and best["scaling"] != "none":
+        assert rec.method.startswith(best["scaling"] + " ")
+    assert f"{best['value']:.2f}" in " ".join(rec.reasons + rec.notes)
