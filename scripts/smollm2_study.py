@@ -126,7 +126,14 @@ def collect(_args) -> int:
     from posenc._atomic import atomic_write_text
 
     atomic_write_text(OUT / "report.md", report(study, lines))
-    print("\n" + picker_table(study))
+    text = picker_table(study)
+    print("\n" + text)
+    picker = ROOT / "docs" / "picker.md"
+    doc = picker.read_text(encoding="utf-8")
+    start, end = "<!-- smollm2-table -->", "<!-- /smollm2-table -->"
+    if start in doc and end in doc:
+        head, rest = doc.split(start, 1)
+        atomic_write_text(picker, head + start + "\n" + text + "\n" + end + rest.split(end, 1)[1])
     return 0
 
 
