@@ -161,6 +161,46 @@ def picker_table(study: dict) -> str:
     return "\n".join(lines)
 
 
+def findings(study: dict) -> list[str]:
+    """What the numbers say, computed from them (nothing typed in): the ranking at 16k against the trained length,
+    against the hand trial reported in issue #34 and against LongRoPE's Table 1 ranking."""
+    from posenc.extensions import get_method
+    from posenc.tools.evidence import zero_shot
+
+    at16 = zero_shot(study, 16384)
+    base = {e["method"]: e for e in zero_shot(study, 8192)}.get("none")
+    if not at16:
+        return []
+
+    def label(m):
+        return "unscaled" if m == "none" else get_method(m).label
+
+    best = at16[0]
+    out = ["## Findings", "",
+           f"- At 16,384 tokens (2x the trained context) the lowest perplexity is {label(best['method'])}'s, "
+           f"{best['ppl']:.2f}" + (f", {best['ppl'] / base['ppl']:.2f}x the unscaled model's {base['ppl']:.2f} at "
+                                   "its trained 8,192" if base else "") + "; ranking: "
+           + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in at16) + ".",
+           "- One window per method (16,384 tokens scored): no spread across windows is measured yet, so "
+           "differences of a few percent are not established; the gaps between PI, the unscaled model and the "
+           "frequency-preserving methods are far larger than that."]
+    hand = {"none": 19.13, "linear": 14.33}
+    same = [f"{label(m)} {v:.2f} then, {e['ppl']:.2f} now" for m, v in hand.items()
+            for e in at16 if e["method"] == m]
+    if same:
+        out.append("- The hand trial in issue #34 (bf16, the same text, `posenc eval --eval-lens 8192,16384 "
+                   "--eval-tokens 16384 --factor 2`): " + "; ".join(same) + ".")
+    ranks = {e["method"]: i for i, e in enumerate(at16)}
+    if {"dynamic", "linear", "yarn"} <= ranks.keys():
+        order = sorted(("dynamic", "linear", "yarn"), key=ranks.get)
+        paper = ["dynamic", "linear", "yarn"]
+        out.append(f"- LongRoPE's Table 1 (Llama-2-7B, 4k -> 8k zero-shot, PG19) ranks dynamic NTK 10.21 < PI 10.65 "
+                   f"< YaRN 32.64; here the order of those three is {' < '.join(label(m) for m in order)}"
+                   + (" (the same order)" if order == paper else " (the paper's order does not reproduce on this "
+                      "model and text)") + ".")
+    return out + [""]
+
+
 def report(study: dict, table: list[str]) -> str:
     """report.md: the model, what was run (commands, settings, wall time, load), the table, the plot, what is not
     covered."""
@@ -180,7 +220,8 @@ def report(study: dict, table: list[str]) -> str:
            "F = target / 8192; dynamic NTK at the lab's factor 1: the base for exactly L / 8192) and run by "
            "transformers' own RoPE code. bf16 weights and activations, 1 CPU thread, on a 2-core machine shared "
            "with five other jobs: wall times include waiting for a core (the load average is given per part).", "",
-           "## Results", ""] + table + ["", "![perplexity at 16k](ppl_16k.png)", "", "## Parts run", "",
+           "## Results", ""] + table + ["", "![perplexity at 16k](ppl_16k.png)", ""] + findings(study) + [
+           "## Parts run", "",
            "| part | command | methods done | wall (s) per method | load avg at start / end | complete |",
            "|---|---|---|---|---|---|"]
     for name, p in parts.items():
