@@ -184,6 +184,12 @@ def findings(study: dict) -> list[str]:
            "- One window per method (16,384 tokens scored): no spread across windows is measured yet, so "
            "differences of a few percent are not established; the gaps between PI, the unscaled model and the "
            "frequency-preserving methods are far larger than that."]
+    values = {e["method"]: e["ppl"] for e in at16}
+    if "dynamic" in values and values.get("dynamic") == values.get("ntk"):
+        out.append("- Dynamic NTK equals NTK-aware exactly, by construction: with the lab's factor 1, transformers' "
+                   "dynamic rule at L = 16,384 sets the base to theta x (L / 8192)^(d / (d - 2)), the static "
+                   "NTK-aware base for factor 2, and a non-overlapping 16k window is one forward at that length. The "
+                   "two differ below 16k (dynamic keeps the original frequencies up to 8,192) and in decoding.")
     hand = {"none": 19.13, "linear": 14.33}
     same = [f"{label(m)} {v:.2f} then, {e['ppl']:.2f} now" for m, v in hand.items()
             for e in at16 if e["method"] == m]
