@@ -370,6 +370,12 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     old_method = rec.method
     old_type = (rec.config_snippet.get("rope_parameters") or {}).get("rope_type")
     old_measured = next((e for e in table if e["method"] == old_type), None)
+    if old_measured is not None and old_measured["ppl"] <= table[0]["ppl"]:
+        # the papers' choice measured best here too (or tied: dynamic NTK at exactly its static base), so it stays
+        tied = [label(e["method"]) for e in table if e["ppl"] == old_measured["ppl"] and e["method"] != old_type]
+        rec.reasons.insert(0, measured + f": {label(old_type)} measures best here"
+                           + (f" (tied with {', '.join(tied)})" if tied else ""))
+        return
     factor = get_method(best).lab_factor or _factor(T, L)
     spec = ExtensionSpec(original=L, factor=factor, rotary_dim=entry["rotary_dim"], theta=theta, target=T)
     written = transformers_config(best, method_config(best, spec), spec)

@@ -55,3 +55,13 @@ def test_other_models_and_lengths_keep_the_papers(tmp_path, monkeypatch):
     _study(tmp_path, {"none": 19.0, "linear": 30.0}, name="tiny2")
     rec = pick(2048, budget="none", config=CONFIG)
     assert "no method beat the unscaled model" in rec.reasons[0]
+
+
+def test_a_tie_keeps_the_papers_choice(tmp_path, monkeypatch):
+    """Dynamic NTK (the papers' zero-shot choice) tied with NTK-aware: the recommendation stays dynamic NTK, and the
+    reason cites the measurement and the tie."""
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "linear": 14.0, "ntk": 4.85, "dynamic": 4.85})
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith("dynamic") and rec.config_snippet["rope_parameters"]["rope_type"] == "dynamic"
+    assert "4.85" in rec.reasons[0] and "tied with NTK-aware" in rec.reasons[0]
