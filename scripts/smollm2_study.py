@@ -33,6 +33,7 @@ COMMON = ["--sliding-stride", "0", "--dtype", "bfloat16", "--threads", "1", "--n
 PARTS = {
     "cpython-16k-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--methods", METHODS, "--factor", "2"],
     "cpython-8k": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "none"],
+    "cpython-16k-w2": ["--eval-lens", "16384", "--eval-tokens", "32768", "--methods", "yarn,ntk", "--factor", "2"],
     "cpython-16k-w3": ["--eval-lens", "16384", "--eval-tokens", "49152", "--methods", METHODS, "--factor", "2"],
     "cpython-32k-w1": ["--eval-lens", "32768", "--eval-tokens", "32768", "--methods", METHODS, "--factor", "4"],
     "passkey-16k": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",

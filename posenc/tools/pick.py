@@ -397,6 +397,13 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
                                     + (f"measured on this model at {T:,}: {old_measured['ppl']:.2f} vs "
                                        f"{label(best)} {mine['ppl']:.2f}" if old_measured else
                                        f"not measured in this model's study at {T:,}")))
+    # the generic list's entry for the method now recommended argued against it from other models' numbers
+    rec.alternatives = [a for a in rec.alternatives if not a["option"].startswith(label(best))]
+    runner = next((e for e in table[1:] if e["ppl"] > mine["ppl"]), None)
+    if runner is not None and runner["ppl"] < 1.05 * mine["ppl"]:
+        rec.notes.append(f"a close call: {label(best)} leads {label(runner['method'])} by "
+                         f"{100 * (runner['ppl'] / mine['ppl'] - 1):.1f}% over {windows} window"
+                         f"{'s' if windows != 1 else ''}; more windows or another text may reorder them")
     rec.notes = [n for n in rec.notes if "dynamic NTK scales" not in n and not n.startswith("factor 1:")]
     rec.notes.append(f"`posenc extend CONFIG --method {best} --target-length {T}` writes this config; the study's "
                      "settings, wall times and coverage are in docs/results/" + path.parent.name + "/report.md")
