@@ -238,7 +238,12 @@ def report(study: dict, table: list[str]) -> str:
     missing = [name for name in PARTS if name not in parts]
     out += ["", "Planned parts not run in this session (`python scripts/smollm2_study.py run --parts "
             + ",".join(missing) + "` continues the study, then `collect`): "
-            + (", ".join(f"`{n}` ({' '.join(PARTS[n])})" for n in missing) if missing else "none") + ".", ""]
+            + (", ".join(f"`{n}` ({' '.join(PARTS[n])})" for n in missing) if missing else "none") + ".", "",
+            "Not in the plan above and not measured: a second text (held-out English prose from a package), "
+            "LongRoPE with factors from `posenc search` on a held-out split (each of its evaluations is a 16k "
+            "forward, 6-12 minutes here), the attention-level methods of the companion issue, and Gemma 3 270M. "
+            "The issue's budget for the whole study is about 3 CPU-hours; this session had one shared core for "
+            "about one hour.", ""]
     return "\n".join(out) + "\n"
 
 
