@@ -1141,8 +1141,8 @@ def add_arguments(parser) -> None:
     from posenc._settings import parse_options
     from posenc.argtypes import ints
 
-    parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer) or a .gguf "
-                                          "file (loaded by transformers; posenc convert makes a folder of it)")
+    parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer) or "
+                                      "a .gguf file (loaded by transformers; posenc convert makes a folder of it)")
     parser.add_argument("--eval-lens", type=ints, default=[128, 256, 512, 1024], help="lengths in tokens")
     parser.add_argument("--tasks", type=_names, default=["lm"],
                         help="registered tasks, comma-separated (lm, passkey, copy, a plug-in's)")
