@@ -217,7 +217,7 @@ def unsupported_quantizations(types) -> list[str]:
     bad = []
     for name in types:
         qtype = GGMLQuantizationType[name]
-        block, size = GGML_QUANT_SIZES[qtype]
+        _, size = GGML_QUANT_SIZES[qtype]           # (block size in values, bytes per block)
         try:
             dequantize(np.zeros((1, size), dtype=np.uint8), qtype)
         except (NotImplementedError, ValueError, TypeError):
