@@ -85,7 +85,6 @@ def model_identity(config: dict) -> dict:
 
 
 def collect(_args) -> int:
-
     config = json.loads((MODEL_DIR / "config.json").read_text())
     rows, parts = [], {}
     for part in PARTS:
