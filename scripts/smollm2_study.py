@@ -113,15 +113,16 @@ def collect(_args) -> int:
     for r in rows:
         if r["task"] == "lm" and r["value"] is not None:
             table.setdefault((r["scaling"], r["eval_len"]), []).append(r)
-    lines = ["| method | length | ppl | windows | tokens/s | FLOP/s (fraction of matmul peak) | peak RSS |",
-             "|---|---|---|---|---|---|---|"]
-    for (method, length), rs in sorted(table.items(), key=lambda kv: (kv[0][1], kv[1][0]["value"])):
-        r = rs[-1]
-        lines.append(f"| {method} | {length} | {r['value']:.2f} | {r['n_scored'] // length} | {r['tokens_per_s']} | "
+    lines = ["| method | length | ppl | windows | part | tokens/s | FLOP/s (fraction of matmul peak) | peak RSS |",
+             "|---|---|---|---|---|---|---|---|"]
+    flat = sorted((r for rs in table.values() for r in rs), key=lambda r: (r["eval_len"], r["part"], r["value"]))
+    for r in flat:
+        lines.append(f"| {r['scaling']} | {r['eval_len']} | {r['value']:.2f} | {r['n_scored'] // r['eval_len']} | "
+                     f"{r['part']} | {r['tokens_per_s']} | "
                      f"{r['flops_per_s'] / 1e9:.1f} G ({r['fraction_of_matmul_peak']:.0%}) | "
                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB |")
     print("\n".join(lines))
-    plot(table, OUT / "ppl_16k.png")
+    plot(study, OUT / "ppl_16k.png")
     from posenc._atomic import atomic_write_text
 
     atomic_write_text(OUT / "report.md", report(study, lines))
@@ -245,7 +246,7 @@ def report(study: dict, table: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(table: dict, path: Path) -> None:
+def plot(study: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -253,8 +254,11 @@ def plot(table: dict, path: Path) -> None:
 
     from posenc.extensions import get_method
 
-    at16 = sorted(((m, rs[-1]["value"]) for (m, L), rs in table.items() if L == 16384), key=lambda x: x[1])
-    base8 = [rs[-1]["value"] for (m, L), rs in table.items() if L == 8192 and m == "none"]
+    from posenc.tools.evidence import zero_shot
+
+    shown = zero_shot(study, 16384)
+    at16 = [(e["method"], e["ppl"]) for e in shown]
+    base8 = [e["ppl"] for e in zero_shot(study, 8192) if e["method"] == "none"]
     fig, ax = plt.subplots(figsize=(7, 3.6))
     labels = ["unscaled" if m == "none" else get_method(m).label for m, _ in at16]
     ax.barh(labels, [v for _, v in at16], color="#4477aa")
@@ -264,7 +268,8 @@ def plot(table: dict, path: Path) -> None:
         ax.axvline(base8[0], color="#cc3311", ls="--", label=f"unscaled at 8192 (trained length): {base8[0]:.2f}")
         ax.legend(loc="lower right")
     ax.set_xlabel("perplexity at 16384 tokens (2x the trained 8192), CPython validation text")
-    ax.set_title("SmolLM2-135M zero-shot, one 16k window, bf16")
+    windows = min((e["windows"] for e in shown), default=0)
+    ax.set_title(f"SmolLM2-135M zero-shot, {windows} window{'s' if windows != 1 else ''} of 16k tokens, bf16")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -58,17 +58,22 @@ def matching_study(config, root: Path | None = None) -> tuple[Path, dict[str, An
 
 
 def zero_shot(study: dict[str, Any], length: int) -> list[dict[str, Any]]:
-    """Each method's perplexity at ``length`` (non-overlapping windows, zero-shot), best first:
-    [{"method", "ppl" (mean over windows), "std" (None for one), "windows", "tokens", "parts"}]."""
+    """Each method's perplexity at ``length`` (non-overlapping windows, zero-shot), best first, all on the same
+    windows where the study has them: [{"method", "ppl" (over those windows), "std", "windows", "tokens", "part"}]."""
     by_method: dict[str, list[dict]] = {}
     for r in study.get("rows", []):
         if (r.get("task") == "lm" and r.get("eval_len") == length and r.get("value") is not None
                 and not r.get("finetuned") and (r.get("protocol") or "non-overlapping") == "non-overlapping"):
             by_method.setdefault(r["scaling"], []).append(r)
+    # every method is compared on the same tokens: the most windows all of them were measured on (a part that
+    # measured some methods on more windows, from the same start, does not mix longer means with shorter ones)
+    counts = [{r.get("n_scored") or 0 for r in rows} for rows in by_method.values()]
+    common = set.intersection(*counts) if counts else set()
+    n = max(common) if common else None
     out = []
     for method, rows in by_method.items():
-        # parts measuring the same windows again (a longer run repeating the first ones): the largest one counts
-        best = max(rows, key=lambda r: r.get("n_scored") or 0)
+        best = next((r for r in rows if (r.get("n_scored") or 0) == n), None) if n is not None else None
+        best = best or max(rows, key=lambda r: r.get("n_scored") or 0)
         out.append({"method": method, "ppl": best["value"], "std": best.get("std"), "tokens": best.get("n_scored"),
                     "windows": (best.get("n_scored") or 0) // length, "part": best.get("part")})
     return sorted(out, key=lambda e: e["ppl"] if math.isfinite(e["ppl"]) else math.inf)

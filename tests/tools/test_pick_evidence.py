@@ -65,3 +65,15 @@ def test_a_tie_keeps_the_papers_choice(tmp_path, monkeypatch):
     rec = pick(2048, budget="none", config=CONFIG)
     assert rec.method.startswith("dynamic") and rec.config_snippet["rope_parameters"]["rope_type"] == "dynamic"
     assert "4.85" in rec.reasons[0] and "tied with NTK-aware" in rec.reasons[0]
+
+
+def test_methods_are_compared_on_the_same_windows():
+    """A part that measured one method on a second window does not put its two-window mean beside the others'
+    one-window numbers: every method is read at the largest token count all of them share."""
+    rows = [{"task": "lm", "scaling": m, "eval_len": 16, "value": v, "n_scored": n, "protocol": "non-overlapping"}
+            for m, v, n in (("yarn", 4.8, 16), ("ntk", 4.85, 16), ("yarn", 5.5, 32))]
+    table = evidence.zero_shot({"rows": rows}, 16)
+    assert [(e["method"], e["ppl"], e["windows"]) for e in table] == [("yarn", 4.8, 1), ("ntk", 4.85, 1)]
+    rows.append({"task": "lm", "scaling": "ntk", "eval_len": 16, "value": 5.0, "n_scored": 32})
+    table = evidence.zero_shot({"rows": rows}, 16)
+    assert [(e["method"], e["ppl"], e["windows"]) for e in table] == [("ntk", 5.0, 2), ("yarn", 5.5, 2)]
