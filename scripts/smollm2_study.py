@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -184,6 +185,20 @@ def findings(study: dict) -> list[str]:
            "- One window per method (16,384 tokens scored): no spread across windows is measured yet, so "
            "differences of a few percent are not established; the gaps between PI, the unscaled model and the "
            "frequency-preserving methods are far larger than that."]
+    # methods measured on two windows from the same start: the second window's perplexity follows from the
+    # one- and two-window means (equal token counts: log ppl2 = 2 log mean2 - log ppl1)
+    one = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
+           and r["n_scored"] == 16384 and r["value"]}
+    two = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
+           and r["n_scored"] == 32768 and r["value"]}
+    both = sorted((m for m in two if m in one), key=lambda m: two[m])
+    if both:
+        second = {m: math.exp(2 * math.log(two[m]) - math.log(one[m])) for m in both}
+        out.append("- Two windows (tokens 0-32,767 of the split) for " + ", ".join(label(m) for m in both)
+                   + ": " + ", ".join(f"{label(m)} {two[m]:.2f} over both (window 1 {one[m]:.2f}, window 2 "
+                                      f"{second[m]:.2f}, derived from the two means)" for m in both)
+                   + (". Ranking by both windows: " + " < ".join(f"{label(m)}" for m in both) if len(both) > 1
+                      else "") + ".")
     values = {e["method"]: e["ppl"] for e in at16}
     if "dynamic" in values and values.get("dynamic") == values.get("ntk"):
         out.append("- Dynamic NTK equals NTK-aware exactly, by construction: with the lab's factor 1, transformers' "
