@@ -182,9 +182,9 @@ def findings(study: dict) -> list[str]:
            f"{best['ppl']:.2f}" + (f", {best['ppl'] / base['ppl']:.2f}x the unscaled model's {base['ppl']:.2f} at "
                                    "its trained 8,192" if base else "") + "; ranking: "
            + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in at16) + ".",
-           "- One window per method (16,384 tokens scored): no spread across windows is measured yet, so "
-           "differences of a few percent are not established; the gaps between PI, the unscaled model and the "
-           "frequency-preserving methods are far larger than that."]
+           "- One window per method (16,384 tokens scored) for the ranking above: no spread across windows is "
+           "measured for most methods, so differences of a few percent are not established by it alone; the gaps "
+           "between PI, the unscaled model and the frequency-preserving methods are far larger than that."]
     # methods measured on two windows from the same start: the second window's perplexity follows from the
     # one- and two-window means (equal token counts: log ppl2 = 2 log mean2 - log ppl1)
     one = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
