@@ -255,9 +255,13 @@ def report(study: dict, table: list[str]) -> str:
             + (", ".join(f"`{n}` ({' '.join(PARTS[n])})" for n in missing) if missing else "none") + ".", "",
             "Not in the plan above and not measured: a second text (held-out English prose from a package), "
             "LongRoPE with factors from `posenc search` on a held-out split (each of its evaluations is a 16k "
-            "forward, 6-12 minutes here), the attention-level methods of the companion issue, and Gemma 3 270M. "
+            "forward, 6-12 minutes here), the attention-level methods (Self-Extend, ReRoPE, DCA, sinks: lab "
+            "extensions, not run on this model), and Gemma 3 270M. "
             "The issue's budget for the whole study is about 3 CPU-hours; this session had one shared core for "
-            "about one hour.", ""]
+            "about one hour.", "",
+            "Each part's results.json records the folder it ran on (`meta.model`): the first two parts ran on "
+            "/tmp/smol-bf16 with --out under /tmp and were copied here; /tmp/smollm2-bf16 (the script's default, "
+            "`SMOLLM2_DIR` overrides it) linked to that same converted folder.", ""]
     return "\n".join(out) + "\n"
 
 
