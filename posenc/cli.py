@@ -24,6 +24,7 @@ COMMANDS = {
     "pick": "posenc.tools.pick",
     "export": "posenc.hf.export",
     "eval": "posenc.hf.evaluate",
+    "convert": "posenc.hf.gguf",
 }
 
 

@@ -33,7 +33,8 @@ def window_losses(model: Callable, tokens: torch.Tensor, starts: Sequence[int], 
 
     Window i feeds tokens[starts[i] : starts[i] + length] to ``model`` (any ``model(ids [B, T]) -> logits
     [B, T, V]`` or an output with ``.logits``) and loss[b, t] is the cross-entropy of the next token
-    tokens[starts[i] + t + 1]. Every window must fit: starts[i] + length + 1 <= len(tokens).
+    tokens[starts[i] + t + 1]. A model with a ``token_losses(ids [B, T], targets [B, T]) -> [B, T]`` method
+    computes those losses itself (so that it never holds the [B, T, V] logits at once). Every window must fit: starts[i] + length + 1 <= len(tokens).
     """
     _check_stream(tokens)
     length = positive_int(length, "length")
@@ -44,6 +45,11 @@ def window_losses(model: Callable, tokens: torch.Tensor, starts: Sequence[int], 
         rows = range(first, min(len(starts), first + batch_size))
         begin = torch.tensor([starts[r] for r in rows], dtype=torch.long)
         window = tokens[begin[:, None] + offsets].long().to(device)          # [b, length + 1]
+        token_losses = getattr(model, "token_losses", None)
+        if token_losses is not None:
+            # the model scores its own next tokens (posenc eval: the head in chunks, never [b, length, vocab])
+            yield rows, token_losses(window[:, :-1], window[:, 1:]).cpu().double()
+            continue
         out = model(window[:, :-1])
         logits = getattr(out, "logits", out)
         if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != window[:, 1:].shape:

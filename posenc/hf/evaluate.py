@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 
 from posenc.devices import check_device
+from posenc.hf.throughput import reset_peak_memory
 from posenc.machine import load_average
 from posenc.errors import ConfigError
 
@@ -80,10 +81,18 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tekken.json")
 
+def _is_gguf(path) -> bool:
+    from posenc.gguf import is_gguf
+
+    return is_gguf(path)
+
+
 def model_files(folder: str | os.PathLike, tokenizer: bool = False) -> list[Path]:
     """The files of a local model folder its outputs depend on, sorted: config.json, the weights (shards and their
     index) and, with ``tokenizer``, the tokenizer files. What a resumable record fingerprints (an interrupted eval,
-    a LongRoPE search checkpoint)."""
+    a LongRoPE search checkpoint). A GGUF file is its own config, weights and tokenizer."""
+    if _is_gguf(folder):
+        return [Path(folder)]
     return sorted(p for p in Path(folder).iterdir() if p.is_file() and (
         p.name == "config.json" or p.suffix in (".safetensors", ".bin") or p.name in WEIGHT_FILES
         or (tokenizer and p.name in TOKENIZER_FILES)))
@@ -246,6 +255,10 @@ def read_config(model_dir: str | os.PathLike, config_file: str | os.PathLike | N
     from transformers import AutoConfig
 
     folder = Path(model_dir)
+    if config_file is None and _is_gguf(folder):
+        from posenc.hf.gguf import load_config
+
+        return load_config(folder)
     if config_file is None:
         path, label = folder / "config.json", f"model {model_dir}: config.json"
         if not path.is_file():
@@ -281,6 +294,11 @@ def check_model_folder(model_dir: str | os.PathLike, config_file: str | os.PathL
     """A local model folder that can be evaluated: its config (or ``config_file``) reads, weights and (when
     ``tokenizer``) tokenizer files are there; ConfigError naming what is missing otherwise. -> the config."""
     folder = Path(model_dir)
+    if _is_gguf(folder):
+        from posenc.hf.gguf import checked
+
+        checked(folder)              # (a missing file, an architecture or quantization transformers cannot load)
+        return read_config(folder, config_file)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model {model_dir}: no config.json (expected a local transformers model folder)")
     config = read_config(folder, config_file)
@@ -290,8 +308,10 @@ def check_model_folder(model_dir: str | os.PathLike, config_file: str | os.PathL
 
 def check_model_files(model_dir: str | os.PathLike, config, tokenizer: bool = True) -> None:
     """ConfigError unless the weights and (when ``tokenizer``) the tokenizer files of ``model_dir`` are there
-    (``config``: its transformers config, already read)."""
+    (``config``: its transformers config, already read). A GGUF file holds both."""
     folder = Path(model_dir)
+    if _is_gguf(folder):
+        return
     if not any((folder / f).is_file() for f in WEIGHT_FILES) and not getattr(config, "transformers_weights", None):
         raise ConfigError(f"model {model_dir}: no weights (expected {', '.join(WEIGHT_FILES[:-1])} or "
                           f"{WEIGHT_FILES[-1]} beside config.json)")
@@ -391,6 +411,11 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
                   ignore_mismatched_sizes=True)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    if _is_gguf(folder):        # transformers dequantizes it: from_pretrained(its folder, gguf_file=its name)
+        from posenc.hf.gguf import split
+
+        kwargs["gguf_file"] = split(folder)[1]
+        folder = Path(split(folder)[0])
     if device_map == "auto":
         if importlib.util.find_spec("accelerate") is None:
             log(f"note: --device-map auto needs accelerate (pip install accelerate); loading on {device} instead")
@@ -457,6 +482,10 @@ def load_tokenizer(model_dir: str):
     from transformers import AutoTokenizer
 
     folder = Path(model_dir)
+    if _is_gguf(folder):
+        from posenc.hf.gguf import load_tokenizer as gguf_tokenizer
+
+        return gguf_tokenizer(folder)
     if not any((folder / f).is_file() for f in TOKENIZER_FILES):
         raise ConfigError(f"model {model_dir}: no tokenizer (expected tokenizer.json or tokenizer_config.json with "
                           "its vocabulary files beside config.json; posenc export writes the byte tokenizer)")
@@ -587,6 +616,14 @@ def logits_model(model, *, max_len: int | None, bar: _Bar | None = None, tokeniz
             bar.tick()
         return out
 
+    scored = chunked_losses(model)
+
+    def token_losses(tokens, targets):
+        out = scored(tokens, targets)
+        if bar is not None:
+            bar.tick()
+        return out
+
     def generate(prompts, n_new):
         rows = max(1, batch_tokens // max(1, prompts.shape[1]))
         outs = []
@@ -606,7 +643,48 @@ def logits_model(model, *, max_len: int | None, bar: _Bar | None = None, tokeniz
                     bar.tick()
         return torch.cat(outs)
 
-    return LogitsModel(forward, generate, max_len=max_len, parameters=model.parameters)
+    return LogitsModel(forward, generate, max_len=max_len, parameters=model.parameters,
+                       token_losses=scored and token_losses)
+
+
+# positions whose logits are computed at once by chunked_losses: [rows, 1024, vocab] float32 (200 MB at 49k words)
+LOSS_CHUNK = 1024
+
+
+def chunked_losses(model, chunk: int = LOSS_CHUNK):
+    """-> ``losses(ids [B, T], targets [B, T]) -> float32 [B, T]``: next-token cross-entropy computed from the
+    decoder's hidden states [B, T, hidden] with the output head applied ``chunk`` positions at a time, so the
+    [B, T, vocab] float32 logits (6.4 GB at 32k tokens and 49k words) never exist at once. None for a model whose
+    logits are not plainly head(hidden) (a final soft-cap, a logit scale...): checked once against the model's own
+    forward on a few tokens, and such a model is scored from its full logits instead."""
+    import torch.nn.functional as F
+
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings()
+    if decoder is None or head is None:
+        return None
+    device = input_device(model)
+
+    def losses(ids, targets):
+        ids, targets = ids.to(device), targets.to(device)
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        out = torch.empty(targets.shape, dtype=torch.float32)
+        for s in range(0, ids.shape[1], chunk):
+            logits = head(hidden[:, s:s + chunk]).float()
+            out[:, s:s + chunk] = F.cross_entropy(logits.transpose(1, 2), targets[:, s:s + chunk],
+                                                  reduction="none").cpu()
+        return out
+
+    probe = torch.arange(1, 9, device=device)[None] % model.get_input_embeddings().weight.shape[0]
+    try:
+        with torch.no_grad():
+            mine = head(decoder(input_ids=probe, use_cache=False).last_hidden_state).float()
+            theirs = model(input_ids=probe, use_cache=False).logits.float()
+    except (TypeError, AttributeError, ValueError):
+        return None
+    # (rounding apart, equal: another matmul kernel may sum in another order; a soft-cap or scale is far off)
+    scale = float(theirs.abs().max()) or 1.0
+    return losses if torch.allclose(mine, theirs, rtol=1e-3, atol=1e-4 * scale) else None
 
 
 def passkey_chars(tokenizer, n_tokens: int, byte_level: bool) -> int | None:
@@ -651,6 +729,32 @@ def _row(task, scheme, scaling, train_len, eval_len, metric, value, seed, **extr
 def _reset_length_state(model) -> None:
     """One token at position 0: transformers' dynamic-NTK rule drops back to the original frequencies."""
     model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)), use_cache=False)
+
+
+def _cost(model, length: int, stride: int | None, result: dict | None, seconds: float, peak,
+          cpu_seconds: float | None = None) -> dict:
+    """What scoring one length cost: wall and process CPU seconds, tokens/s, model FLOP/s (posenc.hf.throughput.
+    model_flops over the windows run, per wall second) and its fraction of the measured matmul peak, peak resident
+    memory (and CUDA's). On a shared machine wall time includes waiting for a core: CPU seconds say how much work."""
+    from posenc.hf.throughput import model_flops, peak_memory
+
+    out = {"wall_s": round(seconds, 2)}
+    if cpu_seconds is not None:
+        out["cpu_s"] = round(cpu_seconds, 2)
+    memory = peak_memory()
+    out["peak_rss_bytes"] = memory["rss_bytes"]
+    if "cuda_bytes" in memory:
+        out["peak_cuda_bytes"] = memory["cuda_bytes"]
+    if result is None or seconds <= 0:
+        return out
+    scored = result["n_scored"]
+    windows = scored // length if stride is None else 1 + max(0, scored - length) // stride
+    flops = model_flops(model, length, windows)
+    out.update(tokens_per_s=round(windows * length / seconds, 1), flops_per_s=round(flops / seconds),
+               model_flops=flops)
+    if peak:
+        out["fraction_of_matmul_peak"] = round(flops / seconds / peak, 4)
+    return out
 
 
 def _windows(n_tokens: int, length: int, stride: int | None) -> int:
@@ -709,6 +813,13 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                   "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
                   "loadavg_start": load_average()}
     curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
+    if "lm" in s.tasks:       # the yardstick of the rows' achieved FLOP/s: this machine's matmul at these threads
+        from posenc.hf.throughput import matmul_peak
+
+        peak_dtype = DTYPES["bfloat16" if s.dtype in ("float32", "fp32") else s.dtype]
+        meta["matmul_peak_flops"] = round(matmul_peak(peak_dtype, device=s.device if s.device_map is None
+                                                      else "cpu"))
+        meta["matmul_peak_dtype"] = str(peak_dtype).replace("torch.", "")
     earlier_wall = 0.0
     if resume is not None:
         check_resumable(resume, meta)
@@ -768,11 +879,15 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                 bar = _Bar(f"{method} ppl L={L}{'' if stride is None else ' sliding'}",
                            math.ceil(_windows(n_tokens, L, stride) / per_batch), progress)
                 _reset_length_state(model)
+                reset_peak_memory()
+                t_len, cpu_len = time.perf_counter(), time.process_time()
                 r = perplexity(logits_model(model, max_len=limit, bar=bar), stream, L, n_tokens=n_tokens,
                                stride=stride, device=input_device(model), batch_tokens=budget)
                 bar.close()
+                cost = _cost(model, L, stride, r, time.perf_counter() - t_len, meta.get("matmul_peak_flops"),
+                             time.process_time() - cpu_len)
                 rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", r and r["ppl"], s.seed,
-                                 protocol=protocol, n_scored=r and r["n_scored"], **common, **unit))
+                                 protocol=protocol, n_scored=r and r["n_scored"], **cost, **common, **unit))
                 if r is not None and stride is None and L == max(s.eval_lens):
                     curves[f"{scheme}|{scaling}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
         if "passkey" in s.tasks:
@@ -1012,7 +1127,8 @@ def add_arguments(parser) -> None:
     from posenc._settings import parse_options
     from posenc.argtypes import ints
 
-    parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer)")
+    parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer) or "
+                                      "a .gguf file (loaded by transformers; posenc convert makes a folder of it)")
     parser.add_argument("--eval-lens", type=ints, default=[128, 256, 512, 1024], help="lengths in tokens")
     parser.add_argument("--tasks", type=_names, default=["lm"],
                         help="registered tasks, comma-separated (lm, passkey, copy, a plug-in's)")

@@ -239,9 +239,12 @@ class LogitsModel:
 
     def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor],
                  generate: Callable[[torch.Tensor, int], torch.Tensor] | None = None, max_len: int | None = None,
-                 parameters: Callable | None = None):
+                 parameters: Callable | None = None,
+                 token_losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         self._forward, self._generate, self._parameters = forward, generate, parameters
         self.scheme = SimpleNamespace(max_len=max_len)
+        if token_losses is not None:    # read by posenc.perplexity.window_losses: next-token losses [B, T]
+            self.token_losses = token_losses
 
     def parameters(self):
         """The wrapped model's parameters (the lab's Evaluation checks them for NaN/inf), or none."""

@@ -138,7 +138,12 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     check_choice(dtype, "dtype", DTYPES, error=ConfigError)
     check_device(device)
     check_attn_implementation(attn_implementation)
-    out = Path(out_config) if out_config is not None else folder / f"config.longrope-{target_length}.json"
+    from posenc.gguf import is_gguf
+
+    # a .gguf model's config goes beside the file (it loads with from_pretrained(folder, gguf_file=..., config=...))
+    home = folder.parent if is_gguf(folder) else folder
+    stem = f"{folder.stem}." if is_gguf(folder) else ""
+    out = Path(out_config) if out_config is not None else home / f"{stem}config.longrope-{target_length}.json"
     if out.resolve() == (folder / "config.json").resolve():
         raise ConfigError(f"out_config {out}: that is the model's own config.json; the search writes a new file")
     if out.is_dir():

@@ -32,14 +32,18 @@ def add_arguments(parser) -> None:
     import argparse
 
     parser.add_argument("source", help="a posenc lab run folder or one of its checkpoints (.safetensors), or a local "
-                                       "transformers model folder (config.json, weights, tokenizer)")
+                                       "transformers model folder (config.json, weights, tokenizer) or a .gguf model")
     parser.add_argument("options", nargs=argparse.REMAINDER,
                         help="lab model: --target-length N --out DIR [...] (posenc search RUN_DIR --help); model "
                              "folder: --target-length N [...] (posenc search MODEL_DIR --help)")
 
 
 def is_model_folder(source: Path) -> bool:
-    """A transformers model folder (config.json, no lab checkpoints/) rather than a lab run folder."""
+    """A transformers model folder (config.json, no lab checkpoints/) or a .gguf model, rather than a lab run."""
+    from posenc.gguf import is_gguf
+
+    if is_gguf(source):
+        return True
     return source.is_dir() and (source / "config.json").is_file() and not (source / "checkpoints").is_dir()
 
 

@@ -239,7 +239,12 @@ def _user_stacklevel() -> int:
 # --------------------------------------------------------------------------------------------------- loading
 
 def read_config_file(path: str | os.PathLike) -> dict:
-    """Parse a config.json (or a model folder holding one) into a dict; errors name the path."""
+    """Parse a config.json (or a model folder holding one) into a dict; errors name the path. A ``.gguf`` file gives
+    the config transformers builds from its metadata (posenc.gguf)."""
+    from posenc.gguf import gguf_config, is_gguf
+
+    if is_gguf(path):
+        return gguf_config(path)
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"

@@ -314,7 +314,7 @@ def format_result(result: ExtendResult, out: str | None) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("config", help="the model's config.json (or a folder holding one)")
+    parser.add_argument("config", help="the model's config.json (or a folder holding one), or a .gguf file")
     parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
     parser.add_argument("--method", choices=[m for m in method_names("frequency") if get_method(m).fit is None], required=True, help="context-extension method")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
@@ -348,8 +348,14 @@ def longrope_factors(path: str | os.PathLike) -> tuple[list, list]:
 
 
 def run(args) -> int:
+    from posenc.gguf import is_gguf
+
     src = Path(args.config)
     src_file = src / "config.json" if src.is_dir() else src
+    if args.in_place and is_gguf(src):
+        raise ConfigError(f"--in-place: {args.config} is a GGUF file, which extend does not rewrite; pass --out "
+                          "config.json (load it with from_pretrained(folder, gguf_file=..., config=...) or into "
+                          "the folder `posenc convert` writes)")
     if not args.in_place and args.out != "-" and Path(args.out).resolve() == src_file.resolve():
         raise ConfigError(f"--out {args.out} is the input file; pass --in-place to overwrite it")
     if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(

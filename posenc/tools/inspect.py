@@ -413,6 +413,17 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
         "scheme": scheme,
         "detected_by": why,
     }
+    gguf_notes = []
+    if not isinstance(config, Mapping):
+        from posenc.gguf import is_gguf, read_gguf
+
+        if is_gguf(config):
+            g = read_gguf(config)
+            report["gguf"] = {"architecture": g.architecture, "name": g.metadata.get("general.name"),
+                              "keys": g.rope_keys, "rope_scaling_keys": g.scaling, "tensor_types": g.tensor_types,
+                              "note": "the settings transformers' GGUF loader builds from these keys are "
+                                      "described below"}
+            gguf_notes = g.notes
     if scheme == "rope":
         from posenc.rope.config import rope_layer_types, rope_section, vision_config_of
 
@@ -462,6 +473,7 @@ def inspect_config(config: str | os.PathLike | Mapping[str, Any], *, seq_len: in
         report["warnings"] = []
     else:
         report["warnings"] = ["positional encoding not recognised; nothing to describe"]
+    report["warnings"] = gguf_notes + report["warnings"]
     report["description"] = _describe(report)
     return report
 
@@ -526,6 +538,12 @@ def format_report(report: dict[str, Any]) -> str:
     """The human-readable form of an inspect_config report."""
     title = report["source"] or "config"
     lines = [f"{title}: model_type={report['model_type']}  scheme={report['scheme']}", report["description"]]
+    if "gguf" in report:
+        g = report["gguf"]
+        types = ", ".join(f"{k} x{v}" for k, v in g["tensor_types"].items())
+        lines += [f"\ngguf ({g['architecture']}: {g['name']}; tensors {types})"]
+        lines += [f"  {k:<36} {v}" for k, v in g["keys"].items()]
+        lines += [f"  {g['architecture'] + '.rope.scaling.' + k:<36} {v}" for k, v in g["rope_scaling_keys"].items()]
     for e in report.get("rope", []):
         if e["layer_type"]:
             lines.append(f"\n[{e['layer_type']}]")
@@ -608,7 +626,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("config", help="a Hugging Face config.json (or a folder holding one)")
+    parser.add_argument("config", help="a Hugging Face config.json (or a folder holding one), or a .gguf file")
     parser.add_argument("--seq-len", type=int, default=None,
                         help="evaluate length-dependent values at this length (default: the claimed context; "
                              "at most 2^30)")

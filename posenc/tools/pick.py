@@ -324,8 +324,89 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
             rec.parameters["rope_theta"] = THETA_PLACEHOLDER
             rec.notes.append("rope_theta in the snippet is a placeholder: use your model's own value (`--config "
                              "config.json` or `--rope-theta` fills it in; `posenc inspect config.json` shows it)")
+    if config is not None and budget == "none" and existing is None and rec.config_snippet:
+        _real_model_evidence(rec, config, train_context, target_context,
+                             10_000.0 if rope_theta is None else float(rope_theta), entry)
     rec.inputs = inputs
     return rec
+
+
+def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: float, entry: dict) -> None:
+    """When a committed real-model study measured this very model at the target length (posenc.tools.evidence):
+    recommend its best zero-shot method, citing every method's number there beside the papers' and the lab's."""
+    from posenc.extensions import transformers_config
+    from posenc.tools.evidence import RESULTS, matching_study, zero_shot
+
+    found = matching_study(config)
+    if found is None:
+        return
+    path, study = found
+    where = f"docs/results/{path.parent.name}/results.json" if path.parent.parent == RESULTS else str(path)
+    table = zero_shot(study, T)
+    if not table:
+        lens = sorted({r["eval_len"] for r in study.get("rows", []) if r.get("task") == "lm"})
+        rec.notes.append(f"the real-model study of this model ({where}) measured lengths {lens}, not {T:,}: the "
+                         "recommendation rests on the papers and the lab")
+        return
+    base = next((e for e in zero_shot(study, L) if e["method"] == "none"), None)
+
+    def label(method):
+        return "unscaled" if method == "none" else get_method(method).label
+
+    windows = min(e["windows"] for e in table)
+    measured = (f"measured on this model ({study.get('name', 'real model')}; {where}): zero-shot perplexity at "
+                f"{T:,} tokens ({windows} window{'s' if windows != 1 else ''} of {table[0]['windows'] * T:,} "
+                "tokens of the CPython validation text, bf16) "
+                + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in table)
+                + (f"; unscaled at the trained {L:,}: {base['ppl']:.2f}" if base else ""))
+    best = table[0]["method"]
+    if len(table) == 1:
+        rec.notes.append(measured + f": the study has no extension method at {T:,} yet, so the recommendation rests "
+                                    "on the papers and the lab")
+        return
+    if best == "none":
+        rec.reasons.insert(0, measured + ": no method beat the unscaled model at this length")
+        return
+    old_method = rec.method
+    old_type = (rec.config_snippet.get("rope_parameters") or {}).get("rope_type")
+    old_measured = next((e for e in table if e["method"] == old_type), None)
+    if old_measured is not None and old_measured["ppl"] <= table[0]["ppl"]:
+        # the papers' choice measured best here too (or tied: dynamic NTK at exactly its static base), so it stays
+        tied = [label(e["method"]) for e in table if e["ppl"] == old_measured["ppl"] and e["method"] != old_type]
+        rec.reasons.insert(0, measured + f": {label(old_type)} measures best here"
+                           + (f" (tied with {', '.join(tied)})" if tied else ""))
+        return
+    factor = get_method(best).lab_factor or _factor(T, L)
+    spec = ExtensionSpec(original=L, factor=factor, rotary_dim=entry["rotary_dim"], theta=theta, target=T)
+    written = transformers_config(best, method_config(best, spec), spec)
+    snippet: dict[str, Any] = {}
+    if written.max_position_embeddings != (entry["max_position_embeddings"] or L):
+        snippet["max_position_embeddings"] = written.max_position_embeddings
+    snippet["rope_parameters"] = {"rope_theta": theta, **written.scaling}
+    if best == "yarn":
+        snippet = _yarn_betas(snippet)
+    rec.method = f"{best} (zero-shot: the best measured on this model at {T:,})"
+    rec.config_snippet = snippet
+    rec.parameters = {**snippet["rope_parameters"], **{k: v for k, v in snippet.items() if k != "rope_parameters"}}
+    papers = list(rec.reasons)
+    if papers:
+        papers[0] = f"the papers and the lab, which rank {old_method} first for this case: {papers[0]}"
+    rec.reasons = [measured, *papers]
+    mine = next(e for e in table if e["method"] == best)
+    rec.alternatives.insert(0, _alt(old_method, "the papers' and the lab's choice for this case; "
+                                    + (f"measured on this model at {T:,}: {old_measured['ppl']:.2f} vs "
+                                       f"{label(best)} {mine['ppl']:.2f}" if old_measured else
+                                       f"not measured in this model's study at {T:,}")))
+    # the generic list's entry for the method now recommended argued against it from other models' numbers
+    rec.alternatives = [a for a in rec.alternatives if not a["option"].startswith(label(best))]
+    runner = next((e for e in table[1:] if e["ppl"] > mine["ppl"]), None)
+    if runner is not None and runner["ppl"] < 1.05 * mine["ppl"]:
+        rec.notes.append(f"a close call: {label(best)} leads {label(runner['method'])} by "
+                         f"{100 * (runner['ppl'] / mine['ppl'] - 1):.1f}% over {windows} window"
+                         f"{'s' if windows != 1 else ''}; more windows or another text may reorder them")
+    rec.notes = [n for n in rec.notes if "dynamic NTK scales" not in n and not n.startswith("factor 1:")]
+    rec.notes.append(f"`posenc extend CONFIG --method {best} --target-length {T}` writes this config; the study's "
+                     "settings, wall times and coverage are in docs/results/" + path.parent.name + "/report.md")
 
 
 def _family_rope_types(rec: Recommendation, config: dict, L: int, T: int, theta: float, lmax,

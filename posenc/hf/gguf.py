@@ -1,0 +1,172 @@
+"""GGUF models through transformers: load one, and ``posenc convert MODEL.gguf --out DIR``.
+
+transformers loads a GGUF file with ``from_pretrained(folder, gguf_file=name)`` (needs the gguf package, and
+accelerate), dequantizing every tensor to float. The loaded model keeps a GGUF quantization config that refuses
+``save_pretrained``, so ``convert_gguf`` writes its state dict into a fresh model of the same config (without the
+quantization config) and saves that: config.json, model.safetensors, the tokenizer transformers builds from the
+file's vocabulary, and generation_config.json. The folder's model gives the in-memory GGUF load's logits (same
+weights in the same dtype; tests/hf/test_gguf.py checks it on SmolLM2).
+
+An architecture transformers' GGUF loader does not know, or a tensor quantization the gguf package cannot
+dequantize, is refused before loading (posenc.gguf.check_loadable); trust_remote_code is never set.
+
+    posenc convert SmolLM2-135M-Instruct.Q4_1.gguf --out smollm2 --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from posenc.errors import ConfigError
+
+# the weight dtypes convert writes (torch's names)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+HELP = "Convert a GGUF model file into a transformers folder (config.json, model.safetensors, tokenizer)."
+
+
+def split(path: str | os.PathLike) -> tuple[str, str]:
+    """(folder, file name) of a GGUF path: what ``from_pretrained(folder, gguf_file=name)`` takes."""
+    p = Path(path).absolute()
+    return str(p.parent), p.name
+
+
+def checked(path: str | os.PathLike):
+    """The GGUFModel of ``path`` (posenc.gguf.read_gguf) after ``check_loadable``: transformers can load it."""
+    from posenc.gguf import check_loadable, read_gguf
+
+    model = read_gguf(path)
+    check_loadable(model)
+    return model
+
+
+def load_config(path: str | os.PathLike):
+    """The transformers config its GGUF loader builds for ``path`` (refused first when it cannot load the file)."""
+    from transformers import AutoConfig
+
+    checked(path)
+    folder, name = split(path)
+    try:
+        return AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: transformers cannot build a config from this GGUF file: "
+                          f"{' '.join(str(exc).split())[:200]}") from None
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer transformers builds from the GGUF file's vocabulary."""
+    from transformers import AutoTokenizer
+
+    folder, name = split(path)
+    try:
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except (ValueError, OSError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: transformers cannot build its tokenizer from the GGUF file: "
+                          f"{' '.join(str(exc).split())[:200]}") from None
+
+
+def load_model(path: str | os.PathLike, *, dtype="float32", config=None, **kwargs):
+    """The causal LM of a GGUF file, dequantized to ``dtype`` (a torch dtype or its name: float32, bfloat16,
+    float16), in eval mode; ``config``: load with this config instead (an extension method written into it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    checked(path)
+    folder, name = split(path)
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if config is not None:
+        kwargs["config"] = config
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype, local_files_only=True,
+                                                 **kwargs)
+    return model.eval()
+
+
+def plain_copy(model):
+    """A model of the same class and config without the GGUF quantization config, holding ``model``'s weights:
+    what ``save_pretrained`` accepts."""
+    import torch
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    dtype = next(model.parameters()).dtype
+    fresh = type(model)(config).to(dtype)
+    missing, unexpected = fresh.load_state_dict(model.state_dict(), strict=False)
+    tied = set(getattr(fresh, "_tied_weights_keys", None) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ConfigError(f"the GGUF model's weights do not fit a fresh {type(model).__name__} (missing "
+                          f"{missing[:3]}, unexpected {unexpected[:3]})")
+    with torch.no_grad():
+        if getattr(config, "tie_word_embeddings", False):
+            fresh.tie_weights()
+    return fresh.eval()
+
+
+def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
+                 overwrite: bool = False, log=print, progress: bool = True) -> list[Path]:
+    """Write the GGUF model at ``path`` as a transformers folder ``out`` (weights in ``dtype``) -> the files written.
+    The folder is built beside ``out`` and moved into place at the end, so an interrupted convert leaves no half
+    folder; an existing non-empty ``out`` is replaced only with ``overwrite``."""
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ConfigError(f"out {out}: already exists and is not an empty folder; pass --overwrite to replace it")
+    if not out.parent.exists():
+        raise ConfigError(f"out {out}: its parent folder {out.parent} does not exist")
+    from transformers.utils import logging as hf_logging
+
+    t0 = time.perf_counter()
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        model = load_model(path, dtype=dtype)
+        tokenizer = load_tokenizer(path)
+    finally:
+        if bars and not progress:
+            hf_logging.enable_progress_bar()
+    fresh = plain_copy(model)
+    del model
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)           # (mkdtemp makes it private; the folder is the user's)
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    written = sorted(p for p in out.iterdir() if p.is_file())
+    log(f"wrote {', '.join(p.name for p in written)} into {out} ({dtype}, {time.perf_counter() - t0:.0f} s)")
+    return written
+
+
+# ---- command line ------------------------------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="a .gguf model file (an architecture transformers' GGUF loader knows)")
+    parser.add_argument("--out", required=True, help="the transformers folder to write")
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
+                        help="dtype of the written weights (default float32: the dequantized values exactly)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args) -> int:
+    from posenc.gguf import is_gguf
+
+    if not is_gguf(args.model):
+        raise ConfigError(f"model {args.model}: expected a .gguf file")
+    convert_gguf(args.model, args.out, dtype=args.dtype, overwrite=args.overwrite, progress=not args.no_progress)
+    return 0

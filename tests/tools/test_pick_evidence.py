@@ -1,0 +1,79 @@
+"""posenc pick cites a committed real-model study (posenc.tools.evidence) when the config is that study's model:
+it recommends the method with the lowest measured perplexity at the target, cites every number the file holds, and
+writes the snippet ``posenc extend`` writes for that method. The studies here are files written by the test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posenc.tools import evidence
+from posenc.tools.extend import extend_config
+from posenc.tools.pick import pick
+
+CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 1024, "head_dim": 16,
+          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+def _study(root, values: dict, length=2048, name="tiny"):
+    rows = [{"task": "lm", "scaling": m, "eval_len": length, "value": v, "n_scored": length, "finetuned": False,
+             "protocol": "non-overlapping"} for m, v in values.items()]
+    rows.append({"task": "lm", "scaling": "none", "eval_len": 1024, "value": 5.0, "n_scored": 2048,
+                 "finetuned": False, "protocol": "non-overlapping"})
+    folder = root / name
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"study": "real-model", "name": name,
+                                                     "model": evidence.identity(CONFIG), "rows": rows}))
+
+
+@pytest.mark.parametrize("values, best", [({"none": 19.0, "linear": 14.0, "ntk": 9.5, "dynamic": 9.9, "yarn": 12.0},
+                                           "ntk"),
+                                          ({"none": 19.0, "linear": 14.0, "yarn": 8.0}, "yarn")])
+def test_pick_recommends_the_measured_best(tmp_path, monkeypatch, values, best):
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, values)
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith(best)
+    cited = rec.reasons[0]
+    assert all(f"{v:.2f}" in cited for v in values.values()) and "unscaled at the trained 1,024: 5.00" in cited
+    written = extend_config(CONFIG, 2048, best).config
+    assert rec.config_snippet["rope_parameters"]["rope_type"] == written["rope_parameters"]["rope_type"]
+    for key, value in written["rope_parameters"].items():
+        assert rec.config_snippet["rope_parameters"][key] == pytest.approx(value), key
+
+
+def test_other_models_and_lengths_keep_the_papers(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "ntk": 9.5})
+    other = {**CONFIG, "hidden_size": 128}
+    assert not any("measured on this model" in r for r in pick(2048, budget="none", config=other).reasons)
+    rec = pick(4096, budget="none", config=CONFIG)
+    assert rec.method.startswith("dynamic") and any("not 4,096" in n for n in rec.notes)
+    (tmp_path / "tiny" / "results.json").unlink()
+    _study(tmp_path, {"none": 19.0, "linear": 30.0}, name="tiny2")
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert "no method beat the unscaled model" in rec.reasons[0]
+
+
+def test_a_tie_keeps_the_papers_choice(tmp_path, monkeypatch):
+    """Dynamic NTK (the papers' zero-shot choice) tied with NTK-aware: the recommendation stays dynamic NTK, and the
+    reason cites the measurement and the tie."""
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "linear": 14.0, "ntk": 4.85, "dynamic": 4.85})
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith("dynamic") and rec.config_snippet["rope_parameters"]["rope_type"] == "dynamic"
+    assert "4.85" in rec.reasons[0] and "tied with NTK-aware" in rec.reasons[0]
+
+
+def test_methods_are_compared_on_the_same_windows():
+    """A part that measured one method on a second window does not put its two-window mean beside the others'
+    one-window numbers: every method is read at the largest token count all of them share."""
+    rows = [{"task": "lm", "scaling": m, "eval_len": 16, "value": v, "n_scored": n, "protocol": "non-overlapping"}
+            for m, v, n in (("yarn", 4.8, 16), ("ntk", 4.85, 16), ("yarn", 5.5, 32))]
+    table = evidence.zero_shot({"rows": rows}, 16)
+    assert [(e["method"], e["ppl"], e["windows"]) for e in table] == [("yarn", 4.8, 1), ("ntk", 4.85, 1)]
+    rows.append({"task": "lm", "scaling": "ntk", "eval_len": 16, "value": 5.0, "n_scored": 32})
+    table = evidence.zero_shot({"rows": rows}, 16)
+    assert [(e["method"], e["ppl"], e["windows"]) for e in table] == [("ntk", 5.0, 2), ("yarn", 5.5, 2)]
