@@ -17,6 +17,17 @@ from typing import Iterable
 from posenc.errors import PosencError
 
 
+def is_int(x) -> bool:
+    """Whether ``x`` is an integer (Python, numpy or any numbers.Integral) and not a bool: the test every reader
+    of untrusted values (configs, rows, options) shares with check_int."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_number(x) -> bool:
+    """Whether ``x`` is a real number (int, float, numpy scalars, any numbers.Real) and not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def _describe(lo, hi, kind: str) -> str:
     if kind == "an integer" and hi is None and lo in (0, 1):
         return "a positive integer" if lo == 1 else "a non-negative integer"

@@ -37,6 +37,10 @@ PARTS = {
     "cpython-16k-w2": ["--eval-lens", "16384", "--eval-tokens", "32768", "--methods", "yarn,ntk", "--factor", "2"],
     "cpython-16k-w3": ["--eval-lens", "16384", "--eval-tokens", "49152", "--methods", METHODS, "--factor", "2"],
     "cpython-32k-w1": ["--eval-lens", "32768", "--eval-tokens", "32768", "--methods", METHODS, "--factor", "4"],
+    # the methods that change attention (posenc.patch): Self-Extend reaches (8192 - 2048) * 4 + 2048 = 26,624 tokens;
+    # ReRoPE caps relative positions at 4096, inside the trained 8192
+    "cpython-16k-attn-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--methods", "self-extend,rerope",
+                            "--method-options", "self-extend.group_size=4,self-extend.window=2048,rerope.window=4096"],
     "passkey-16k": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
                     "--passkey-trials", "2", "--methods", "none,linear,dynamic,yarn", "--factor", "2"],
 }

@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 
+from posenc._validate import is_int
 from posenc.devices import check_device
 from posenc.hf.throughput import reset_peak_memory
 from posenc.machine import load_average
@@ -522,7 +523,7 @@ def exported_train_len(model_dir) -> int | None:
     lab_model = record.get("lab_model")
     if value is None and isinstance(lab_model, dict):   # an export from before train_len was recorded
         value = lab_model.get("max_len")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if is_int(value) and value > 0 else None
 
 
 def original_context(config, model_dir=None) -> int | None:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from posenc._memory import physical_memory
 from posenc._settings import check_settings
-from posenc._validate import check_choice, check_distinct, check_float, check_int, even_int
+from posenc._validate import check_choice, check_distinct, check_float, check_int, even_int, is_int
 from posenc.errors import ConfigError
 from posenc.extensions import get_method
 from posenc.lab.curriculum import check_length_warmup
@@ -125,7 +125,7 @@ class LabConfig:
         for name, limit in SIZE_LIMITS.items():  # sizes no lab run needs, which would only exhaust memory
             value = getattr({None: self, "model": self.model, "train": self.train}[SECTIONS[name]], name)
             for v in (value if isinstance(value, list) else [value]):
-                if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+                if is_int(v) and v > limit:
                     raise ConfigError(f"{name} must be at most {limit:,}, got {v:,}")
         check_int(self.train_len, "train_len", min=2, error=ConfigError)  # one token predicts nothing from context
         for name in ("batch_size", "eval_tokens", "sliding_tokens"):

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc._validate import check_float, check_int, heads_divide
+from posenc._validate import check_float, check_int, heads_divide, is_int, is_number
 from posenc.errors import ConfigError
 from posenc.rope.registry import MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, rope_type_function
 
@@ -195,7 +195,7 @@ def check_theta(theta, name: str = "rope_theta") -> float:
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+    return is_number(x) and x == x
 
 
 def _validate_against_registry(cfg: RopeConfig) -> None:
@@ -458,7 +458,7 @@ def _get(cfg: Mapping, key: str):
 
 
 def _pos_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    return is_int(x) and x > 0
 
 
 def _head_dim(cfg: Mapping) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc._validate import check_float, check_int
+from posenc._validate import check_float, check_int, is_int
 from posenc.errors import ConfigError
 from posenc.rope.config import (CONFIG_DEFAULTS, RopeConfig, as_mapping, config_value,  # noqa: F401 (re-exported)
                                 layer_type_parameters, load_rope_config, model_type_of, rope_section)
@@ -239,7 +239,7 @@ def layer_schedule(config) -> LayerSchedule:
         if rope is not None and all(rope):
             tuning = None                         # it only acts on NoPE layers
     window = config_value(cfg, "sliding_window")
-    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
+    if window is not None and not (is_int(window) and window > 0):
         window = None                             # some configs write 0 / false for "no window"
     if config_value(cfg, "use_sliding_window") is False:    # Qwen2 / Qwen3 / SmolLM3: the window is off
         window = None

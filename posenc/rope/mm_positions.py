@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
 
 import torch
 
-from posenc._validate import check_choice, check_float, check_int
+from posenc._validate import check_choice, check_float, check_int, is_number
 from posenc.errors import PosencError
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
@@ -61,7 +60,7 @@ def _seconds(second_per_grid_ts):
                           f"{second_per_grid_ts!r}")
     values = list(second_per_grid_ts)
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf:
+        if not is_number(v) or not 0 <= v < math.inf:
             raise PosencError(f"{name} must hold finite seconds >= 0 (one number per video), got {values!r}")
     return iter(values)
 

@@ -29,11 +29,10 @@ Add a type:
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
-from posenc._validate import check_float, check_int, even_int
+from posenc._validate import check_float, check_int, even_int, is_number
 from posenc.errors import ConfigError
 from posenc.rope.apply import base_powers, default_inv_freq
 from posenc.rope.config import MAX_THETA, RopeConfig, load_rope_config
@@ -143,7 +142,7 @@ def trained_theta(rope_type: str, theta: float, params, rotary_dim: int) -> floa
     types (``STATIC_BASE_KEYS``: Hunyuan's NTK-alpha, posenc's ntk), else ``theta`` itself."""
     key = STATIC_BASE_KEYS.get(rope_type)
     value = params.get(key) if key is not None and params else None
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not is_number(value) or not value > 0:
         return float(theta)
     return ntk_theta(float(theta), float(value), rotary_dim)
 
@@ -182,7 +181,7 @@ def dynamic_ntk_theta(theta: float, factor: float, rotary_dim: int, seq_len: int
 def _factor_if_number(cfg: RopeConfig) -> float | None:
     """params["factor"] when it is a number (for labelling only; the scaling functions validate it)."""
     factor = cfg.params.get("factor")
-    return None if isinstance(factor, bool) or not isinstance(factor, (int, float)) else factor
+    return factor if is_number(factor) else None
 
 
 def _ratio_labels(cfg: RopeConfig, inv_freq: torch.Tensor, factor: float | None) -> list[str]:
@@ -259,7 +258,7 @@ def _yarn_betas(cfg: RopeConfig) -> tuple[float, float]:
     """(beta_fast, beta_slow), rotations over L0; transformers treats 0 / null as the defaults 32 and 1."""
     def beta(key: str, default: float) -> float:
         value = cfg.params.get(key)
-        if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0):
+        if value is None or (is_number(value) and value == 0):
             return default
         return _number(cfg, key, positive=True)
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import random
 import time
 import warnings
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 
 from posenc._atomic import atomic_write_json
-from posenc._validate import check_choice, check_float, check_int
+from posenc._validate import check_choice, check_float, check_int, is_number
 from posenc.errors import CheckpointError, ConfigError, PosencError
 from posenc.search.longrope_space import (PAPER_STEP, Candidate, LongRopeSpace, crossover, longrope_scaling,
                                           longrope_space, mutate, seed_factors)
@@ -302,7 +301,7 @@ class _Search:
         value = fn(rescale, n_hat)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        if not is_number(value):
             raise PosencError(f"{what} must return a number (lower is better), got {type(value).__name__}")
         value = float(value)
         if self._bar is not None:

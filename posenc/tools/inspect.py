@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from posenc._validate import check_float, check_int
+from posenc._validate import check_float, check_int, is_number
 from posenc.errors import ConfigError
 from posenc.tools._io import read_config
 from posenc.tools.contexts import claimed_context, context_length, original_context
@@ -94,7 +94,7 @@ def detect_scheme(cfg: Mapping, _nested: bool = False) -> tuple[str, str]:
     if model_type in _T5_TYPES or "relative_attention_num_buckets" in cfg:
         return "relative_bias", "T5-style learned relative position buckets"
     key, fraction = _rotary_fraction(cfg)
-    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and fraction == 0:
+    if is_number(fraction) and fraction == 0:
         return "nope", f"{key} is 0: no dimension is rotated"
     if any(cfg.get(k) is not None for k in _ROPE_KEYS):
         return "rope", "RoPE keys present"
@@ -132,7 +132,7 @@ def _check_head_dim(cfg: Mapping) -> None:
     if head_dim is None:
         return
     model_type = model_type_of(cfg)
-    if head_dim == 0 and not isinstance(head_dim, bool):
+    if is_number(head_dim) and head_dim == 0:
         if model_type in HEAD_DIM_DERIVED_TYPES:
             return
         raise ConfigError(f"head_dim must be a positive integer, got 0: transformers' {model_type or 'model'} "
@@ -220,7 +220,7 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, mul
 
 
 def _is_num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    return is_number(x)
 
 
 def _position_axes(rc) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc._validate import check_choice, check_int
+from posenc._validate import check_choice, check_int, is_number
 from posenc.errors import PosencError
 from posenc.extensions import ExtensionSpec, get_method, method_config
 from posenc.tools.contexts import MAX_CONTEXT
@@ -172,7 +172,7 @@ def check_pick_theta(rope_theta) -> float:
     from posenc.rope.config import MAX_THETA
 
     text = f"rope_theta must be a number > 1 and at most {MAX_THETA:.4g}, got {rope_theta!r}"
-    if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)):
+    if not is_number(rope_theta):
         raise PosencError(text)
     if not 1 < float(rope_theta) <= MAX_THETA:   # NaN fails this too
         raise PosencError(text)

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from posenc._validate import is_int, is_number
 from posenc.errors import PosencError
 
 IGNORE = -100  # the targets' "not scored" id (torch's cross_entropy ignore_index)
@@ -96,7 +97,7 @@ def check_row(task, cfg, eval_len, metric: str, value, nonfinite: bool = False) 
     """TaskError when a row breaks the contract (a length not asked, a fraction out of [0, 1] or not finite).
     ``nonfinite``: ev.row turned a non-finite value of a model with finite weights into "diverged"."""
     asked = set(cfg.eval_lens) | set(cfg.sliding_lens or ())
-    if isinstance(eval_len, bool) or not isinstance(eval_len, int) or eval_len not in asked:
+    if not is_int(eval_len) or eval_len not in asked:
         raise TaskError(f"{task_label(task)}: evaluate() reported a row for eval_len {eval_len!r}, which the run "
                         f"did not ask for (eval_lens {sorted(asked)})")
     if not isinstance(metric, str) or not metric:
@@ -107,7 +108,7 @@ def check_row(task, cfg, eval_len, metric: str, value, nonfinite: bool = False) 
                         f"model whose weights are finite; expected a value in [{bounds[0]:g}, {bounds[1]:g}]")
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TaskError(f"{task_label(task)}: evaluate() reported {metric} = {value!r} at length {eval_len}; "
                         "expected a number or None")
     if bounds is not None and not (math.isfinite(value) and bounds[0] <= value <= bounds[1]):
