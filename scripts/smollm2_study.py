@@ -259,8 +259,8 @@ def report(study: dict, table: list[str]) -> str:
             + (", ".join(f"`{n}` ({' '.join(PARTS[n])})" for n in missing) if missing else "none") + ".", "",
             "Not in the plan above and not measured: a second text (held-out English prose from a package), "
             "LongRoPE with factors from `posenc search` on a held-out split (each of its evaluations is a 16k "
-            "forward, 6-12 minutes here), the attention-level methods (Self-Extend, ReRoPE, DCA, sinks: lab "
-            "extensions, not run on this model), and Gemma 3 270M. "
+            "forward, 6-12 minutes here), Leaky ReRoPE, Dual Chunk Attention and attention sinks on this model "
+            "(Self-Extend and ReRoPE ran: part `cpython-16k-attn-w1`, on one window), and Gemma 3 270M. "
             "The issue's budget for the whole study is about 3 CPU-hours; this session had one shared core for "
             "about one hour.", "",
             "Each part's results.json records the folder it ran on (`meta.model`): the first two parts ran on "

@@ -1103,7 +1103,9 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
         lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files), validation "
                      f"{data.get('val_bytes')} bytes")
     for method, m in meta["methods"].items():
-        what = "the config as it is" if method == "none" else f"{method} at factor {s['factor']:g}"
+        what = ("the config as it is" if method == "none" else
+                f"{method} on attention through posenc.patch" if attention_methods([method]) else
+                f"{method} at factor {s['factor']:g}")
         lines.append(f"- method {method}: {what}; scheme {m['scheme']}, original context {m['original_context']}, "
                      f"attention {m['attn_implementation']}"
                      + (f"; config: {'; '.join(m['changes'])}" if m["changes"] else ""))

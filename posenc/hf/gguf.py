@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from posenc.errors import ConfigError
+from posenc.hf.remote_code import NO_REMOTE_CODE
 
 # the weight dtypes convert writes (torch's names)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -52,7 +53,7 @@ def load_config(path: str | os.PathLike):
     checked(path)
     folder, name = split(path)
     try:
-        return AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        return AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True, **NO_REMOTE_CODE)
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: transformers cannot build a config from this GGUF file: "
                           f"{' '.join(str(exc).split())[:200]}") from None
@@ -64,7 +65,7 @@ def load_tokenizer(path: str | os.PathLike):
 
     folder, name = split(path)
     try:
-        return AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True, **NO_REMOTE_CODE)
     except (ValueError, OSError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: transformers cannot build its tokenizer from the GGUF file: "
                           f"{' '.join(str(exc).split())[:200]}") from None
@@ -82,7 +83,7 @@ def load_model(path: str | os.PathLike, *, dtype="float32", config=None, **kwarg
     if config is not None:
         kwargs["config"] = config
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype, local_files_only=True,
-                                                 **kwargs)
+                                                 **{**kwargs, **NO_REMOTE_CODE})
     return model.eval()
 
 

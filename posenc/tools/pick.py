@@ -353,12 +353,24 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     def label(method):
         return "unscaled" if method == "none" else get_method(method).label
 
+    # a config can carry only a frequency method: the attention methods measured in the study are weighed apart
+    everything = table
+    attention = [e for e in table if e["method"] != "none" and get_method(e["method"]).kind == "attention"]
+    table = [e for e in table if e not in attention]
+
     windows = min(e["windows"] for e in table)
     measured = (f"measured on this model ({study.get('name', 'real model')}; {where}): zero-shot perplexity at "
                 f"{T:,} tokens ({windows} window{'s' if windows != 1 else ''} of {table[0]['windows'] * T:,} "
                 "tokens of the CPython validation text, bf16) "
-                + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in table)
+                + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in everything)
                 + (f"; unscaled at the trained {L:,}: {base['ppl']:.2f}" if base else ""))
+    better = [e for e in attention if e["ppl"] < table[0]["ppl"]]
+    if better:
+        rec.notes.append(
+            "measured lower still on this model, by changing attention rather than the config: "
+            + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in better)
+            + f" (run the model under posenc.patch(model, method='{better[0]['method']}', ...) with the study's "
+            f"options, docs/results/{path.parent.name}/report.md; costs: {get_method(better[0]['method']).costs})")
     best = table[0]["method"]
     if len(table) == 1:
         rec.notes.append(measured + f": the study has no extension method at {T:,} yet, so the recommendation rests "

@@ -267,6 +267,18 @@ def test_attention_methods_are_patched_onto_the_loaded_model(tmp_path, text_file
         EvalSettings(methods=["sinks"], method_options={"sinks.group_size": 3}).validate()
 
 
+def test_eval_of_attention_methods_alone_writes_its_report(tmp_path, text_file, capsys):
+    # no --factor (only attention methods): the command ends with its report, each method described by its kind
+    tiny_hf("llama", tmp_path / "m")
+    assert eval_main([str(tmp_path / "m"), "--data", text_file, "--eval-lens", "16,48", "--eval-tokens", "200",
+                      "--sliding-stride", "0", "--methods", "self-extend,rerope", "--method-options",
+                      "self-extend.window=8,rerope.window=8", "--threads", "1", "--no-progress",
+                      "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "- method self-extend: self-extend on attention through posenc.patch" in report
+    assert "- method rerope: rerope on attention through posenc.patch" in report
+
+
 @pytest.mark.parametrize("sliding_tokens", [300, 700, 2100])
 def test_sliding_tokens_reproduces_the_labs_sliding_rows(exported, text_file, sliding_tokens, tmp_path, capsys):
     """posenc eval --sliding-tokens N scores N tokens per sliding length, as the lab's --sliding-tokens does (the

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from posenc.extensions import get_method
+
 from posenc.tools import evidence
 from posenc.tools.extend import extend_config
 from posenc.tools.pick import pick
@@ -42,6 +44,25 @@ def test_pick_recommends_the_measured_best(tmp_path, monkeypatch, values, best):
     assert rec.config_snippet["rope_parameters"]["rope_type"] == written["rope_parameters"]["rope_type"]
     for key, value in written["rope_parameters"].items():
         assert rec.config_snippet["rope_parameters"][key] == pytest.approx(value), key
+
+
+@pytest.mark.parametrize("attention", ["self-extend", "rerope", "sinks"])
+def test_an_attention_method_measured_best_is_named_beside_the_best_config(tmp_path, monkeypatch, attention):
+    # a config can only carry a frequency method: the recommendation is the best of those, and the attention method
+    # that measured lower still is named with its number, how to run it and its costs
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "linear": 14.0, "yarn": 8.0, attention: 7.5})
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith("yarn") and rec.config_snippet["rope_parameters"]["rope_type"] == "yarn"
+    label = get_method(attention).label
+    note = next(n for n in rec.notes if "measured lower still" in n)
+    assert f"{label} 7.50" in note and f"method='{attention}'" in note and get_method(attention).costs in note
+    assert f"{label} 7.50" in rec.reasons[0]
+    # measured worse than the best frequency method: cited, not promoted
+    (tmp_path / "tiny" / "results.json").unlink()
+    _study(tmp_path, {"none": 19.0, "yarn": 8.0, attention: 9.0}, name="tiny2")
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith("yarn") and not any("measured lower still" in n for n in rec.notes)
 
 
 def test_other_models_and_lengths_keep_the_papers(tmp_path, monkeypatch):
