@@ -22,6 +22,8 @@ if [ ! -x "$tools/bin/uv" ] || [ "$("$tools/bin/uv" --version | cut -d' ' -f2)" 
 fi
 find_links=()
 for dir in ${PIP_FIND_LINKS:-} /opt/wheels; do [ -d "$dir" ] && find_links+=(--find-links "$dir"); done
+# --python-version 3.11 resolves for every CPython 3.11.x: a release that needs a later patch version (pymdown-extensions
+# 13 needs 3.11.5) stays at its previous one, and `scripts/test.sh --latest` lists it as drift.
 compile() {  # compile OUT [uv options...]
   local out=$1; shift
   "$tools/bin/uv" pip compile pyproject.toml requirements/machine.in "$@" \

