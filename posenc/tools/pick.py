@@ -335,20 +335,20 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     """When a committed real-model study measured this very model at the target length (posenc.tools.evidence):
     recommend its best zero-shot method, citing every method's number there beside the papers' and the lab's."""
     from posenc.extensions import transformers_config
-    from posenc.tools.evidence import RESULTS, matching_study, zero_shot
+    from posenc.tools.evidence import RESULTS, matching_study, passkey, zero_shot
 
     found = matching_study(config)
     if found is None:
         return
     path, study = found
     where = f"docs/results/{path.parent.name}/results.json" if path.parent.parent == RESULTS else str(path)
-    table = zero_shot(study, T)
+    table = zero_shot(study, T, text="cpython")
     if not table:
         lens = sorted({r["eval_len"] for r in study.get("rows", []) if r.get("task") == "lm"})
         rec.notes.append(f"the real-model study of this model ({where}) measured lengths {lens}, not {T:,}: the "
                          "recommendation rests on the papers and the lab")
         return
-    base = next((e for e in zero_shot(study, L) if e["method"] == "none"), None)
+    base = next((e for e in zero_shot(study, L, text="cpython") if e["method"] == "none"), None)
 
     def label(method):
         return "unscaled" if method == "none" else get_method(method).label
@@ -358,12 +358,22 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     attention = [e for e in table if e["method"] != "none" and get_method(e["method"]).kind == "attention"]
     table = [e for e in table if e not in attention]
 
-    windows = min(e["windows"] for e in table)
+    windows = table[0]["windows"]
+
+    def value(e):
+        return f"{e['ppl']:.2f}" + (f" +- {e['std']:.2f}" if e.get("std") is not None else "")
+
     measured = (f"measured on this model ({study.get('name', 'real model')}; {where}): zero-shot perplexity at "
-                f"{T:,} tokens ({windows} window{'s' if windows != 1 else ''} of {table[0]['windows'] * T:,} "
-                "tokens of the CPython validation text, bf16) "
-                + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in everything)
+                f"{T:,} tokens ({windows} window{'s' if windows != 1 else ''} of {T:,} tokens of the CPython "
+                "validation text, bf16" + ("; mean +- std over the windows" if windows > 1 else "") + ") "
+                + ", ".join(f"{label(e['method'])} {value(e)}" for e in everything)
                 + (f"; unscaled at the trained {L:,}: {base['ppl']:.2f}" if base else ""))
+    keys = passkey(study, T)
+    if keys:
+        rec.notes.append(f"passkey retrieval on this model at {T:,} tokens (keys found / trials over the depths "
+                         "measured, greedy decoding): " + ", ".join(f"{label(m)} {f}/{n}" for m, (f, n) in keys.items())
+                         + (f"; attention sinks only see the first tokens and a recent window: {get_method('sinks').costs}"
+                            if "sinks" in keys else ""))
     better = [e for e in attention if e["ppl"] < table[0]["ppl"]]
     if better:
         rec.notes.append(

@@ -16,7 +16,7 @@ transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers runs the models)")
 
 import posenc  # noqa: E402
-from posenc.errors import ConfigError  # noqa: E402
+from posenc.errors import ConfigError, DataError  # noqa: E402
 from posenc.hf.evaluate import (EvalSettings, eval_main, evaluate_model, load_causal_lm, logits_model,  # noqa: E402
                                 passkey_chars, token_stream)
 from posenc.hf.export import export_lab_model  # noqa: E402
@@ -143,6 +143,24 @@ def test_tiny_random_models_are_scored_like_a_window_loop(family, tmp_path, text
     passkey = [r for r in doc["results"] if r["task"] == "passkey"]
     assert [r["value"] for r in passkey if r["eval_len"] == 16] == [None, None]  # too short for an episode
     assert all(0.0 <= r["value"] <= 1.0 for r in passkey if r["eval_len"] == 96)
+
+
+def test_eval_offset_scores_the_windows_after_it_alone(tmp_path, text_file):
+    """--eval-offset K --eval-tokens L scores exactly the window stream[K : K + L + 1]: the study's windows at fixed
+    offsets, each its own part."""
+    model = tiny_hf("llama", tmp_path)
+    val, _ = validation_bytes(text_file)
+    s = EvalSettings(eval_lens=[32], data=text_file, eval_tokens=64, eval_offset=100, sliding_stride=0)
+    doc = evaluate_model(str(tmp_path), s, progress=False)
+    (row,) = [r for r in doc["results"] if r["metric"] == "ppl"]
+    assert row["value"] == pytest.approx(brute_force_ppl(model, val[100:], 32, 64), rel=1e-5)
+    assert row["value"] != pytest.approx(brute_force_ppl(model, val, 32, 64), rel=1e-3)
+    assert doc["meta"]["settings"]["eval_offset"] == 100
+    with pytest.raises(DataError, match="eval_offset"):
+        evaluate_model(str(tmp_path), EvalSettings(eval_lens=[32], data=text_file, eval_tokens=64,
+                                                   eval_offset=len(val) - 10, sliding_stride=0), progress=False)
+    with pytest.raises(ConfigError, match="eval_offset"):
+        EvalSettings(eval_lens=[32], eval_offset=-1).validate()
 
 
 def char_tokenizer():

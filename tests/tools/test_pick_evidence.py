@@ -98,3 +98,51 @@ def test_methods_are_compared_on_the_same_windows():
     rows.append({"task": "lm", "scaling": "ntk", "eval_len": 16, "value": 5.0, "n_scored": 32})
     table = evidence.zero_shot({"rows": rows}, 16)
     assert [(e["method"], e["ppl"], e["windows"]) for e in table] == [("ntk", 5.0, 2), ("yarn", 5.5, 2)]
+
+
+def test_windows_at_offsets_give_mean_and_spread():
+    """Windows measured as parts of their own (offset = tokens skipped) combine into one perplexity over all their
+    tokens (the geometric mean of equal windows) with the sample std of the windows; a method missing a window
+    brings every method down to the windows all share."""
+    import math
+    import statistics
+
+    w = {"yarn": [4.0, 6.0, 5.0], "ntk": [4.2, 6.1, 5.3]}
+    rows = [{"task": "lm", "scaling": m, "eval_len": 16, "value": v, "n_scored": 16, "offset": 16 * i}
+            for m, vs in w.items() for i, v in enumerate(vs)]
+    table = evidence.zero_shot({"rows": rows}, 16)
+    for e in table:
+        vs = w[e["method"]]
+        assert e["windows"] == 3 and e["offsets"] == [0, 16, 32]
+        assert e["ppl"] == pytest.approx(math.exp(sum(map(math.log, vs)) / 3))
+        assert e["std"] == pytest.approx(statistics.stdev(vs))
+    assert [e["method"] for e in table] == ["yarn", "ntk"]
+    rows.append({"task": "lm", "scaling": "none", "eval_len": 16, "value": 9.0, "n_scored": 16, "offset": 16})
+    table = evidence.zero_shot({"rows": rows}, 16)
+    assert all(e["windows"] == 1 and e["offsets"] == [16] and e["std"] is None for e in table)
+    assert {e["method"]: e["ppl"] for e in table} == {"none": 9.0, "yarn": 6.0, "ntk": 6.1}
+    # a two-window row from offset 0 equals the two single windows it spans
+    rows = [{"task": "lm", "scaling": "a", "eval_len": 16, "value": 5.0, "n_scored": 32},
+            {"task": "lm", "scaling": "b", "eval_len": 16, "value": 4.0, "n_scored": 16},
+            {"task": "lm", "scaling": "b", "eval_len": 16, "value": 9.0, "n_scored": 16, "offset": 16}]
+    (a, b) = sorted(evidence.zero_shot({"rows": rows}, 16), key=lambda e: e["method"])
+    assert a["windows"] == b["windows"] == 2 and b["ppl"] == pytest.approx(6.0) and a["std"] is None
+    assert evidence.zero_shot({"rows": rows}, 16, text="prose") == []
+
+
+def test_passkey_rows_are_counted_and_cited(tmp_path, monkeypatch):
+    """Passkey rows (a rate per depth, trials per depth from the part) become keys found / trials per method, and
+    the picker cites them with what sinks cannot see."""
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "yarn": 8.0, "sinks": 7.0})
+    path = tmp_path / "tiny" / "results.json"
+    doc = json.loads(path.read_text())
+    doc["parts"] = {"pk": {"passkey_trials": 2}}
+    doc["rows"] += [{"task": "passkey", "scaling": m, "eval_len": 2048, "depth": d, "value": v, "part": "pk"}
+                    for m, d, v in (("yarn", 0.1, 1.0), ("yarn", 0.9, 0.5), ("sinks", 0.1, 0.0), ("sinks", 0.9, 1.0))]
+    path.write_text(json.dumps(doc))
+    assert evidence.passkey(doc, 2048) == {"yarn": (3, 4), "sinks": (2, 4)}
+    assert evidence.passkey(doc, 1024) == {}
+    rec = pick(2048, budget="none", config=CONFIG)
+    note = next(n for n in rec.notes if n.startswith("passkey retrieval"))
+    assert "YaRN 3/4" in note and "attention sinks 2/4" in note and get_method("sinks").costs in note
