@@ -75,12 +75,10 @@ def main() -> None:
 
 
 def split(model, lengths: list[int], times: list[float], peak: float) -> None:
-    """Fit time = a T + b T^2 and print each term's share and FLOP/s at every length."""
-    from posenc.hf.throughput import linear_weights, model_flops
+    """Fit time = a T + b T^2 (posenc.hf.throughput.time_split) and print each term's time and FLOP/s."""
+    from posenc.hf.throughput import linear_weights, model_flops, time_split
 
-    T = torch.tensor(lengths, dtype=torch.float64)
-    a, b = torch.linalg.lstsq(torch.stack([T, T * T], 1), torch.tensor(times, dtype=torch.float64)[:, None]) \
-        .solution.flatten().tolist()
+    a, b = time_split(lengths, times)
     for length in lengths:
         linear = 2.0 * linear_weights(model) * length
         attention = model_flops(model, length) - linear

