@@ -376,11 +376,19 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
                             if "sinks" in keys else ""))
     better = [e for e in attention if e["ppl"] < table[0]["ppl"]]
     if better:
+        # the one to run: the lowest perplexity among those that retrieved best where passkey was measured (a
+        # method that keeps perplexity by dropping the middle, as sinks do, should not be the first named)
+        def retrieval(e):
+            found, trials = keys.get(e["method"], (None, None))
+            return -(found / trials) if trials else 0.0
+        first = min(better, key=lambda e: (retrieval(e), e["ppl"]))
+        why = (f", the lowest of those that found the passkey in {keys[first['method']][0]}/"
+               f"{keys[first['method']][1]}" if first is not better[0] and first["method"] in keys else "")
         rec.notes.append(
             "measured lower still on this model, by changing attention rather than the config: "
             + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in better)
-            + f" (run the model under posenc.patch(model, method='{better[0]['method']}', ...) with the study's "
-            f"options, docs/results/{path.parent.name}/report.md; costs: {get_method(better[0]['method']).costs})")
+            + f" (run the model under posenc.patch(model, method='{first['method']}', ...){why}, with the study's "
+            f"options, docs/results/{path.parent.name}/report.md; costs: {get_method(first['method']).costs})")
     best = table[0]["method"]
     if len(table) == 1:
         rec.notes.append(measured + f": the study has no extension method at {T:,} yet, so the recommendation rests "

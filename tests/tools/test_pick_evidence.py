@@ -153,3 +153,18 @@ def test_passkey_rows_are_counted_and_cited(tmp_path, monkeypatch):
     rec = pick(2048, budget="none", config=CONFIG)
     note = next(n for n in rec.notes if n.startswith("passkey retrieval"))
     assert "YaRN 3/4" in note and "attention sinks 2/4" in note and get_method("sinks").costs in note
+
+
+def test_the_attention_method_named_first_is_one_that_retrieved(tmp_path, monkeypatch):
+    """Sinks measured lowest but found no passkey; Self-Extend found every one: the note names Self-Extend to run."""
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "yarn": 8.0, "sinks": 7.0, "self-extend": 7.2})
+    path = tmp_path / "tiny" / "results.json"
+    doc = json.loads(path.read_text())
+    doc["parts"] = {"pk": {"passkey_trials": 1}}
+    doc["rows"] += [{"task": "passkey", "scaling": m, "eval_len": 2048, "depth": d, "value": v, "part": "pk"}
+                    for m, v in (("sinks", 0.0), ("self-extend", 1.0)) for d in (0.1, 0.9)]
+    path.write_text(json.dumps(doc))
+    note = next(n for n in pick(2048, budget="none", config=CONFIG).notes if "measured lower still" in n)
+    assert "method='self-extend'" in note and "found the passkey in 2/2" in note
+    assert "attention sinks 7.00" in note    # still cited with its number
