@@ -382,13 +382,14 @@ def findings(study: dict) -> list[str]:
         return []
     best = at16[0]
     w = best["windows"]
+    first16 = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
+               and r["offset"] == 0 and r["n_scored"] == 16384 and r["text"] == "cpython" and not r.get("variant")}
     out = ["## Findings", "",
            f"- At 16,384 tokens (2x the trained context), over {w} window{'s' if w != 1 else ''}, the lowest "
            f"perplexity is {_possessive(label(best['method']))} {_value(best)}" +
-           (f", {best['ppl'] / base['ppl']:.2f}x the unscaled model's {base['ppl']:.2f} at its trained 8,192 (its "
-            f"{base['windows']} windows of 8k from offset 0" + (": the same tokens as the first 16k window)"
-                                                                 if best["offsets"] == [0] else ")")
-            if base else "") + "; ranking: "
+           (f"; on the first window, {first16[best['method']]:.2f} against the unscaled model's {base['ppl']:.2f} at "
+            f"its trained 8,192 on the same tokens ({base['windows']} windows of 8k from offset 0)"
+            if base and best["method"] in first16 else "") + "; ranking: "
            + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in at16) + "."]
     if w > 1:
         # per-window ranks: does the order hold on every window, or only in the mean?
@@ -414,7 +415,8 @@ def findings(study: dict) -> list[str]:
                  and len(wins[e["method"]]) == len(wins[best["method"]])
                  and all(a < b for a, b in zip(wins[best["method"]], wins[e["method"]]))]
         if ahead:
-            out.append(f"- {label(best['method'])} is lower than " + ", ".join(label(m) for m in ahead)
+            name = label(best["method"])
+            out.append(f"- {name[0].upper() + name[1:]} is lower than " + ", ".join(label(m) for m in ahead)
                        + " on every window (a paired comparison: the same tokens per window).")
     values = {e["method"]: e["ppl"] for e in at16}
     if "dynamic" in values and values.get("dynamic") == values.get("ntk"):
