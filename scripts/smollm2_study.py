@@ -452,9 +452,7 @@ def findings(study: dict) -> list[str]:
                            "then sees its sinks at the edge of the trained distances, missed a key that half the "
                            "cache keeps; more trials would say how often.")
     hand = {"none": 19.13, "linear": 14.33}
-    one = {r["scaling"]: r["value"] for r in study["rows"] if r["task"] == "lm" and r["eval_len"] == 16384
-           and r["offset"] == 0 and r["n_scored"] == 16384 and r["text"] == "cpython"}
-    same = [f"{label(m)} {v:.2f} then, {one[m]:.2f} now" for m, v in hand.items() if m in one]
+    same = [f"{label(m)} {v:.2f} then, {first16[m]:.2f} now" for m, v in hand.items() if m in first16]
     if same:
         out.append("- The hand trial in issue #34 (bf16, the same text, `posenc eval --eval-lens 8192,16384 "
                    "--eval-tokens 16384 --factor 2`): " + "; ".join(same) + " (first window).")
