@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
@@ -401,8 +400,8 @@ def findings(study: dict) -> list[str]:
         firsts = [min(per[o], key=per[o].get) for o in offsets if o in per]
         spread = [e for e in at16[1:] if e["std"] is not None and best["std"] is not None
                   and e["ppl"] - best["ppl"] < max(e["std"], best["std"])]
-        out.append(f"- The windows differ far more than the methods do (the std column is the spread between "
-                   f"windows of different text, not noise of one measurement): the best method per window is "
+        out.append("- The windows differ far more than the methods do (the std column is the spread between "
+                   "windows of different text, not noise of one measurement): the best method per window is "
                    + ", ".join(f"{label(m)} at offset {o:,}" for m, o in zip(firsts, offsets))
                    + (". Within one std of the best: " + ", ".join(label(e["method"]) for e in spread)
                       if spread else "") + ".")
