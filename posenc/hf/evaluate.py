@@ -40,11 +40,9 @@ folder) are refused with a few of the keys: that model would run with random wei
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import importlib.util
 import json
-import logging
 import math
 import os
 import pickle
@@ -59,6 +57,7 @@ import torch
 
 from posenc._validate import is_int
 from posenc.devices import check_device
+from posenc.hf.quiet import quiet_transformers
 from posenc.hf.throughput import reset_peak_memory
 from posenc.machine import load_average
 from posenc.errors import ConfigError, DataError
@@ -346,39 +345,6 @@ def check_out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Pat
                           "them, or choose another folder")
     check_writable_folder(out, f"out {out_dir} (--out)")
     return out
-
-
-@contextlib.contextmanager
-def quiet_transformers(progress: bool = True):
-    """While loading: transformers' own load report is not logged (``load_causal_lm`` raises its own error with the
-    keys instead), and with ``progress`` False its progress bars ("Loading weights") are off; both restored after."""
-    from transformers.utils import logging as hf_logging
-
-    def no_report(record: logging.LogRecord) -> bool:
-        return "LOAD REPORT" not in str(record.msg)
-
-    logger = logging.getLogger("transformers.modeling_utils")
-    logger.addFilter(no_report)
-    bars = hf_logging.is_progress_bar_enabled()
-    hub_off = None
-    if not progress and bars:
-        try:
-            from huggingface_hub.utils import are_progress_bars_disabled
-
-            hub_off = are_progress_bars_disabled()
-        except ImportError:
-            pass
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        logger.removeFilter(no_report)
-        if not progress and bars:
-            hf_logging.enable_progress_bar()
-            if hub_off:
-                from huggingface_hub.utils import disable_progress_bars
-
-                disable_progress_bars()
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------

@@ -121,18 +121,12 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
         raise ConfigError(f"out {out}: already exists and is not an empty folder; pass --overwrite to replace it")
     if not out.parent.exists():
         raise ConfigError(f"out {out}: its parent folder {out.parent} does not exist")
-    from transformers.utils import logging as hf_logging
+    from posenc.hf.quiet import quiet_transformers
 
     t0 = time.perf_counter()
-    bars = hf_logging.is_progress_bar_enabled()
-    if not progress:
-        hf_logging.disable_progress_bar()
-    try:
+    with quiet_transformers(progress):
         model = load_model(path, dtype=dtype)
         tokenizer = load_tokenizer(path)
-    finally:
-        if bars and not progress:
-            hf_logging.enable_progress_bar()
     fresh = plain_copy(model)
     del model
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -140,7 +134,8 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)           # (mkdtemp makes it private; the folder is the user's)
     try:
-        fresh.save_pretrained(tmp)
+        with quiet_transformers(progress):   # ("Writing model shards" is a bar too)
+            fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()

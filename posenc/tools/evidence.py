@@ -118,15 +118,17 @@ def zero_shot(study: dict[str, Any], length: int, text: str | None = None) -> li
 def passkey_cells(study: dict[str, Any], length: int,
                   variant: str | None = None) -> dict[str, dict[float, tuple[float, int]]]:
     """The passkey rows at ``length``: {method: {depth: (exact-match rate, trials)}} (the trials per depth are the
-    row's part's ``passkey_trials``). Rows of a ``variant`` (a side check with other options) are left out unless
+    row's part's ``passkey_trials``; rows of several parts at the same method and depth, e.g. a second trial with
+    other keys, pool their trials). Rows of a ``variant`` (a side check with other options) are left out unless
     ``variant`` names it."""
-    out: dict[str, dict[float, tuple[float, int]]] = {}
+    found: dict[str, dict[float, tuple[int, int]]] = {}
     for r in study.get("rows", []):
         if (r.get("task") == "passkey" and r.get("eval_len") == length and r.get("value") is not None
                 and r.get("variant") == variant):
             trials = int((study.get("parts", {}).get(r.get("part"), {}) or {}).get("passkey_trials") or 1)
-            out.setdefault(r["scaling"], {})[r["depth"]] = (float(r["value"]), trials)
-    return out
+            hits, n = found.setdefault(r["scaling"], {}).get(r["depth"], (0, 0))
+            found[r["scaling"]][r["depth"]] = (hits + round(float(r["value"]) * trials), n + trials)
+    return {m: {d: (hits / n, n) for d, (hits, n) in cells.items()} for m, cells in found.items()}
 
 
 def passkey(study: dict[str, Any], length: int) -> dict[str, tuple[int, int]]:

@@ -357,6 +357,12 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     everything = table
     attention = [e for e in table if e["method"] != "none" and get_method(e["method"]).kind == "attention"]
     table = [e for e in table if e not in attention]
+    # LongRoPE's rows ran with the factors the study searched: only those can be recommended, never unsearched ones
+    searched = study.get("search") if isinstance(study.get("search"), dict) else {}
+    if any(e["method"] == "longrope" for e in table) and not isinstance(searched.get("rope_parameters"), dict):
+        table = [e for e in table if e["method"] != "longrope"]
+        rec.notes.append(f"LongRoPE's row in {where} ran with searched factors the study does not record, so it is "
+                         "not recommended here")
 
     windows = table[0]["windows"]
 
@@ -406,13 +412,18 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
         rec.reasons.insert(0, measured + f": {label(old_type)} measures best here"
                            + (f" (tied with {', '.join(tied)})" if tied else ""))
         return
-    factor = get_method(best).lab_factor or _factor(T, L)
-    spec = ExtensionSpec(original=L, factor=factor, rotary_dim=entry["rotary_dim"], theta=theta, target=T)
-    written = transformers_config(best, method_config(best, spec), spec)
     snippet: dict[str, Any] = {}
-    if written.max_position_embeddings != (entry["max_position_embeddings"] or L):
-        snippet["max_position_embeddings"] = written.max_position_embeddings
-    snippet["rope_parameters"] = {"rope_theta": theta, **written.scaling}
+    if best == "longrope":  # the searched factors the rows ran with (the study's posenc search)
+        if searched.get("max_position_embeddings") not in (None, entry["max_position_embeddings"] or L):
+            snippet["max_position_embeddings"] = searched["max_position_embeddings"]
+        snippet["rope_parameters"] = {"rope_theta": theta, **searched["rope_parameters"]}
+    else:
+        factor = get_method(best).lab_factor or _factor(T, L)
+        spec = ExtensionSpec(original=L, factor=factor, rotary_dim=entry["rotary_dim"], theta=theta, target=T)
+        written = transformers_config(best, method_config(best, spec), spec)
+        if written.max_position_embeddings != (entry["max_position_embeddings"] or L):
+            snippet["max_position_embeddings"] = written.max_position_embeddings
+        snippet["rope_parameters"] = {"rope_theta": theta, **written.scaling}
     if best == "yarn":
         snippet = _yarn_betas(snippet)
     rec.method = f"{best} (zero-shot: the best measured on this model at {T:,})"
@@ -435,8 +446,11 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
                          f"{100 * (runner['ppl'] / mine['ppl'] - 1):.1f}% over {windows} window"
                          f"{'s' if windows != 1 else ''}; more windows or another text may reorder them")
     rec.notes = [n for n in rec.notes if "dynamic NTK scales" not in n and not n.startswith("factor 1:")]
-    rec.notes.append(f"`posenc extend CONFIG --method {best} --target-length {T}` writes this config; the study's "
-                     "settings, wall times and coverage are in docs/results/" + path.parent.name + "/report.md")
+    how = (f"these are the factors the study's search found ({searched.get('config', 'its search')}: `"
+           f"{searched.get('command', 'posenc search')}`); `posenc search MODEL --target-length {T}` searches your own"
+           if best == "longrope" else f"`posenc extend CONFIG --method {best} --target-length {T}` writes this config")
+    rec.notes.append(how + "; the study's settings, wall times and coverage are in docs/results/" + path.parent.name
+                     + "/report.md")
 
 
 def _family_rope_types(rec: Recommendation, config: dict, L: int, T: int, theta: float, lmax,

@@ -205,16 +205,20 @@ def test_smollm2_chunked_losses_equal_transformers_logits(smollm2_reference):
 @needs_smollm2
 @needs_accelerate
 @pytest.mark.slow
-def test_smollm2_convert_round_trips(smollm2_reference, tmp_path):
+def test_smollm2_convert_round_trips(smollm2_reference, tmp_path, capfd):
     """posenc convert writes a folder whose model (loaded the ordinary way) gives transformers' in-memory GGUF
-    logits, and whose tokenizer encodes as the GGUF's does."""
+    logits, and whose tokenizer encodes as the GGUF's does; with progress off, no bar is drawn (transformers'
+    GGUF loader and save_pretrained draw their own)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posenc.hf.gguf import convert_gguf
 
     model, ids, logits = smollm2_reference
     out = tmp_path / "smollm2"
+    capfd.readouterr()
     written = {p.name for p in convert_gguf(_smollm2(), out, dtype="float32", progress=False, log=lambda *_: None)}
+    drawn = capfd.readouterr()
+    assert "GGUF tensors" not in drawn.err + drawn.out and "model shards" not in drawn.err + drawn.out, drawn.err
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= written
     folder = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     assert getattr(folder.config, "quantization_config", None) is None

@@ -65,6 +65,30 @@ def test_an_attention_method_measured_best_is_named_beside_the_best_config(tmp_p
     assert rec.method.startswith("yarn") and not any("measured lower still" in n for n in rec.notes)
 
 
+def test_searched_longrope_is_recommended_with_the_searched_factors_only(tmp_path, monkeypatch):
+    # LongRoPE's rows ran with factors a search found: the snippet must be those factors (posenc extend would write
+    # unsearched ones, which is not what was measured); a study without them must not recommend LongRoPE at all
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "yarn": 8.0, "longrope": 7.0})
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith("yarn") and any("LongRoPE" in n and "searched factors" in n for n in rec.notes)
+    assert "LongRoPE 7.00" in rec.reasons[0]
+
+    searched = {"rope_type": "longrope", "factor": 2.0, "original_max_position_embeddings": 1024,
+                "long_factor": [1.0, 1.1, 1.3, 1.6, 1.8, 1.9, 2.0, 2.2], "short_factor": [1.0] * 8}
+    path = tmp_path / "tiny" / "results.json"
+    doc = json.loads(path.read_text())
+    doc["search"] = {"config": "docs/results/tiny/config.longrope-2048.json", "command": "posenc search tiny",
+                     "rope_parameters": searched, "max_position_embeddings": 1024}
+    path.write_text(json.dumps(doc))
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith("longrope")
+    assert rec.config_snippet["rope_parameters"] == {"rope_theta": 10000.0, **searched}
+    assert "max_position_embeddings" not in rec.config_snippet   # the searched config kept the trained 1024
+    assert any("posenc search tiny" in n and "config.longrope-2048.json" in n for n in rec.notes)
+    assert not any("posenc extend CONFIG --method longrope" in n for n in rec.notes)
+
+
 def test_other_models_and_lengths_keep_the_papers(tmp_path, monkeypatch):
     monkeypatch.setattr(evidence, "RESULTS", tmp_path)
     _study(tmp_path, {"none": 19.0, "ntk": 9.5})
@@ -153,6 +177,12 @@ def test_passkey_rows_are_counted_and_cited(tmp_path, monkeypatch):
     rec = pick(2048, budget="none", config=CONFIG)
     note = next(n for n in rec.notes if n.startswith("passkey retrieval"))
     assert "YaRN 3/4" in note and "attention sinks 2/4" in note and get_method("sinks").costs in note
+    # a second part at the same method and depth (more trials, other keys) pools with the first, never replaces it
+    doc["parts"]["pk2"] = {"passkey_trials": 1}
+    doc["rows"] += [{"task": "passkey", "scaling": "yarn", "eval_len": 2048, "depth": 0.1, "value": 0.0,
+                     "part": "pk2"}]
+    assert evidence.passkey_cells(doc, 2048)["yarn"] == {0.1: (pytest.approx(2 / 3), 3), 0.9: (0.5, 2)}
+    assert evidence.passkey(doc, 2048)["yarn"] == (3, 5)
 
 
 def test_the_attention_method_named_first_is_one_that_retrieved(tmp_path, monkeypatch):
