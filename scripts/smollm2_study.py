@@ -94,6 +94,13 @@ PARTS = {
     # the searched factors on the other text (searched on CPython's training split: does the search transfer?)
     "prose-16k-longrope-w1": ["--eval-lens", "16384", "--eval-tokens", "16384", "--config", LONGROPE_CONFIG,
                               "--methods", "none", "--data", str(PROSE_DIR)],
+    # the second and third prose windows at 16k, each method with the first window's rule (LongRoPE apart)
+    **{f"prose-16k-w{i + 1}": ["--eval-lens", "16384", "--eval-tokens", "16384", "--eval-offset", str(16384 * i),
+                               "--methods", "none,linear,ntk,yarn," + ATTN, "--factor", "2", "--method-options",
+                               SE_16K + ",leaky-rerope.leak=7", "--data", str(PROSE_DIR)] for i in (1, 2)},
+    **{f"prose-16k-longrope-w{i + 1}": ["--eval-lens", "16384", "--eval-tokens", "16384", "--eval-offset",
+                                        str(16384 * i), "--config", LONGROPE_CONFIG, "--methods", "none", "--data",
+                                        str(PROSE_DIR)] for i in (1, 2)},
     # the third 8k window of each text (the first two are cpython-8k's and prose-8k's), and CPython's 8k windows to
     # the end of the third 16k window: the unscaled model at its trained length on the same tokens as the 16k rows
     "cpython-8k-w3": ["--eval-lens", "8192", "--eval-tokens", "8192", "--eval-offset", "16384", "--methods", "none"],
