@@ -494,12 +494,13 @@ def findings(study: dict) -> list[str]:
             f"its trained 8,192 on the same tokens (its two windows of 8k)"
             if base and best["method"] in first16 else "") + "; ranking: "
            + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in at16) + "."]
+    # each single 16k CPython window: {offset: {method: ppl}}
+    per = {}
+    for r in study["rows"]:
+        if r["task"] == "lm" and r["eval_len"] == 16384 and r["text"] == "cpython" and r["n_scored"] == 16384:
+            per.setdefault(r["offset"], {})[r["scaling"]] = r["value"]
     if w > 1:
         # per-window ranks: does the order hold on every window, or only in the mean?
-        per = {}
-        for r in study["rows"]:
-            if r["task"] == "lm" and r["eval_len"] == 16384 and r["text"] == "cpython" and r["n_scored"] == 16384:
-                per.setdefault(r["offset"], {})[r["scaling"]] = r["value"]
         offsets = best["offsets"]
         firsts = [min(per[o], key=per[o].get) for o in offsets if o in per]
         spread = [e for e in at16[1:] if e["std"] is not None and best["std"] is not None
@@ -579,17 +580,17 @@ def findings(study: dict) -> list[str]:
                       else "") + f"; on the validation windows LongRoPE reaches {_value(lr)}, beside "
                    + ", ".join(f"{label(e['method'])} {_value(e)}" for e in others)
                    + ". A search this small (the paper's is 64 x 40) is a start, not LongRoPE's full search.")
-        per = {}
-        for r in study["rows"]:
-            if r["task"] == "lm" and r["eval_len"] == 16384 and r["text"] == "cpython" and r["n_scored"] == 16384:
-                per.setdefault(r["scaling"], {})[r["offset"]] = r["value"]
-        mine = per.get("longrope", {})
-        beaten = [m for m in ("yarn", "ntk", "linear", "llama3") if m in per and mine
-                  and all(o in per[m] and mine[o] < per[m][o] for o in mine)]
+        by_method = {}
+        for o, values in per.items():
+            for m, v in values.items():
+                by_method.setdefault(m, {})[o] = v
+        mine = by_method.get("longrope", {})
+        beaten = [m for m in ("yarn", "ntk", "linear", "llama3") if m in by_method and mine
+                  and all(o in by_method[m] and mine[o] < by_method[m][o] for o in mine)]
         if beaten:
             out.append(f"- LongRoPE's searched factors are lower than {', '.join(label(m) for m in beaten)} on each "
                        f"of the {len(mine)} validation windows (paired, the same tokens), by "
-                       + ", ".join(f"{100 * (1 - sum(mine[o] / per[m][o] for o in mine) / len(mine)):.1f}% "
+                       + ", ".join(f"{100 * (1 - sum(mine[o] / by_method[m][o] for o in mine) / len(mine)):.1f}% "
                                    f"against {label(m)}" for m in beaten[:2]) + " on average.")
     hand = {"none": 19.13, "linear": 14.33}
     same = [f"{label(m)} {v:.2f} then, {first16[m]:.2f} now" for m, v in hand.items() if m in first16]
