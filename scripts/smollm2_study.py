@@ -101,13 +101,21 @@ PARTS = {
     **{f"prose-16k-longrope-w{i + 1}": ["--eval-lens", "16384", "--eval-tokens", "16384", "--eval-offset",
                                         str(16384 * i), "--config", LONGROPE_CONFIG, "--methods", "none", "--data",
                                         str(PROSE_DIR)] for i in (1, 2)},
-    # the third 8k window of each text (the first two are cpython-8k's and prose-8k's), and CPython's 8k windows to
-    # the end of the third 16k window: the unscaled model at its trained length on the same tokens as the 16k rows
+    # the second text at 4x, one window, four methods (each 32k run takes 4-11 minutes here): YaRN and NTK-aware
+    # (do the frequency methods fall behind at 32k on prose too?), Self-Extend (the best on prose at 16k) and sinks
+    # (the best on CPython at 16k and 32k), each with cpython-32k-w1's rule
+    "prose-32k-w1": ["--eval-lens", "32768", "--eval-tokens", "32768", "--methods", "ntk,yarn,self-extend,sinks",
+                     "--factor", "4", "--method-options", "self-extend.group_size=8,self-extend.window=2048",
+                     "--data", str(PROSE_DIR)],
+    # the third 8k window of each text (the first two are cpython-8k's and prose-8k's), and each text's 8k windows
+    # to the end of the third 16k window: the unscaled model at its trained length on the same tokens as the 16k rows
     "cpython-8k-w3": ["--eval-lens", "8192", "--eval-tokens", "8192", "--eval-offset", "16384", "--methods", "none"],
     "cpython-8k-w4-6": ["--eval-lens", "8192", "--eval-tokens", "24576", "--eval-offset", "24576", "--methods",
                         "none"],
     "prose-8k-w3": ["--eval-lens", "8192", "--eval-tokens", "8192", "--eval-offset", "16384", "--methods", "none",
                     "--data", str(PROSE_DIR)],
+    "prose-8k-w4-6": ["--eval-lens", "8192", "--eval-tokens", "24576", "--eval-offset", "24576", "--methods",
+                      "none", "--data", str(PROSE_DIR)],
     # passkey, a second trial per depth (other keys: --seed 1) for the main methods, each with its first trial's rule
     "passkey-16k-t2": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
                        "--passkey-trials", "1", "--seed", "1", "--methods",
@@ -532,6 +540,16 @@ def findings(study: dict) -> list[str]:
     if at32:
         out.append("- At 32,768 tokens (4x), one window: " + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}"
                                                                          for e in at32) + ".")
+    prose32 = zero_shot(study, 32768, text="prose")
+    if prose32:
+        # the same 32k tokens scored as two 16k windows (offsets 0 and 16,384): what 4x costs each method over 2x
+        halves = {e["method"]: e for e in zero_shot({"rows": [r for r in study["rows"] if r["offset"] < 32768]},
+                                                    16384, text="prose") if e["windows"] == 2}
+        out.append(f"- The second text (English prose) at 32,768 tokens, one window, {len(prose32)} methods: "
+                   + " < ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in prose32)
+                   + (". The same tokens as two 16k windows: " + ", ".join(
+                       f"{label(e['method'])} {halves[e['method']]['ppl']:.2f}" for e in prose32
+                       if e["method"] in halves) if halves else "") + ".")
     for length in (8192, 16384):
         keys = passkey(study, length)
         if keys:
@@ -697,6 +715,10 @@ def not_covered(study: dict) -> str:
         gaps.append("32k for " + ", ".join(label(m) for m in missing32))
     if not zero_shot(study, 32768, text="cpython") or zero_shot(study, 32768, text="cpython")[0]["windows"] < 2:
         gaps.append("a second 32k window")
+    prose16_methods = {e["method"] for e in prose16}
+    missing_prose32 = sorted(prose16_methods - {e["method"] for e in zero_shot(study, 32768, text="prose")})
+    if missing_prose32:
+        gaps.append("prose at 32k for " + ", ".join(label(m) for m in missing_prose32))
     gaps.append("Gemma 3 270M at 64k (docs/gguf.md says what that run takes)")
     return "Not measured: " + "; ".join(gaps) + "."
 
