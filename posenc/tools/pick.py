@@ -442,9 +442,21 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     rec.alternatives = [a for a in rec.alternatives if not a["option"].startswith(label(best))]
     runner = next((e for e in table[1:] if e["ppl"] > mine["ppl"]), None)
     if runner is not None and runner["ppl"] < 1.05 * mine["ppl"]:
+        # the study's other texts (rows tagged with a "text" other than the first) say whether the order transfers
+        texts = sorted({r.get("text") or "cpython" for r in study.get("rows", [])} - {"cpython"})
+        elsewhere = []
+        for text in texts:
+            other = {e["method"]: e for e in zero_shot(study, T, text=text)}
+            if best in other and runner["method"] in other:
+                a, b = other[best], other[runner["method"]]
+                elsewhere.append(f"on the study's {text} text ({a['windows']} window"
+                                 f"{'s' if a['windows'] != 1 else ''}) {label(best)} {a['ppl']:.2f} against "
+                                 f"{label(runner['method'])} {b['ppl']:.2f}, "
+                                 + ("the same order" if a["ppl"] < b["ppl"] else "the other order"))
         rec.notes.append(f"a close call: {label(best)} leads {label(runner['method'])} by "
                          f"{100 * (runner['ppl'] / mine['ppl'] - 1):.1f}% over {windows} window"
-                         f"{'s' if windows != 1 else ''}; more windows or another text may reorder them")
+                         f"{'s' if windows != 1 else ''}; "
+                         + ("; ".join(elsewhere) if elsewhere else "more windows or another text may reorder them"))
     rec.notes = [n for n in rec.notes if "dynamic NTK scales" not in n and not n.startswith("factor 1:")]
     how = (f"these are the factors the study's search found ({searched.get('config', 'its search')}: `"
            f"{searched.get('command', 'posenc search')}`); `posenc search MODEL --target-length {T}` searches your own"

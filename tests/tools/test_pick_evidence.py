@@ -112,6 +112,31 @@ def test_a_tie_keeps_the_papers_choice(tmp_path, monkeypatch):
     assert "4.85" in rec.reasons[0] and "tied with NTK-aware" in rec.reasons[0]
 
 
+@pytest.mark.parametrize("prose, order", [(None, None), ((7.9, 8.2), "the same order"),
+                                          ((8.3, 8.1), "the other order")])
+def test_a_close_call_says_whether_the_other_text_agrees(tmp_path, monkeypatch, prose, order):
+    """YaRN leads NTK-aware by under 5% on the first text: the note says so, and, where the study measured both on
+    another text, which way that text orders them."""
+    monkeypatch.setattr(evidence, "RESULTS", tmp_path)
+    _study(tmp_path, {"none": 19.0, "ntk": 8.2, "yarn": 8.0})
+    if prose is not None:
+        path = tmp_path / "tiny" / "results.json"
+        doc = json.loads(path.read_text())
+        doc["rows"] += [{"task": "lm", "scaling": m, "eval_len": 2048, "value": v, "n_scored": 2048,
+                         "finetuned": False, "protocol": "non-overlapping", "text": "prose"}
+                        for m, v in zip(("yarn", "ntk"), prose)]
+        path.write_text(json.dumps(doc))
+    rec = pick(2048, budget="none", config=CONFIG)
+    assert rec.method.startswith("yarn")
+    note = next(n for n in rec.notes if n.startswith("a close call"))
+    assert "YaRN leads NTK-aware by 2.5% over 1 window" in note
+    if prose is None:
+        assert "another text may reorder them" in note
+    else:
+        assert (f"on the study's prose text (1 window) YaRN {prose[0]:.2f} against NTK-aware {prose[1]:.2f}, {order}"
+                in note)
+
+
 def test_methods_are_compared_on_the_same_windows():
     """A part that measured one method on a second window does not put its two-window mean beside the others'
     one-window numbers: every method is read at the largest token count all of them share."""
