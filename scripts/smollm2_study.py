@@ -726,10 +726,11 @@ def not_covered(study: dict) -> str:
         gaps.append("a second and third prose window at 16k" if prose16[0]["windows"] == 1
                     else "a third prose window at 16k")
     measured16 = {e["method"] for e in zero_shot(study, 16384, text="cpython")}
-    missing32 = sorted(measured16 - {e["method"] for e in zero_shot(study, 32768, text="cpython")})
+    at32 = zero_shot(study, 32768, text="cpython")
+    missing32 = sorted(measured16 - {e["method"] for e in at32})
     if missing32:
         gaps.append("32k for " + ", ".join(label(m) for m in missing32))
-    if not zero_shot(study, 32768, text="cpython") or zero_shot(study, 32768, text="cpython")[0]["windows"] < 2:
+    if not at32 or at32[0]["windows"] < 2:
         gaps.append("a second 32k window")
     prose16_methods = {e["method"] for e in prose16}
     missing_prose32 = sorted(prose16_methods - {e["method"] for e in zero_shot(study, 32768, text="prose")})

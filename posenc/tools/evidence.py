@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
+# a row without a "text" is of the study's first text: posenc's lab corpus, the CPython standard library's source
+FIRST_TEXT = "cpython"
 
 
 def studies(root: Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
@@ -84,6 +86,16 @@ def _covers(blocks) -> dict[frozenset, tuple]:
     return found
 
 
+def row_text(row: dict[str, Any]) -> str:
+    """The text a study row was measured on (``FIRST_TEXT`` when the row names none)."""
+    return row.get("text") or FIRST_TEXT
+
+
+def other_texts(study: dict[str, Any]) -> list[str]:
+    """The study's texts besides the first, sorted."""
+    return sorted({row_text(r) for r in study.get("rows", [])} - {FIRST_TEXT})
+
+
 def zero_shot(study: dict[str, Any], length: int, text: str | None = None) -> list[dict[str, Any]]:
     """Each method's perplexity at ``length`` (non-overlapping windows, zero-shot), best first, every method on the
     same windows: the largest set of windows that all of them were measured on. [{"method", "ppl" (over those
@@ -94,7 +106,7 @@ def zero_shot(study: dict[str, Any], length: int, text: str | None = None) -> li
     for r in study.get("rows", []):
         if (r.get("task") == "lm" and r.get("eval_len") == length and r.get("value") is not None
                 and not r.get("finetuned") and (r.get("protocol") or "non-overlapping") == "non-overlapping"
-                and not r.get("variant") and (text is None or (r.get("text") or "cpython") == text)):
+                and not r.get("variant") and (text is None or row_text(r) == text)):
             by_method.setdefault(r["scaling"], []).append(r)
     covers = {m: _covers(_blocks(rows, length)) for m, rows in by_method.items()}
     common = set.intersection(*(set(c) for c in covers.values())) if covers else set()

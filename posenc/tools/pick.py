@@ -335,20 +335,20 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     """When a committed real-model study measured this very model at the target length (posenc.tools.evidence):
     recommend its best zero-shot method, citing every method's number there beside the papers' and the lab's."""
     from posenc.extensions import transformers_config
-    from posenc.tools.evidence import RESULTS, matching_study, passkey, zero_shot
+    from posenc.tools.evidence import FIRST_TEXT, RESULTS, matching_study, other_texts, passkey, zero_shot
 
     found = matching_study(config)
     if found is None:
         return
     path, study = found
     where = f"docs/results/{path.parent.name}/results.json" if path.parent.parent == RESULTS else str(path)
-    table = zero_shot(study, T, text="cpython")
+    table = zero_shot(study, T, text=FIRST_TEXT)
     if not table:
         lens = sorted({r["eval_len"] for r in study.get("rows", []) if r.get("task") == "lm"})
         rec.notes.append(f"the real-model study of this model ({where}) measured lengths {lens}, not {T:,}: the "
                          "recommendation rests on the papers and the lab")
         return
-    base = next((e for e in zero_shot(study, L, text="cpython") if e["method"] == "none"), None)
+    base = next((e for e in zero_shot(study, L, text=FIRST_TEXT) if e["method"] == "none"), None)
 
     def label(method):
         return "unscaled" if method == "none" else get_method(method).label
@@ -442,10 +442,9 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     rec.alternatives = [a for a in rec.alternatives if not a["option"].startswith(label(best))]
     runner = next((e for e in table[1:] if e["ppl"] > mine["ppl"]), None)
     if runner is not None and runner["ppl"] < 1.05 * mine["ppl"]:
-        # the study's other texts (rows tagged with a "text" other than the first) say whether the order transfers
-        texts = sorted({r.get("text") or "cpython" for r in study.get("rows", [])} - {"cpython"})
+        # the study's other texts say whether the order transfers
         elsewhere = []
-        for text in texts:
+        for text in other_texts(study):
             other = {e["method"]: e for e in zero_shot(study, T, text=text)}
             if best in other and runner["method"] in other:
                 a, b = other[best], other[runner["method"]]
