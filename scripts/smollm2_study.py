@@ -252,6 +252,9 @@ def collect(_args) -> int:
     from posenc._atomic import atomic_write_json, atomic_write_text
 
     atomic_write_json(OUT / "results.json", study)
+    from posenc.tools.evidence import SHIPPED, write_extracts
+
+    write_extracts(ROOT / "docs" / "results", {"smollm2": SHIPPED["smollm2"]})  # what `posenc pick` ships
     tables = result_tables(study)
     print("\n\n".join(tables.values()))
     plot_ppl(study, OUT / "ppl_16k.png")

@@ -1,13 +1,15 @@
-"""Measured real-model evidence for ``posenc pick``: the studies committed under docs/results/*/results.json.
+"""Measured evidence for ``posenc pick``: extracts of the studies under docs/results/, shipped inside the package.
 
 A real-model study (``"study": "real-model"``; scripts/smollm2_study.py writes docs/results/smollm2/results.json)
 names its model by the config keys that fix its positions and size (``model``: model_type, hidden_size, layers,
-heads, vocabulary, rope_theta, original context) and holds ``posenc eval``'s rows. ``matching_study(config)``
-finds the study of the model a config describes (a config.json, a folder or a .gguf: posenc.tools._io.read_config);
-``zero_shot(study, length)`` lists each method's measured perplexity at that length, best first, every method
-on the same windows. Nothing here is
-typed in by hand: the picker cites what the files hold. In an install without the repository's docs/ there are no
-studies, and the picker says so.
+heads, vocabulary, rope_theta, original context) and holds ``posenc eval``'s rows. What the picker reads of it,
+and of the lab's copy-cpu results, ships in ``posenc/tools/measured/<study>/results.json`` (read through
+``importlib.resources``, so an installed wheel cites the same numbers as a checkout): ``extract_study`` and
+``extract_lab`` make those files from the full results, the study command writes them, and a test checks them
+against docs/results/. ``matching_study(config)`` finds the study of the model a config describes (a config.json,
+a folder or a .gguf: posenc.tools._io.read_config); ``zero_shot(study, length)`` lists each method's measured
+perplexity at that length, best first, every method on the same windows. Nothing here is typed in by hand: the
+picker cites what the files hold.
 """
 
 from __future__ import annotations
@@ -16,19 +18,42 @@ import itertools
 import json
 import math
 import statistics
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
+# the packaged extracts: one folder per study, each with a results.json (a Traversable: a Path in a normal install)
+RESULTS = resources.files("posenc.tools").joinpath("measured")
+# the row keys the picker reads (zero_shot, passkey_cells); an extract keeps these and drops timings and machine
+ROW_KEYS = ("task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "value", "values", "std",
+            "protocol", "depth", "n_scored", "part", "text", "offset", "variant")
 # a row without a "text" is of the study's first text: posenc's lab corpus, the CPython standard library's source
 FIRST_TEXT = "cpython"
 
 
+def _results_files(root) -> list:
+    """``root/*/results.json`` for a Path or an importlib.resources Traversable, sorted by folder name."""
+    if not root.is_dir():
+        return []
+    folders = sorted((f for f in root.iterdir() if f.is_dir()), key=lambda f: f.name)
+    return [f.joinpath("results.json") for f in folders if f.joinpath("results.json").is_file()]
+
+
+def read_results(name: str, root=None) -> dict[str, Any] | None:
+    """The packaged (or ``root``'s) ``name/results.json`` as a dict, or None when it is missing or unreadable."""
+    path = (RESULTS if root is None else Path(root)).joinpath(name, "results.json")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def studies(root: Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """(path, document) of every real-model study under ``root`` (default: the repository's docs/results)."""
+    """(path, document) of every real-model study under ``root`` (default: the packaged extracts)."""
     root = RESULTS if root is None else Path(root)
     found = []
-    for path in sorted(root.glob("*/results.json")) if root.is_dir() else []:
+    for path in _results_files(root):
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -147,3 +172,53 @@ def passkey(study: dict[str, Any], length: int) -> dict[str, tuple[int, int]]:
     """Each method's passkey retrieval at ``length`` over every depth measured: {method: (keys found, trials)}."""
     return {m: (sum(round(v * t) for v, t in cells.values()), sum(t for _, t in cells.values()))
             for m, cells in passkey_cells(study, length).items()}
+
+
+def _keep(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ROW_KEYS if k in row}
+
+
+def extract_study(study: dict[str, Any], name: str) -> dict[str, Any]:
+    """What the picker reads of a real-model study's full results.json (``name``: its folder under docs/results):
+    identity, rows (ROW_KEYS), each part's passkey trials, the searched LongRoPE factors, and where the full study
+    is, for citations."""
+    out = {k: study[k] for k in ("study", "name", "source", "model") if k in study}
+    out["results"] = f"docs/results/{name}/results.json"
+    out["report"] = f"docs/results/{name}/report.md"
+    out["parts"] = {p: {"passkey_trials": v.get("passkey_trials")} for p, v in (study.get("parts") or {}).items()
+                    if isinstance(v, dict) and v.get("passkey_trials")}
+    search = study.get("search")
+    if isinstance(search, dict) and isinstance(search.get("rope_parameters"), dict):
+        out["search"] = {k: search[k] for k in ("rope_parameters", "max_position_embeddings", "config", "command")
+                         if k in search}
+    out["rows"] = [_keep(r) for r in study.get("rows", [])]
+    return out
+
+
+def extract_lab(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    """What the picker reads of a lab preset's results.json: its exact-match rows (the copy-cpu count)."""
+    return {"study": "lab", "preset": (doc.get("meta") or {}).get("preset"),
+            "results": f"docs/results/{name}/results.json",
+            "rows": [_keep(r) for r in doc.get("results", []) if r.get("metric") == "exact_match"]}
+
+
+def write_extracts(docs_results: Path, names: dict[str, str], out=None) -> list[Path]:
+    """Write the packaged extract of each ``docs_results/NAME/results.json`` (``names``: NAME -> "real-model" or
+    "lab") under ``out`` (default: the package's measured/ folder), atomically. Returns the files written."""
+    from posenc._atomic import atomic_write_json
+
+    out = Path(str(RESULTS)) if out is None else Path(out)
+    written = []
+    for name, kind in names.items():
+        doc = json.loads((docs_results / name / "results.json").read_text(encoding="utf-8"))
+        extract = extract_study(doc, name) if kind == "real-model" else extract_lab(doc, name)
+        target = out / name / "results.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(target, extract)
+        written.append(target)
+    return written
+
+
+# the studies whose extracts ship with posenc (scripts/evidence.py writes them; tests/tools/test_evidence_data.py
+# checks them against docs/results/)
+SHIPPED = {"smollm2": "real-model", "copy-cpu": "lab"}

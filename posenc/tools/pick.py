@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from posenc._validate import check_choice, check_int, is_number
@@ -135,18 +134,17 @@ def _pretrain_theta(context: int) -> tuple[float, str]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-# the copy-cpu preset's published results: the count in EVIDENCE["lab_copy"] is read from them, never typed in
-COPY_CPU_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "copy-cpu" / "results.json"
-
-
-def copy_cpu_passed(path: Path = COPY_CPU_RESULTS, bar: float = 0.95) -> str:
+def copy_cpu_passed(bar: float = 0.95, root=None) -> str:
     """"32 of 33 models": models (scheme x seed) of the copy-cpu results at >= ``bar`` exact match at the training
-    length, as counted from the results file ("the models" when the file is not there, e.g. an installed wheel)."""
+    length, counted from the packaged extract of docs/results/copy-cpu/results.json (posenc.tools.evidence; "the
+    models" when it is missing)."""
+    from posenc.tools.evidence import read_results
+
+    doc = read_results("copy-cpu", root)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        values = [v for r in doc["results"] if r["metric"] == "exact_match" and r["eval_len"] == r["train_len"]
+        values = [v for r in doc["rows"] if r["metric"] == "exact_match" and r["eval_len"] == r["train_len"]
                   and not r.get("finetuned") for v in (r.get("values") or [r["value"]])]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return "the models"
     passed = sum(1 for v in values if v is not None and v >= bar)
     return f"{'all ' if passed == len(values) else ''}{passed} of {len(values)} models"
@@ -335,13 +333,13 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     """When a committed real-model study measured this very model at the target length (posenc.tools.evidence):
     recommend its best zero-shot method, citing every method's number there beside the papers' and the lab's."""
     from posenc.extensions import transformers_config
-    from posenc.tools.evidence import FIRST_TEXT, RESULTS, matching_study, other_texts, passkey, zero_shot
+    from posenc.tools.evidence import FIRST_TEXT, matching_study, other_texts, passkey, zero_shot
 
     found = matching_study(config)
     if found is None:
         return
     path, study = found
-    where = f"docs/results/{path.parent.name}/results.json" if path.parent.parent == RESULTS else str(path)
+    where = study.get("results") or str(path)  # a packaged extract names the full study it was made from
     table = zero_shot(study, T, text=FIRST_TEXT)
     if not table:
         lens = sorted({r["eval_len"] for r in study.get("rows", []) if r.get("task") == "lm"})
@@ -394,7 +392,7 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
             "measured lower still on this model, by changing attention rather than the config: "
             + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in better)
             + f" (run the model under posenc.patch(model, method='{first['method']}', ...){why}, with the study's "
-            f"options, docs/results/{path.parent.name}/report.md; costs: {get_method(first['method']).costs})")
+            f"options, {study.get('report') or f'docs/results/{path.parent.name}/report.md'}; costs: {get_method(first['method']).costs})")
     best = table[0]["method"]
     if len(table) == 1:
         rec.notes.append(measured + f": the study has no extension method at {T:,} yet, so the recommendation rests "
@@ -460,8 +458,8 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     how = (f"these are the factors the study's search found ({searched.get('config', 'its search')}: `"
            f"{searched.get('command', 'posenc search')}`); `posenc search MODEL --target-length {T}` searches your own"
            if best == "longrope" else f"`posenc extend CONFIG --method {best} --target-length {T}` writes this config")
-    rec.notes.append(how + "; the study's settings, wall times and coverage are in docs/results/" + path.parent.name
-                     + "/report.md")
+    rec.notes.append(how + "; the study's settings, wall times and coverage are in "
+                     + (study.get("report") or f"docs/results/{path.parent.name}/report.md"))
 
 
 def _family_rope_types(rec: Recommendation, config: dict, L: int, T: int, theta: float, lmax,
