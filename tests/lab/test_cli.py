@@ -86,6 +86,10 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
     (["--eval-lens", "1"], "--eval-lens"),
     (["--d-model", "30"], "--d-model"),
     (["--tasks", "passkey", "--train-len", "40"], "passkey episodes need at least"),
+    (["--schemes", "rope", "--scheme-options", "cope_npos=8"], "--scheme-options: cope_npos is an option of cope, "
+     "which is not among the schemes of this run (rope); add it to schemes or drop cope_npos"),
+    (["--schemes", "rope,alibi", "--scheme-options", "t5_buckets=8,fire_width=4"],
+     "--scheme-options: t5_buckets is an option of t5, which is not among the schemes of this run (rope, alibi)"),
 ])
 def test_bad_settings_fail_with_one_line(tmp_path, capsys, argv, match):
     assert main(["lab", "--preset", "smoke", "--out", str(tmp_path), "--quiet", *argv]) == 2
