@@ -5,7 +5,8 @@
 
 The file uses the ordinary decorators (``posenc.register_scheme``, ``posenc.register_method``,
 ``posenc.register_task``). Any failure -- the file is missing, it raises on import (a syntax error included), it
-registers a taken name, or what it registers lacks the interface -- is a ``PluginError`` naming the file.
+registers a taken name, what it registers lacks the interface, or it registers nothing at all (a file given by
+mistake, a registration under ``if __name__ == "__main__":``) -- is a ``PluginError`` naming the file.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ class PluginError(PosencError):
 # module name -> the spec it was loaded from, in load order: what a fresh process (the lab's --jobs workers)
 # loads to see the same registrations
 LOADED: dict[str, str] = {}
+# what a plug-in registers: (kind, registry module, its table). The registries sit above this module
+# (docs/architecture.md): they are read from sys.modules, not imported -- a registry not loaded holds nothing.
+REGISTRIES = (("scheme", "posenc.schemes.registry", "SCHEMES"),
+              ("extension method", "posenc.extensions.registry", "METHODS"),
+              ("task", "posenc.lab.tasks.registry", "TASKS"),
+              ("rope type", "posenc.rope.registry", "ROPE_SCALING_FUNCTIONS"))
+PACKAGE = Path(__file__).resolve().parent
 
 
 def load_plugin(spec: str):
@@ -53,14 +61,23 @@ def load_plugin(spec: str):
                 raise PluginError(f"plugin {where}: not an importable Python file")
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[name] = module
+            before = _registered()
             try:
                 loader_spec.loader.exec_module(module)
+                _check_registers(where, before)
             except BaseException:
                 del sys.modules[name]
                 raise
             LOADED[name] = str(resolved)
             return module
+        fresh, before = spec not in sys.modules, _registered()
         module = importlib.import_module(spec)
+        if fresh:
+            try:
+                _check_registers(where, before)
+            except PluginError:
+                sys.modules.pop(spec, None)    # (loading it again is refused again, not taken as loaded)
+                raise
         LOADED[module.__name__] = spec
         return module
     except PluginError:
@@ -91,20 +108,43 @@ def _plugin_files() -> dict[str, str]:
     return files
 
 
-def _entries_from(path: str) -> list[tuple[str, str, object]]:
-    """(kind, name, entry) of every registration made from the file ``path``. The registries sit above this module
-    (docs/architecture.md): they are read from sys.modules, not imported -- a registry not loaded holds nothing."""
+def _entries() -> list[tuple[str, str, object]]:
+    """(kind, name, entry) of every entry of the registries loaded (``REGISTRIES``)."""
     found = []
-    for kind, module_name, attr in (("scheme", "posenc.schemes.registry", "SCHEMES"),
-                                    ("extension method", "posenc.extensions.registry", "METHODS"),
-                                    ("task", "posenc.lab.tasks.registry", "TASKS"),
-                                    ("rope type", "posenc.rope.registry", "ROPE_SCALING_FUNCTIONS")):
+    for kind, module_name, attr in REGISTRIES:
         table = getattr(sys.modules.get(module_name), attr, None) or {}
-        for name, entry in table.items():
-            origin = getattr(entry, "origin", "")
-            if origin and str(Path(origin).resolve()) == path:
-                found.append((kind, name, entry))
+        found += [(kind, name, entry) for name, entry in table.items()]
     return found
+
+
+def _entries_from(path: str) -> list[tuple[str, str, object]]:
+    """(kind, name, entry) of every registration made from the file ``path``."""
+    return [(kind, name, entry) for kind, name, entry in _entries()
+            if getattr(entry, "origin", "") and str(Path(entry.origin).resolve()) == path]
+
+
+def _registered() -> set[tuple[str, str, int]]:
+    """(kind, name, id of the entry) of every registration now: what a plug-in's import is compared with."""
+    return {(kind, name, id(entry)) for kind, name, entry in _entries()}
+
+
+def _is_posencs(entry) -> bool:
+    """Whether ``entry`` was defined inside posenc (a built-in, registered when a plug-in first imports its
+    registry), not by a plug-in."""
+    origin = str(getattr(entry, "origin", "") or "")
+    if not origin.endswith(".py"):
+        return origin == "posenc" or origin.startswith("posenc.")
+    return Path(origin).resolve().is_relative_to(PACKAGE)
+
+
+def _check_registers(where: str, before: set) -> None:
+    """PluginError naming the plug-in when its import registered nothing (no new or replaced scheme, extension
+    method, task or rope type): the run would go on without what the user meant to add, and without a word."""
+    if any((kind, name, id(entry)) not in before and not _is_posencs(entry) for kind, name, entry in _entries()):
+        return
+    raise PluginError(f"plugin {where}: registers nothing (no scheme, extension method, task or rope type); a "
+                      "plug-in registers with posenc.register_scheme, posenc.register_method or "
+                      "posenc.register_task when it is imported")
 
 
 def _hooks(kind: str, entry) -> dict:

@@ -170,3 +170,41 @@ def test_the_example_scheme_biases_per_row_positions_per_head(clean_registries):
             want = -slope * (pos[b][:, None] - pos[b][None, :]).abs().float()
             torch.testing.assert_close(bias[b, h], want)
     assert scheme.bias(None, None, AttentionContext(pos[0], pos[0])).shape == (heads, 3, 3)
+
+
+@pytest.mark.parametrize("body", [
+    "x = 1\n",                                                                   # a file given by mistake
+    "import posenc\nfrom posenc.schemes import scheme_names\nNAMES = scheme_names()\n",   # imports, defines only
+    "import posenc\nif __name__ == '__main__':\n    posenc.register_method('never', label='never')(lambda spec: {})\n",
+])
+def test_a_plugin_that_registers_nothing_is_refused_naming_it(tmp_path, clean_registries, capsys, body):
+    plugin = tmp_path / "empty_plugin.py"
+    plugin.write_text(body)
+    with pytest.raises(PluginError, match=f"plugin {plugin}: registers nothing"):
+        load_plugin(str(plugin))
+    with pytest.raises(PluginError, match="registers nothing"):     # a second try is refused again
+        load_plugin(str(plugin))
+    for command in (["lab", "--out", str(tmp_path / "o")], ["eval", str(tmp_path / "no-model")]):
+        assert main([*command, "--plugin", str(plugin)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"posenc {command[0]}: error: plugin {plugin}: registers nothing"), err
+        assert "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_module_plugin_that_registers_nothing_is_refused(tmp_path, monkeypatch, clean_registries):
+    (tmp_path / "nothing_here.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError, match="plugin nothing_here: registers nothing"):
+        load_plugin("nothing_here")
+    with pytest.raises(PluginError, match="registers nothing"):
+        load_plugin("nothing_here")
+
+
+def test_a_plugin_replacing_a_builtin_registers_something(tmp_path, clean_registries):
+    """register_task('lm', replace=True) is a registration (the entry is new), not "nothing"."""
+    plugin = tmp_path / "lm_plugin.py"
+    plugin.write_text("import posenc\nfrom posenc.lab.tasks import Task\n@posenc.register_task('lm', replace=True)\n"
+                      "class LM(Task):\n    def sampler(self, run, seq_len, batch_size, seed):\n        return None\n"
+                      "    def evaluate(self, ev):\n        return []\n")
+    load_plugin(str(plugin))

@@ -15,6 +15,7 @@ fine-tuning), ``posenc extend`` (which writes the transformers 4.x/5.x form), ``
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -272,6 +273,34 @@ def method_options(options, methods, method: str | None, argument: str) -> dict:
             if option not in get_method(name).options:
                 raise ConfigError(f"{argument}: {name} takes no option {option!r} (options: "
                                   f"{', '.join(get_method(name).options) or 'none'})")
+            if not _finite(value):     # NaN passes every comparison a method's checks make
+                raise ConfigError(f"{argument}: {key} must be a finite number, got {value!r}")
         elif name == method:
             out[option] = value
     return out
+
+
+def _finite(value) -> bool:
+    """False for a NaN or infinite float, also inside a list (LongRoPE's factors); True for anything else."""
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def check_option_values(name: str, spec: ExtensionSpec, options: Mapping, argument: str) -> None:
+    """Method ``name``'s ``write`` run once with ``options`` on ``spec`` (what it will be given), so that a bad value
+    (a negative window) is refused before any model is trained or loaded, in one line naming ``argument`` and the
+    option ("extension_options: self-extend.window must be a positive integer, got -1"). A method computed by
+    ``fit`` (LongRoPE's search) is checked when it runs."""
+    method = get_method(name)
+    if not options or method.fit is not None:
+        return
+    try:
+        if method.changes_attention:
+            attention_rule(name, spec, **options)
+        else:
+            method_config(name, spec, **options)
+    except ConfigError as exc:
+        text = str(exc)
+        option = next((o for o in options if text.startswith((f"{o} ", f"{o}:"))), None)
+        raise ConfigError(f"{argument}: {name}.{text}" if option else f"{argument}: {name}: {text}") from None

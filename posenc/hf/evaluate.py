@@ -6,7 +6,9 @@
 Protocols are the lab's own code, called through a thin adapter (posenc.hf.lab_bridge.LogitsModel):
 - perplexity: ``posenc.lab.evaluate.lm_eval``, non-overlapping windows of each eval length (context restarts at
   every window) and the sliding window (``--sliding-stride``: -1 = half the length, 0 = off); about
-  ``--eval-tokens`` tokens scored per length, over the lab corpus's validation split (``--data`` as in the lab).
+  ``--eval-tokens`` tokens scored per length, over the lab corpus's validation split (``--data`` as in the lab; a
+  file's last 10% of bytes, a folder's hashed ~10% of files), or the whole text with ``--data-split all``. A text
+  too short for every length to score the tokens asked (after ``--eval-offset``) is refused, naming the numbers.
 - passkey: ``posenc.lab.evaluate.passkey_eval`` over the lab's episodes (``posenc.lab.data.passkey_example``):
   greedy decoding of a 5-digit key hidden at each ``--passkey-depths`` fraction.
 Tokens: with the byte tokenizer of an exported lab model the stream is the corpus bytes themselves and the numbers
@@ -67,8 +69,9 @@ HELP = "Evaluate a local transformers causal LM: perplexity vs length, passkey, 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 # the built-in tasks whose measurement here is tokenizer-aware (lengths in the model's tokens, passkey episodes
-# sized to fit them): posenc eval runs them with its own protocols below; every other registered task runs through
-# the task interface on the lab's LogitsModel adapter (``run_task``)
+# sized to fit them): posenc eval runs them with its own protocols below; every other registered task (a plug-in's
+# replacement of one of these included) runs through the task interface on the lab's LogitsModel adapter
+# (``run_task``)
 TOKENIZER_AWARE = ("lm", "passkey")
 # logits of one forward are [rows, T, vocab] float32: cap them near 256 MiB unless --batch-tokens says otherwise
 _LOGIT_BUDGET = 1 << 26
@@ -116,6 +119,7 @@ class EvalSettings:
     replace_scaling: bool = False           # allow replacing a scaling the config already has
     config: str | None = None               # a config file to load the model with (e.g. posenc search's output)
     data: str | None = None                 # corpus (lab semantics): None = the CPython stdlib
+    data_split: str = "validation"          # what of it is scored: the lab's validation split, or "all"
     eval_tokens: int = 49152
     eval_offset: int = 0                    # tokens of the text skipped before the first window
     sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
@@ -148,7 +152,7 @@ class EvalSettings:
 
     def validate(self) -> "EvalSettings":
         from posenc._validate import check_choice, check_distinct, check_float, check_int
-        from posenc.hf.lab_bridge import check_config_method
+        from posenc.hf.lab_bridge import DATA_SPLITS
 
         from posenc._settings import check_settings
         from posenc.lab.tasks.registry import TASK_SETTINGS, TASKS
@@ -168,12 +172,12 @@ class EvalSettings:
         for t in self.tasks:
             check_choice(t, "tasks", TASKS, error=ConfigError)
         self.options = check_settings(TASK_SETTINGS, self.options)
-        if "passkey" in self.tasks and not self.options["passkey_depths"]:
+        if "passkey" in own_protocols(self.tasks) and not self.options["passkey_depths"]:
             raise ConfigError("passkey_depths: expected at least one entry, got none")
         attention = attention_methods(self.methods)
         for m in self.methods:
             if m not in attention:
-                check_config_method(m, "methods", also=("none",))
+                check_method(m)
         self.options_for(None)
         if any(m != "none" and m not in attention for m in self.methods):
             if self.factor is None:
@@ -196,6 +200,7 @@ class EvalSettings:
             raise ConfigError(f"sliding_stride: expected -1 (auto), 0 (off) or at most the sliding length, got "
                               f"{self.sliding_stride}")
         check_choice(self.dtype, "dtype", DTYPES, error=ConfigError)
+        check_choice(self.data_split, "data_split", DATA_SPLITS, error=ConfigError)
         if self.device_map is not None:
             check_choice(self.device_map, "device_map", ("auto",), error=ConfigError)
         if self.batch_tokens is not None:
@@ -210,6 +215,38 @@ class EvalSettings:
         from posenc.extensions.registry import method_options
 
         return method_options(self.method_options, attention_methods(self.methods), method, "method_options")
+
+
+def method_choices() -> tuple[str, ...]:
+    """Every name --methods takes: none, the frequency methods a config edit expresses, the attention methods."""
+    from posenc.extensions import method_names
+    from posenc.hf.lab_bridge import config_methods
+
+    return ("none", *config_methods(), *method_names("attention"))
+
+
+def check_method(name) -> str:
+    """``name`` if --methods takes it as a config edit (none or a frequency method); ConfigError listing every name
+    --methods takes for an unknown one, or saying what to use instead for a registered method eval cannot run."""
+    from posenc._validate import check_choice
+    from posenc.extensions import METHODS
+    from posenc.hf.lab_bridge import check_config_method
+
+    if name not in METHODS:
+        check_choice(name, "methods", method_choices(), error=ConfigError)
+    return check_config_method(name, "methods", also=("none",))
+
+
+def own_protocols(tasks) -> set[str]:
+    """The entries of ``tasks`` posenc eval measures with its own tokenizer-aware protocol (``TOKENIZER_AWARE``):
+    lm and passkey as posenc registers them. A plug-in's replacement (``register_task("lm", replace=True)``) runs
+    through its own evaluate() like any other task, so its rows and its report section go together."""
+    from posenc.lab.tasks import get_task
+    from posenc.lab.tasks.lm import LanguageModelling
+    from posenc.lab.tasks.passkey import Passkey
+
+    builtin = {"lm": LanguageModelling, "passkey": Passkey}
+    return {t for t in tasks if t in TOKENIZER_AWARE and type(get_task(t)) is builtin[t]}
 
 
 def attention_methods(methods) -> tuple[str, ...]:
@@ -731,20 +768,69 @@ def _windows(n_tokens: int, length: int, stride: int | None) -> int:
     return max(1, n_tokens // length) if stride is None else 1 + max(0, n_tokens - length) // stride
 
 
+def lm_jobs(s: EvalSettings) -> list[tuple[int, int | None, str]]:
+    """(length, stride or None, protocol) of each perplexity measurement: non-overlapping windows at every eval
+    length, then the sliding window at each sliding length (none with sliding_stride 0)."""
+    jobs = [(L, None, "non-overlapping") for L in s.eval_lens]
+    if s.sliding_stride:
+        for L in s.sliding_lens or [max(s.eval_lens)]:
+            stride = s.sliding_stride if s.sliding_stride > 0 else max(1, L // 2)
+            jobs.append((L, stride, f"sliding (stride {stride})"))
+    return jobs
+
+
+def tokens_needed(length: int, stride: int | None, n_tokens: int) -> int:
+    """Tokens of text the lab's lm_eval reads to score all it is asked at ``length``: its whole windows of the
+    ``n_tokens`` budget (non-overlapping) or the budget itself (sliding), and the last window's next token."""
+    from posenc.lab.tasks.lm import scored_tokens
+
+    return (scored_tokens(n_tokens, length) if stride is None else max(n_tokens, length)) + 1
+
+
+def scored_stream(s: EvalSettings, tokenizer, limit: int | None) -> tuple[torch.Tensor, bool, dict, str]:
+    """The tokens perplexity is scored on (after --eval-offset) -> (tokens, byte tokens?, the data's provenance,
+    which part of it is scored in words). DataError naming the numbers when the text is too short for some length
+    (``limit``: lengths past the model's positions are not scored) to score the tokens asked: lengths scored on
+    fewer tokens than asked, and on different tokens from each other, would be compared as equals."""
+    from posenc.hf.lab_bridge import scored_text
+
+    data, data_meta, scored = scored_text(s.data, s.data_split)
+    need = [(tokens_needed(L, stride, s.eval_tokens if stride is None else s.sliding_tokens), L, stride)
+            for L, stride, _ in lm_jobs(s) if limit is None or L <= limit]
+    stream, byte_level = token_stream(tokenizer, data, s.eval_offset + max((job[0] for job in need), default=2))
+    left = len(stream) - s.eval_offset
+    short = [job for job in need if job[0] > left]
+    if short:
+        n, L, stride = max(short, key=lambda job: (job[0], job[2] is None))   # (a tie: the eval_tokens job)
+        budget = ("eval_tokens" if stride is None else "sliding_tokens", s.eval_tokens if stride is None
+                  else s.sliding_tokens)
+        text = f"the text ({data_meta.get('source')}, scored on {scored}) has {len(stream)} tokens"
+        lead = (f"eval_offset: {text}; skipping {s.eval_offset} leaves {max(0, left)}" if s.eval_offset
+                else f"data: {text}")
+        raise DataError(f"{lead}, fewer than the {n} that {budget[0]} {budget[1]} reads at length {L}"
+                        f"{'' if stride is None else ' (sliding)'}; every length must score the tokens asked: lower "
+                        f"{'eval_offset or ' if s.eval_offset else ''}{budget[0]}"
+                        f"{' or score all of the text (data_split all)' if s.data_split == 'validation' else ''}, "
+                        "or give a longer text")
+    return stream[s.eval_offset:], byte_level, data_meta, scored
+
+
 @torch.no_grad()
 def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, progress: bool = True,
                    log=print, on_method_done: Callable[[dict], None] | None = None,
-                   resume: dict | None = None) -> dict:
+                   resume: dict | None = None, out: str | os.PathLike | None = None) -> dict:
     """Measure ``model_dir`` as ``settings`` says; -> {"meta", "results", "curves"} (the lab's row schema).
 
     ``on_method_done(doc)``: called after each method with the document so far (meta.incomplete names the methods
     still to run), so a caller can save finished work before a long run ends (``posenc eval --out`` does).
     ``resume``: such a document of an interrupted run; its finished methods are kept, not run again, when it was
     made with the same settings, model files and data (ConfigError naming what differs otherwise).
+    ``out``: the folder a registered task run through its evaluate() may write into (``run.out``; None: a
+    temporary folder, removed after).
 
     Rows of method "none" carry scaling "none", except with ``settings.config``: then the method that config applies
     (``config_method``: "longrope" for a searched config), so the lab's tables label them "rope + LongRoPE"."""
-    from posenc.hf.lab_bridge import passkey_rate, perplexity, validation_bytes
+    from posenc.hf.lab_bridge import passkey_rate, perplexity
     from posenc.tools.inspect import detect_scheme
 
     s = (settings or EvalSettings()).validate()
@@ -764,15 +850,9 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
     t_start = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
     longest = max(s.eval_lens + s.sliding_lens)
-    stream = None
-    if "lm" in s.tasks:
-        data, data_meta = validation_bytes(s.data)
-        needed = max(s.eval_tokens, s.sliding_tokens) + longest + 1
-        stream, byte_level = token_stream(tokenizer, data, s.eval_offset + needed)
-        if s.eval_offset >= len(stream) - longest:
-            raise DataError(f"eval_offset: {s.eval_offset} tokens skipped leave {max(0, len(stream) - s.eval_offset)}"
-                            f" of the text's {len(stream)}, fewer than one window of {longest}")
-        stream = stream[s.eval_offset:]
+    stream, scored, own = None, None, own_protocols(s.tasks)
+    if "lm" in own:
+        stream, byte_level, data_meta, scored = scored_stream(s, tokenizer, position_limit(config))
     else:
         from posenc.hf.tokenizer import is_byte_tokenizer
 
@@ -784,10 +864,10 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                   "model_files": model_identity(model_dir, s.config), "methods": {},
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-                  "threads": torch.get_num_threads(), "data": data_meta, "timings_s": {},
+                  "threads": torch.get_num_threads(), "data": data_meta, "scored_text": scored, "timings_s": {},
                   "loadavg_start": load_average()}
     curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
-    if "lm" in s.tasks:       # the yardstick of the rows' achieved FLOP/s: this machine's matmul at these threads
+    if "lm" in own:       # the yardstick of the rows' achieved FLOP/s: this machine's matmul at these threads
         from posenc.hf.throughput import matmul_peak
 
         peak_dtype = DTYPES["bfloat16" if s.dtype in ("float32", "fp32") else s.dtype]
@@ -837,13 +917,8 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                    "attn_implementation": getattr(model.config, "_attn_implementation", None),
                                    "device_map": getattr(model, "hf_device_map", None)}
         common = dict(model=name)
-        if "lm" in s.tasks:
-            jobs = [(L, None, "non-overlapping") for L in s.eval_lens]
-            if s.sliding_stride:
-                for L in s.sliding_lens or [max(s.eval_lens)]:
-                    stride = s.sliding_stride if s.sliding_stride > 0 else max(1, L // 2)
-                    jobs.append((L, stride, f"sliding (stride {stride})"))
-            for L, stride, protocol in jobs:
+        if "lm" in own:
+            for L, stride, protocol in lm_jobs(s):
                 if limit is not None and L > limit:
                     rows.append(_row("lm", scheme, scaling, train_len, L, "ppl", None, s.seed, protocol=protocol,
                                      note=f"n/a (positions limited to {limit})", **common, **unit))
@@ -864,7 +939,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                  protocol=protocol, n_scored=r and r["n_scored"], **cost, **common, **unit))
                 if r is not None and stride is None and L == max(s.eval_lens):
                     curves[f"{scheme}|{scaling}|zs|{s.seed}"] = [round(x, 4) for x in r["per_position"]]
-        if "passkey" in s.tasks:
+        if "passkey" in own:
             for L in s.eval_lens:
                 chars = passkey_chars(tokenizer, L, byte_level)
                 depths, trials = s.options["passkey_depths"], s.options["passkey_trials"]
@@ -886,10 +961,10 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                                      chars=chars, **common))
                 bar.close()
         for task in s.tasks:
-            if task not in TOKENIZER_AWARE:
+            if task not in own:
                 rows += run_task(task, model, s, scheme=scheme, scaling=scaling, train_len=train_len, limit=limit,
                                  tokenizer=tokenizer, byte_level=byte_level, batch_tokens=budget, progress=progress,
-                                 model_name=name)
+                                 model_name=name, out=out)
         meta["timings_s"][method] = round(time.perf_counter() - t0, 1)
         del model
         left = s.methods[s.methods.index(method) + 1:]
@@ -920,27 +995,35 @@ class EvalTaskSettings:
 
 def run_task(task_name: str, model, s: EvalSettings, *, scheme: str, scaling: str, train_len: int | None,
              limit: int | None, tokenizer, byte_level: bool, batch_tokens: int, progress: bool,
-             model_name: str) -> list[dict]:
+             model_name: str, out: str | os.PathLike | None = None) -> list[dict]:
     """Rows of registered task ``task_name`` on a loaded transformers ``model``, through the lab's task interface:
     its own ``evaluate(ev)`` with ``ev.model`` the lab's LogitsModel adapter over the model (``logits_model``:
     forward = logits of token ids, generate = greedy; positions past ``limit`` unsupported). The task's token ids go
     to the model as they are (the lab's byte vocabulary: meaningful for byte-level models such as exported lab
-    models). Nothing here names a task: a plug-in task runs as the built-ins do."""
+    models). Nothing here names a task: a plug-in task runs as the built-ins do, under the lab's contract
+    (``posenc.lab.tasks.checks.evaluate_task``: a row that breaks it is the task's error, naming its file).
+    ``run.out`` is ``out`` (--out), else a temporary folder removed after: never the current directory."""
+    import tempfile
+
     from posenc.lab.context import Evaluation, Run
     from posenc.lab.data import load_corpus
     from posenc.lab.tasks import get_task
+    from posenc.lab.tasks.checks import evaluate_task
 
     task = get_task(task_name)
     cfg = EvalTaskSettings(train_len=train_len, eval_lens=list(s.eval_lens), options=dict(s.options),
                            eval_tokens=s.eval_tokens, sliding_stride=s.sliding_stride,
                            sliding_lens=list(s.sliding_lens), sliding_tokens=s.sliding_tokens, seeds=[s.seed])
     task.check(cfg)
-    run = Run(cfg=cfg, corpus=load_corpus(s.data) if task.needs_corpus else None, device=input_device(model),
-              out=Path("."), progress=progress, log=lambda *_: None)
     adapter = logits_model(model, max_len=limit, tokenizer=tokenizer, byte_level=byte_level,
                            batch_tokens=batch_tokens)
-    ev = Evaluation(run=run, model=adapter, task=task_name, scheme=scheme, scaling=scaling, seed=s.seed)
-    return [{**row, "std": row.get("std"), "model": model_name} for row in task.evaluate(ev)]
+    with tempfile.TemporaryDirectory(prefix="posenc-eval-task-") as temporary:
+        folder = Path(out if out is not None else temporary)
+        folder.mkdir(parents=True, exist_ok=True)
+        run = Run(cfg=cfg, corpus=load_corpus(s.data) if task.needs_corpus else None, device=input_device(model),
+                  out=folder, progress=progress, log=lambda *_: None)
+        ev = Evaluation(run=run, model=adapter, task=task_name, scheme=scheme, scaling=scaling, seed=s.seed)
+        return [{**row, "std": row.get("std"), "model": model_name} for row in evaluate_task(task, ev)]
 
 
 def model_identity(model_dir: str | os.PathLike, config_file: str | os.PathLike | None = None) -> list[dict]:
@@ -965,6 +1048,8 @@ def check_resumable(doc: dict, meta: dict) -> None:
         raise ConfigError("resume: the eval in the folder is complete; nothing to resume (pass --overwrite to run "
                           "it again)")
     settings = old.get("settings")
+    if isinstance(settings, dict):      # a setting added since that eval ran is its default there (same numbers)
+        settings = {**{k: v for k, v in EvalSettings().to_dict().items() if k not in settings}, **settings}
     if settings != meta["settings"]:
         differ = sorted(k for k in set(meta["settings"]) | set(settings or {})
                         if (settings or {}).get(k) != meta["settings"].get(k))
@@ -1055,6 +1140,16 @@ def write_outputs(doc: dict, out_dir: str, *, overwrite: bool = False) -> list[P
     return written
 
 
+def _data_line(meta: dict) -> str:
+    """report.md's line on the text perplexity was scored on: its source and which part of it (--data-split)."""
+    data, split = meta["data"], meta["settings"].get("data_split", "validation")
+    scored = meta.get("scored_text") or "its validation split"
+    size = data.get("val_bytes") if split == "validation" else (data.get("train_bytes") or 0) + (data.get("val_bytes")
+                                                                                                 or 0)
+    return (f"- data: {data.get('source')} ({data.get('n_files')} files); scored: {scored}, {size} bytes, from "
+            f"token {meta['settings'].get('eval_offset') or 0} (--eval-offset)")
+
+
 def report_markdown(doc: dict, plots: list[str] = ()) -> str:
     """report.md: what was measured, on what, how long; the lab's tables and plots."""
     meta, s = doc["meta"], doc["meta"]["settings"]
@@ -1070,11 +1165,12 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
              f"- perplexity: about {s['eval_tokens']} tokens scored per length "
              f"({s.get('sliding_tokens') or s['eval_tokens']} per sliding length); "
              f"sliding stride {s['sliding_stride']} "
-             f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}",
-             f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed {s['seed']}"]
+             f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}"]
+    if "passkey_depths" in s:     # (absent when a plug-in replaced the passkey task)
+        lines.append(f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed "
+                     f"{s['seed']}")
     if data:
-        lines.append(f"- data: {data.get('source')} ({data.get('n_files')} files), validation "
-                     f"{data.get('val_bytes')} bytes")
+        lines.append(_data_line(meta))
     for method, m in meta["methods"].items():
         what = ("the config as it is" if method == "none" else
                 f"{method} on attention through posenc.patch" if attention_methods([method]) else
@@ -1102,6 +1198,7 @@ def add_arguments(parser) -> None:
     # the lab's list flags: an empty entry ('96,,192', '') is refused, not skipped; a bad one says what is expected
     from posenc._settings import parse_options
     from posenc.argtypes import ints
+    from posenc.hf.lab_bridge import DATA_SPLITS
 
     parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer) or "
                                       "a .gguf file (loaded by transformers; posenc convert makes a folder of it)")
@@ -1118,8 +1215,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--replace", action="store_true", help="replace a rope scaling the config already has")
     parser.add_argument("--config", default=None,
                         help="load the model with this config file instead of its config.json (posenc search output)")
-    parser.add_argument("--data", default=None, help="text file or folder (default: the CPython stdlib, as the lab)")
-    parser.add_argument("--eval-tokens", type=int, default=49152, help="tokens scored per length")
+    parser.add_argument("--data", default=None,
+                        help="text file or folder (default: the CPython stdlib, as the lab); perplexity scores its "
+                             "validation split, as the lab does: a file's last 10%% of bytes, a folder's files whose "
+                             "sha256(relative path) starts below 26 (about 10%%); --data-split all scores all of it")
+    parser.add_argument("--data-split", default="validation", choices=DATA_SPLITS,
+                        help="what of the --data text perplexity scores: validation (default: the lab's validation "
+                             "split, the text a lab model was not trained on) or all (a file's bytes in order; a "
+                             "folder's training files, then its validation files)")
+    parser.add_argument("--eval-tokens", type=int, default=49152,
+                        help="tokens scored per length (whole windows of it); a text too short for every length "
+                             "to score them, after --eval-offset, is refused")
     parser.add_argument("--eval-offset", type=int, default=0,
                         help="tokens of the text skipped before the first window (windows at a fixed offset: "
                              "--eval-offset 16384 --eval-tokens 16384 scores the second 16k window alone)")
@@ -1175,7 +1281,7 @@ def run(args) -> int:
     options.update({name: getattr(args, name) for name in TASK_SETTINGS if getattr(args, name, None) is not None})
     settings = EvalSettings(eval_lens=args.eval_lens, tasks=args.tasks, methods=args.methods, factor=args.factor,
                             method_options=args.method_options, replace_scaling=args.replace, config=args.config,
-                            data=args.data,
+                            data=args.data, data_split=args.data_split,
                             eval_tokens=args.eval_tokens, eval_offset=args.eval_offset,
                             sliding_stride=args.sliding_stride, sliding_lens=args.sliding_lens,
                             sliding_tokens=args.sliding_tokens, options=options,
@@ -1194,7 +1300,7 @@ def run(args) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         _write_results(partial, args.out)
     doc = evaluate_model(args.model, settings, progress=not args.no_progress,
-                         on_method_done=saved if args.out else None, resume=earlier)
+                         on_method_done=saved if args.out else None, resume=earlier, out=args.out)
     print(report_tables(doc))
     if args.out:
         # (the folder was checked before the run; what it holds now is this run's own partial results)

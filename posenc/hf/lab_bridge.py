@@ -305,6 +305,31 @@ def validation_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:
     return corpus.val, dict(corpus.meta)
 
 
+# what of a text ``posenc eval`` scores (--data-split): the lab's validation split, or all of it
+DATA_SPLITS = ("validation", "all")
+
+
+def scored_text(data: str | None = None, split: str = "validation") -> tuple[torch.Tensor, dict, str]:
+    """The text ``posenc eval`` scores -> (uint8 bytes, the corpus's provenance, which part in words).
+
+    "validation": the lab corpus's validation split, the text the lab scores (a file: its last 10% of bytes; a
+    folder or the stdlib: the files whose sha256(relative path) starts below 26, about 10%). "all": the whole text
+    (a file's bytes in order; a folder's training files, then its validation files)."""
+    from posenc.lab.data import DOC_SEPARATOR, VAL_HASH_THRESHOLD, load_corpus
+
+    corpus = load_corpus(data)
+    by_bytes = corpus.meta.get("split") == "last 10% of bytes"
+    if split == "validation":
+        rule = ("the last 10% of its bytes" if by_bytes else
+                f"the files whose sha256(relative path) starts with a byte below {VAL_HASH_THRESHOLD}, about 10%")
+        return corpus.val, dict(corpus.meta), f"its validation split ({rule})"
+    if by_bytes:
+        return torch.cat([corpus.train, corpus.val]), dict(corpus.meta), "all of it"
+    separator = torch.frombuffer(bytearray(DOC_SEPARATOR), dtype=torch.uint8)
+    return (torch.cat([corpus.train, separator, corpus.val]), dict(corpus.meta),
+            "all of it (its training files, then its validation files)")
+
+
 # ---- the lab's report tables and plots -----------------------------------------------------------------------
 
 def lab_tables(doc: dict) -> str:

@@ -111,6 +111,9 @@ def load_corpus(data: str | None = None) -> Corpus:
         p = Path(path).expanduser()
         if not p.exists():
             raise DataError(f"data: {path} does not exist (expected a text file or a folder of text files)")
+        if not p.is_file() and not p.is_dir():   # reading /dev/zero or a pipe would never end
+            raise DataError(f"data: {path} is not a regular file or a folder (a device, a pipe or a socket); "
+                            "expected a text file or a folder of text files")
         if p.is_file():
             data = _read_bytes(p)
             if not data.strip():

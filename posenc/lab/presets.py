@@ -247,11 +247,24 @@ class LabConfig:
             if self.extensions and s in self.extended_schemes and not getattr(scheme, "extendable", False):
                 raise ConfigError(f"extended_schemes: the {s} scheme has no RoPE that an extension method can "
                                   "rescale; list only RoPE schemes there, or drop --extensions")
+            if s in self.extended_schemes:
+                self._check_extension_options(scheme)
         if self.extensions and not needs_corpus(self.tasks):
             for e in self.extensions:
                 if get_method(e).needs_corpus:
                     raise ConfigError(f"extensions: {e} is fitted on the text corpus, which none of the tasks "
                                       f"({', '.join(self.tasks)}) loads; use it with the lm task")
+
+    def _check_extension_options(self, scheme) -> None:
+        """Each method's --extension-options values, given to its write() on this scheme as the evaluation will
+        give them: a bad value is named now, not after every model has trained."""
+        from posenc.extensions.registry import check_option_values
+        from posenc.lab.evaluate import lab_spec
+
+        for e in self.extensions:
+            if self.method_options(e):
+                check_option_values(e, lab_spec(e, scheme, self.factor, self.train_len), self.method_options(e),
+                                    "extension_options")
 
     def _check_randomized(self) -> None:
         n = self.randomized_positions
@@ -453,6 +466,25 @@ def _check_given_schemes(cfg: LabConfig, given: dict) -> None:
         if outside:
             raise ConfigError(f"{name}: {', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not among the "
                               f"schemes of this run ({', '.join(cfg.schemes)}); add it to schemes or drop it here")
+    _check_given_scheme_options(cfg, given.get("scheme_options"))
     if given.get("randomized_schemes") and not cfg.randomized_positions:
         raise ConfigError("randomized_schemes: randomized positions are off (randomized_positions 0), so no scheme "
                           "would train with them; set randomized_positions N or drop randomized_schemes")
+
+
+def _check_given_scheme_options(cfg: LabConfig, options) -> None:
+    """Each scheme option the caller gave is taken by a scheme of this run: one meant for a scheme the run does not
+    train (cope_npos with --schemes rope) would be dropped without a word. A scheme of the run taking any option
+    (**kwargs) accepts every key."""
+    from posenc.schemes.registry import option_names
+
+    takers = [option_names(s) for s in cfg.schemes]
+    if not options or any(names is None for names in takers):
+        return
+    for key in options:
+        if not any(key in names for names in takers):
+            owners = [s for s in scheme_names() if key in (option_names(s) or ())]
+            whose = (f"is an option of {', '.join(owners)}, which {'is' if len(owners) == 1 else 'are'} not among"
+                     if owners else "is taken by none of")
+            raise ConfigError(f"scheme_options: {key} {whose} the schemes of this run ({', '.join(cfg.schemes)}); "
+                              f"add {'it' if len(owners) == 1 else 'one'} to schemes or drop {key}")

@@ -338,11 +338,11 @@ def task_sampler(run: Run, task: str, seq_len: int, batch_size: int, seed: int):
 def evaluate(run: Run, ev: Evaluation) -> list[dict]:
     """Score one trained model with its task (under the run's precision). Under torchrun each rank evaluates a
     share (``ev.map``)."""
-    from posenc.lab.tasks.checks import check_rows
+    from posenc.lab.tasks.checks import evaluate_task
 
     ev.model.to(run.device).eval()
     with autocast(run.precision, run.device):
-        return check_rows(get_task(ev.task), get_task(ev.task).evaluate(ev), ev)
+        return evaluate_task(get_task(ev.task), ev)
 
 
 def finetune_length(cfg: LabConfig) -> int:

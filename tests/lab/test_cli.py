@@ -86,11 +86,27 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
     (["--eval-lens", "1"], "--eval-lens"),
     (["--d-model", "30"], "--d-model"),
     (["--tasks", "passkey", "--train-len", "40"], "passkey episodes need at least"),
+    (["--schemes", "rope", "--scheme-options", "cope_npos=8"], "--scheme-options: cope_npos is an option of cope, "
+     "which is not among the schemes of this run (rope); add it to schemes or drop cope_npos"),
+    # an extension option's value is checked before any model trains (no checkpoint is written), naming it
+    (["--extensions", "self-extend", "--extension-options", "self-extend.window=-1"],
+     "--extension-options: self-extend.window must be a positive integer, got -1"),
+    (["--extensions", "dca", "--extension-options", "dca.chunk_size=abc"],
+     "--extension-options: dca.chunk_size must be an integer >= 2, got 'abc'"),
+    (["--extensions", "leaky-rerope", "--extension-options", "leaky-rerope.leak=0.5"],
+     "--extension-options: leaky-rerope.leak must be a finite number >= 1.0, got 0.5"),
+    (["--extensions", "self-extend", "--extension-options", "self-extend.window=NaN"],
+     "--extension-options: self-extend.window must be a finite number, got nan"),
+    (["--extensions", "leaky-rerope", "--extension-options", "leaky-rerope.leak=Infinity"],
+     "--extension-options: leaky-rerope.leak must be a finite number, got inf"),
+    (["--schemes", "rope,alibi", "--scheme-options", "t5_buckets=8,fire_width=4"],
+     "--scheme-options: t5_buckets is an option of t5, which is not among the schemes of this run (rope, alibi)"),
 ])
 def test_bad_settings_fail_with_one_line(tmp_path, capsys, argv, match):
     assert main(["lab", "--preset", "smoke", "--out", str(tmp_path), "--quiet", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("posenc lab: error:") and match in err and "\n" not in err
+    assert err.startswith("posenc lab: error:") and match in err and "\n" not in err, err
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results.json").exists()  # nothing ran
 
 
 def test_model_flags_reach_the_model_config():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,3 +67,21 @@ def test_lm_sampler_is_a_function_of_seed_and_step_and_shards_by_rank():
     assert torch.equal(torch.stack([shards[r][i] for i in range(2) for r in range(3)]), x)
     with pytest.raises(DataError, match="seq_len"):
         D.LMSampler(tokens[:10].to(torch.uint8), 16, 2, 0)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_device_or_a_pipe_as_data_is_refused_as_such(tmp_path, capsys):
+    """Not "a folder with no files": /dev/zero is a device (reading it would never end), a FIFO a pipe."""
+    import os
+
+    from posenc.cli import main
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        with pytest.raises(DataError, match=f"data: {path} is not a regular file or a folder"):
+            D.load_corpus(path)
+    assert main(["lab", "--preset", "smoke", "--data", "/dev/zero", "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("posenc lab: error: --data: /dev/zero is not a regular file or a folder (a device, a pipe or a "
+                   "socket); expected a text file or a folder of text files"), err

@@ -5,6 +5,8 @@
                                                    T = the length asked and 1 <= B <= the batch asked, ids in
                                                    [0, vocab), targets in [0, vocab) or -100, at least one scored
     evaluate(ev)                                -> a list of rows (dicts built by ev.row)
+                                                   (``evaluate_task``: the one call of the hook, for ``posenc
+                                                   lab`` and ``posenc eval`` alike)
     ev.row(eval_len, metric, value)             -> eval_len one the run asked for; a metric with a range
                                                    (``value_range``: accuracies, exact match) in it, finite
 """
@@ -135,3 +137,9 @@ def check_rows(task, rows, ev=None) -> list[dict]:
             nonfinite = row.get("note") == DIVERGED and not ev.diverged
             check_row(task, ev.cfg, row["eval_len"], row["metric"], row["value"], nonfinite=nonfinite)
     return rows
+
+
+def evaluate_task(task, ev) -> list[dict]:
+    """``task.evaluate(ev)``, its rows checked (``check_rows``): the one place both ``posenc lab`` and ``posenc eval``
+    call a task's evaluate, so a row that breaks the contract is the task's error in both commands."""
+    return check_rows(task, task.evaluate(ev), ev)
