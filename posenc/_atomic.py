@@ -193,13 +193,13 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
             os.replace(tmp, path)
             return
         old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp.old"))
-        os.replace(path, old / "x")
         try:
+            os.replace(path, old / "x")
             os.replace(tmp, path)
-        except BaseException:
-            if not os.path.lexists(path):
+        except BaseException:           # (a signal between the two moves included)
+            if os.path.lexists(old / "x") and not os.path.lexists(path):
                 os.replace(old / "x", path)     # the old one back: nothing is lost
-            os.rmdir(old)
+            shutil.rmtree(old, ignore_errors=True)
             raise
     with _registered(old):          # (a signal while it is deleted: deleted all the same)
         shutil.rmtree(old, ignore_errors=True)
