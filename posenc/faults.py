@@ -4,7 +4,8 @@
     the environment refused (OSError: read-only or missing --out, no space)  one line naming the path, exit 2
     a closed pipe (``posenc pick ... | head``)                              quiet, exit 141 (128 + SIGPIPE)
     Ctrl-C                                                                   one line, exit 130
-    SIGTERM (posenc lab: its finished results are written first)             one line, exit 143
+    SIGTERM: unwinds as Ctrl-C does (temporaries removed; posenc lab writes  one line, exit 143
+    its finished results first)
     an optional package missing (transformers for export / eval)            one line naming the extra, exit 2
     a warning (a suspicious but usable value)                                one line "posenc CMD: warning: ...", once
     out of memory                                                            one line, exit 1
@@ -208,8 +209,8 @@ def signals_stop_c_calls(prefix: str, grace_s: float | None = None):
     each signal at once (``signal.set_wakeup_fd``); when the main thread has not run its handler ``grace_s``
     seconds later, the watcher prints one line and ends the process (exit 130 for Ctrl-C, 143 for SIGTERM).
     What was written before (checkpoints, atomic results) stays; nothing is left half-written, since every result
-    file is replaced atomically. A handler that runs in time (the usual case: Python between steps) cleans up as
-    before.
+    file is replaced atomically and the watcher deletes the temporaries of writes in progress first. A handler that
+    runs in time (the usual case: Python between steps) cleans up as before.
     """
     import signal
     import socket
@@ -254,9 +255,10 @@ def signals_stop_c_calls(prefix: str, grace_s: float | None = None):
                     continue
                 terminated = signum == signal.SIGTERM
                 try:
+                    _remove_temporaries()
                     sys.stderr.write(f"{prefix}: {'terminated' if terminated else 'interrupted'} inside a long "
-                                     f"computation that did not return within {grace:g} s; stopped without "
-                                     "cleaning up (files written before stay)\n")
+                                     f"computation that did not return within {grace:g} s; stopped at once "
+                                     "(files written before stay; unfinished writes are removed)\n")
                     sys.stderr.flush()
                 finally:
                     os._exit(143 if terminated else 130)
@@ -277,11 +279,23 @@ def signals_stop_c_calls(prefix: str, grace_s: float | None = None):
         watcher.join(timeout=1.0)
 
 
+def _remove_temporaries() -> None:
+    """Delete the temporary files and folders of writes in progress (posenc._atomic), when the process is about to
+    end without unwinding: a half-written model folder must not stay behind, looking like a model."""
+    atomic = sys.modules.get("posenc._atomic")
+    if atomic is not None:
+        try:
+            atomic.remove_pending_temporaries()
+        except Exception:  # (ending the process matters more than a temporary left over)
+            pass
+
+
 def _run(prefix: str, fn: Callable[[], int | None], flags: Mapping[str, str] | None = None) -> int:
     from posenc.errors import PosencError
 
     try:
-        with signals_stop_c_calls(prefix):
+        # SIGTERM unwinds like Ctrl-C (every command's temporaries are removed on the way out), exit 143
+        with signals_stop_c_calls(prefix), sigterm_raises():
             status = int(fn() or 0)
         sys.stdout.flush()  # a closed pipe shows up here for short outputs
         return status

@@ -90,7 +90,7 @@ def test_a_signal_ends_one_long_c_call_within_the_grace(tmp_path, signum, status
     assert time.monotonic() - sent < 10, "the signal waited for the C call"
     assert proc.returncode == status and "returned" not in out
     assert err.strip() == (f"posenc test: {word} inside a long computation that did not return within 0.5 s; "
-                           "stopped without cleaning up (files written before stay)"), err
+                           "stopped at once (files written before stay; unfinished writes are removed)"), err
 
 
 def test_a_signal_between_steps_still_cleans_up_in_python(tmp_path):

@@ -57,6 +57,7 @@ from pathlib import Path
 
 import torch
 
+from posenc._outputs import TOKENIZER_FILES, WEIGHT_FILES, check_output
 from posenc._validate import is_int
 from posenc.devices import check_device
 from posenc.hf.quiet import quiet_transformers
@@ -77,12 +78,6 @@ TOKENIZER_AWARE = ("lm", "passkey")
 _LOGIT_BUDGET = 1 << 26
 # what --out receives; a folder already holding one of them (a lab run, an earlier eval) needs --overwrite
 OUTPUT_FILES = ("results.json", "report.md", "ppl_vs_length.png", "per_position_loss.png", "passkey_accuracy.png")
-# the weight files transformers' from_pretrained looks for in a local folder (transformers.utils' *_NAME constants)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-# files AutoTokenizer builds a tokenizer from (the fast tokenizer, its config, BPE / WordPiece / SentencePiece vocabs)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tekken.json")
 
 def _is_gguf(path) -> bool:
     from posenc.gguf import is_gguf
@@ -1288,6 +1283,9 @@ def run(args) -> int:
                             seed=args.seed, device=args.device, dtype=args.dtype, device_map=args.device_map,
                             attn_implementation=args.attn_implementation, batch_tokens=args.batch_tokens).validate()
     earlier = None
+    if args.out:        # never into the model's folder, over its --config or --data, or over a model file
+        check_output(args.out, f"out {args.out} (--out)", writes=OUTPUT_FILES,
+                     inputs=[("model", args.model), ("--config", args.config), ("--data", args.data)])
     if args.resume:
         earlier = read_interrupted(args.out, args.overwrite)
     elif args.out:      # (evaluate_model checks the model folder first thing)

@@ -40,9 +40,10 @@ The check: before the folder is moved into place, the written model is loaded ba
 extension method) on a byte sequence; a relative difference above 1e-4 aborts the export.
 
 The output: ``--out`` is replaced as a whole (with ``--overwrite`` when it is not empty), so it may not be the
-source run or checkpoint nor a folder holding them (paths resolved, symlinks followed; a new folder inside the run,
-e.g. RUN/exported, is fine). The arguments, that rule and the writability of --out's folder are checked before
-anything is loaded; max_positions is at most 2^30 (posenc.tools.contexts.MAX_CONTEXT) and must fit in memory.
+source run or checkpoint nor a folder holding them, nor a model file (paths resolved, symlinks followed; a new
+folder inside the run, e.g. RUN/exported, is fine: posenc._outputs owns the rule). The arguments, that rule and the
+writability of --out's folder are checked before anything is loaded; max_positions is at most 2^30
+(posenc.tools.contexts.MAX_CONTEXT) and must fit in memory.
 """
 
 from __future__ import annotations
@@ -51,15 +52,14 @@ import contextlib
 import json
 import math
 import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from posenc._atomic import check_writable_folder
+from posenc._atomic import atomic_folder, check_writable_folder
+from posenc._outputs import check_output
 from posenc._memory import available_memory
 from posenc.errors import ConfigError, PosencError
 
@@ -206,25 +206,10 @@ def _resolve_source(source, scheme, task, seed) -> Path:
     return path
 
 
-def _absolute(path: Path) -> set[Path]:
-    """``path`` made absolute twice: as written (``..`` folded) and with every symlink followed."""
-    return {Path(os.path.abspath(path)), path.resolve()}
-
-
-def _refuse_out_over_source(out_dir: Path, sources: list[Path]) -> None:
-    """ConfigError when ``out_dir`` is a source (the run folder or checkpoint) or a folder holding one: the export
-    replaces ``out_dir`` as a whole, which would delete the lab run it reads (a new folder inside the run is fine)."""
-    for src in sources:
-        for s in _absolute(src):
-            for o in _absolute(out_dir):
-                if o == s or o in s.parents:
-                    raise ConfigError(
-                        f"out {out_dir}: {'is' if o == s else 'holds'} the source {src}; the export replaces its "
-                        "--out folder as a whole, which would delete the lab run or checkpoint it reads. Write to a "
-                        "new folder (one inside the run folder, such as RUN/exported, is fine)")
-
-
-def _prepare_out(out_dir: Path, overwrite: bool) -> None:
+def _prepare_out(out_dir: Path, overwrite: bool, sources: list[Path]) -> None:
+    """``out_dir`` checked before anything loads: replaced as a whole, it may not be a source (the run folder or
+    checkpoint) nor hold one, nor be a model file (posenc._outputs; a new folder inside the run is fine)."""
+    check_output(out_dir, f"out {out_dir} (--out)", inputs=[("source", s) for s in sources], replaces_folder=True)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"out {out_dir}: exists and is not a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
@@ -272,17 +257,6 @@ def _positions_fit(limit: int | None, a) -> None:
         raise ConfigError(f"max_positions: {limit} positions do not fit in memory here (the {what} alone is about "
                           f"{gib:.3g} GiB of float32); pass a smaller max_positions (default 16 x the training "
                           f"length = {16 * a.max_len})") from None
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    """Replace out_dir by tmp (both in the same parent folder): the old folder goes only once the new one is ready."""
-    old = None
-    if out_dir.exists():
-        old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old."))
-        os.replace(out_dir, old / "x")
-    os.replace(tmp, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 @torch.no_grad()
@@ -334,8 +308,7 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
         check_float(factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)
     path = _resolve_source(source, scheme, task, seed)
     out_dir = Path(out_dir)
-    _refuse_out_over_source(out_dir, [Path(source), path])
-    _prepare_out(out_dir, overwrite)
+    _prepare_out(out_dir, overwrite, [Path(source), path])
     model, settings = load_lab_model(path)
     a = anatomy(model)
     if scheme is not None and scheme != a.scheme:
@@ -411,8 +384,7 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
     if missing or unexpected:  # a transformers release that renamed parameters: refuse rather than guess
         raise PosencError(f"export: {type(hf).__name__} of this transformers does not take the mapped weights "
                           f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp."))
-    try:
+    with atomic_folder(out_dir) as tmp:    # moved into place once written and checked; deleted on a failure
         hf.save_pretrained(str(tmp))
         if a.vocab_size == 256:
             save_byte_tokenizer(tmp)
@@ -431,10 +403,6 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
                            check_max_rel_err=err, check_length=length, notes=notes)
         record = {**asdict(res), "train_len": a.max_len, "lab_model": settings, "training": progress}
         (tmp / "posenc_export.json").write_text(json.dumps(record, indent=2) + "\n")
-        _move_into_place(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return res
 
 

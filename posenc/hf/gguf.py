@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -109,18 +107,33 @@ def plain_copy(model):
     return fresh.eval()
 
 
-def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
-                 overwrite: bool = False, log=print, progress: bool = True) -> list[Path]:
-    """Write the GGUF model at ``path`` as a transformers folder ``out`` (weights in ``dtype``) -> the files written.
-    The folder is built beside ``out`` and moved into place at the end, so an interrupted convert leaves no half
-    folder; an existing non-empty ``out`` is replaced only with ``overwrite``."""
-    if dtype not in DTYPE_NAMES:
-        raise ConfigError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
-    out = Path(out)
+def check_convert_out(path: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """``out`` checked as convert's output before anything loads (ConfigError naming --out): not the GGUF file nor
+    a folder holding it, no model file (posenc._outputs), empty unless ``overwrite``, its parent a folder where
+    files can be created."""
+    from posenc._atomic import check_writable_folder
+    from posenc._outputs import check_output
+
+    out = check_output(out, f"out {out} (--out)", inputs=[("input GGUF file", path)], replaces_folder=True)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConfigError(f"out {out}: already exists and is not an empty folder; pass --overwrite to replace it")
     if not out.parent.exists():
         raise ConfigError(f"out {out}: its parent folder {out.parent} does not exist")
+    check_writable_folder(out.parent, f"out {out} (--out)")   # the folder is built beside out
+    return out
+
+
+def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
+                 overwrite: bool = False, log=print, progress: bool = True) -> list[Path]:
+    """Write the GGUF model at ``path`` as a transformers folder ``out`` (weights in ``dtype``) -> the files written.
+    The folder is built beside ``out`` and moved into place at the end (posenc._atomic.atomic_folder), so an
+    interrupted convert leaves no half folder; an existing non-empty ``out`` is replaced only with ``overwrite``,
+    and never when it is the GGUF file, holds it or is a model file (``check_convert_out``)."""
+    from posenc._atomic import atomic_folder
+
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+    out = check_convert_out(path, out, overwrite)
     from posenc.hf.quiet import quiet_transformers
 
     t0 = time.perf_counter()
@@ -129,20 +142,10 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
         tokenizer = load_tokenizer(path)
     fresh = plain_copy(model)
     del model
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)           # (mkdtemp makes it private; the folder is the user's)
-    try:
+    with atomic_folder(out) as tmp:
         with quiet_transformers(progress):   # ("Writing model shards" is a bar too)
             fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     written = sorted(p for p in out.iterdir() if p.is_file())
     log(f"wrote {', '.join(p.name for p in written)} into {out} ({dtype}, {time.perf_counter() - t0:.0f} s)")
     return written

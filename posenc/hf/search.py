@@ -118,6 +118,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     from posenc._atomic import atomic_write_json
     from posenc._validate import check_choice, check_int, positive_int
     from posenc._atomic import check_writable_folder
+    from posenc._outputs import check_output
     from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device,
                                     check_model_files, load_causal_lm, load_tokenizer, model_files)
     from posenc.hf.families import find_rotary
@@ -144,8 +145,8 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     home = folder.parent if is_gguf(folder) else folder
     stem = f"{folder.stem}." if is_gguf(folder) else ""
     out = Path(out_config) if out_config is not None else home / f"{stem}config.longrope-{target_length}.json"
-    if out.resolve() == (folder / "config.json").resolve():
-        raise ConfigError(f"out_config {out}: that is the model's own config.json; the search writes a new file")
+    inputs = [("model", folder), ("--data", data)]
+    check_output(out, f"out_config {out} (--out-config)", inputs=inputs)   # never a model's file, even --overwrite
     if out.is_dir():
         raise ConfigError(f"out_config {out} (--out-config): is a folder; expected the path of the config file to "
                           f"write, e.g. {out / f'config.longrope-{target_length}.json'}")
@@ -158,12 +159,14 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     if ckpt.is_dir():
         raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is a folder; expected the path of the search's JSON "
                           "record")
-    if ckpt.resolve() == out.resolve():
+    if os.path.realpath(ckpt) == os.path.realpath(out):
         raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is also out_config (--out-config); the search record "
                           "and the config it writes need two files")
-    if ckpt.exists() and ckpt.resolve().parent == folder.resolve() and not is_search_checkpoint(ckpt):
+    if ckpt.exists() and Path(os.path.realpath(ckpt)).parent == Path(os.path.realpath(folder)) \
+            and not is_search_checkpoint(ckpt):
         raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is a file of the model folder ({ckpt.name}), not a "
                           "LongRoPE search record; choose another path")
+    check_output(ckpt, f"checkpoint {ckpt} (--checkpoint)", inputs=inputs)
     check_writable_folder(ckpt.parent, f"checkpoint {ckpt} (--checkpoint)")
     _candidate_config(config, data_dict, target_length, [1.0] * (rc.rotary_dim // 2), rc.rotary_dim // 2,
                       replace)  # refuses early what extend refuses

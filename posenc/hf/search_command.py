@@ -38,6 +38,10 @@ def add_arguments(parser) -> None:
                              "folder: --target-length N [...] (posenc search MODEL_DIR --help)")
 
 
+# what a lab model's search writes into --out (and config.json with --config)
+WRITES = ("rope_scaling.json", "long_factor.json", "short_factor.json", "search.json")
+
+
 def is_model_folder(source: Path) -> bool:
     """A transformers model folder (config.json, no lab checkpoints/) or a .gguf model, rather than a lab run."""
     from posenc.gguf import is_gguf
@@ -129,6 +133,7 @@ def run_lab_search(args) -> int:
     from posenc.extensions.longrope_search import SearchBudget, search_lab_model
     from posenc.hf.lab_bridge import find_run_checkpoint, load_lab_model, validation_bytes
     from posenc._fingerprint import file_fingerprint
+    from posenc._outputs import check_output
     from posenc.rope.config import load_rope_config
     from posenc.tools._io import write_json_atomic
 
@@ -148,7 +153,9 @@ def run_lab_search(args) -> int:
             load_rope_config(args.config)
         except PosencError as exc:
             raise ConfigError(f"--config {args.config}: {exc}") from None
-    out = Path(args.out)
+    out = check_output(args.out, f"--out {args.out}", inputs=[
+        ("source", args.source), ("--data", args.data), ("--config", args.config)],
+        writes=[*WRITES, *(["config.json"] if args.config else [])])
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)

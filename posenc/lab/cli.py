@@ -200,8 +200,8 @@ def check_processes(cfg, nproc: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from posenc.lab import distributed, launch
     from posenc.lab.data import load_corpus
-    from posenc.faults import sigterm_raises
-    from posenc.lab.run import run_lab
+    from posenc._outputs import check_output
+    from posenc.lab.run import out_dir, run_lab
     from posenc.plugins import load_plugins
 
     with errors_name_flags(lab_flags()):
@@ -210,12 +210,14 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         timeout = distributed.timeout_seconds(args.dist_timeout)
         check_processes(cfg, int(getattr(args, "nproc", 1) or 1))
+        out = out_dir(cfg)
+        check_output(out, f"--out {out}", inputs=[("--data", cfg.data)], writes=("results.json", "report.md"))
         if cfg.data is not None:
             load_corpus(cfg.data)  # exists, readable, text
         status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
         if status is not None:
             return status
+        # (a SIGTERM unwinds as Ctrl-C does, posenc.faults: the finished results are written first)
         with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
-            with sigterm_raises():      # a SIGTERM writes the finished results too, as Ctrl-C does
-                run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
+            run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
     return 0

@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from posenc.errors import ConfigError
+from posenc.faults import Terminated
 from posenc.lab.distributed import env_int, under_torchrun
 
 
@@ -79,7 +80,9 @@ def launch(nproc: int, target: Sequence[str]) -> int:
                 sys.stderr.write(shown)
                 sys.stderr.flush()
         status = proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached torchrun too (same process group); let it stop the workers
+    except KeyboardInterrupt as exc:  # Ctrl-C reached torchrun too (same process group); let it stop the workers
+        if isinstance(exc, Terminated):   # a SIGTERM reached this process alone: pass it on
+            proc.terminate()
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from posenc._outputs import check_output
 from posenc._validate import check_choice, check_float, check_int
 from posenc.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
@@ -356,8 +357,12 @@ def run(args) -> int:
         raise ConfigError(f"--in-place: {args.config} is a GGUF file, which extend does not rewrite; pass --out "
                           "config.json (load it with from_pretrained(folder, gguf_file=..., config=...) or into "
                           "the folder `posenc convert` writes)")
-    if not args.in_place and args.out != "-" and Path(args.out).resolve() == src_file.resolve():
-        raise ConfigError(f"--out {args.out} is the input file; pass --in-place to overwrite it")
+    if not args.in_place and args.out != "-":
+        if os.path.realpath(args.out) == os.path.realpath(src_file):
+            raise ConfigError(f"--out {args.out} is the input file; pass --in-place to overwrite it")
+        check_output(args.out, f"--out {args.out}", inputs=[
+            ("--short-factor file", args.short_factor), ("--long-factor file", args.long_factor),
+            ("--longrope file", args.longrope)])
     if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(
             args.method).options:
         raise ConfigError("--short-factor/--long-factor/--longrope only apply to --method longrope")

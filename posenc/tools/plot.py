@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from posenc._atomic import atomic_path
+from posenc._outputs import check_output
 from posenc._validate import check_float, check_int, even_int, positive_float
 from posenc.errors import ConfigError, PosencError
 from posenc.extensions import METHODS
@@ -52,6 +53,7 @@ def _save(fig, out: str | os.PathLike) -> Path:
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise PosencError(f"out must be a .png file name, got {str(out)!r}")
+    check_output(out, f"out {out}")
     if not out.parent.exists():
         raise FileNotFoundError(f"output folder does not exist: {out.parent}")
     with atomic_path(out, make_parents=False) as tmp:

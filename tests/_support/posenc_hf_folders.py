@@ -1,5 +1,6 @@
 """Model folders for the tests of what posenc does with them (remote code, pickles, recorded training lengths): a
-tiny random Llama with the byte tokenizer, a lab run folder, and the one-line-error check of the hf commands.
+tiny random Llama with the byte tokenizer, a tiny Llama GGUF file that transformers loads, a lab run folder, and the
+one-line-error check of the hf commands.
 
 Imported by its own top-level name from tests/_support (see posenc_oracles.py for why test folders are not packages).
 """
@@ -28,6 +29,53 @@ def tiny_llama(folder: Path, hidden: int = 32) -> Path:
     transformers.LlamaForCausalLM(config).save_pretrained(str(folder))
     save_byte_tokenizer(folder)
     return folder
+
+
+def tiny_gguf(path: Path, hidden: int = 32, ff: int = 64) -> Path:
+    """A GGUF file of a random one-layer Llama (28-token gpt2-style vocabulary, float32 tensors, context 64) that
+    transformers' GGUF loader loads, tokenizer included: what ``posenc convert`` takes, in 47 kB."""
+    import gguf
+    import numpy as np
+
+    tokens = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["<s>", "</s>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_context_length(TRAIN_LEN * 2)
+    w.add_embedding_length(hidden)
+    w.add_block_count(1)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(hidden // 2)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_merges([])
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 1)
+    rng = np.random.default_rng(0)
+
+    def weight(*shape):
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", weight(len(tokens), hidden))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(hidden, np.float32))
+    for name in ("q", "k", "v", "output"):
+        w.add_tensor(f"blk.0.attn_{name}.weight", weight(hidden, hidden))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("blk.0.ffn_gate.weight", weight(ff, hidden))
+    w.add_tensor("blk.0.ffn_up.weight", weight(ff, hidden))
+    w.add_tensor("blk.0.ffn_down.weight", weight(hidden, ff))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def lab_run(folder: Path, scheme: str = "rope", **extra) -> Path:

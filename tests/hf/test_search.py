@@ -103,7 +103,7 @@ def test_rerun_resumes_and_refusals(searched, text_file, tmp_path):
     again = search_model(folder, TARGET, settings=SMALL, data=text_file, windows=2, heldout_windows=2,
                          overwrite=True, progress=False)  # the finished checkpoint answers
     assert again.result.factors == res.result.factors and again.result.wall_s == res.result.wall_s
-    with pytest.raises(ConfigError, match="that is the model's own config.json"):
+    with pytest.raises(ConfigError, match="is the config.json of the model folder .*never writes over a model's"):
         search_model(folder, TARGET, out_config=folder / "config.json", progress=False)
     with pytest.raises(ConfigError, match="target_length must be"):
         search_model(folder, L0, progress=False)
