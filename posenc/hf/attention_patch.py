@@ -170,9 +170,7 @@ def patch_attention(model: nn.Module, method: str, *, target: int | None = None,
         raise PosencError(f"method: {method!r} rescales RoPE's frequencies; write it into the config instead "
                           f"(posenc extend CONFIG --method {method}); posenc.patch's method= takes "
                           f"attention methods ({', '.join(n for n in _attention_names())})")
-    check_supported(model)
-    if type(find_rotary(model)[2]).__module__.startswith("posenc."):  # posenc's kernel or a rule already there
-        raise PosencError("patch: the model is already patched; posenc.unpatch(model) first")
+    check_supported(model)     # (a model posenc has patched already is refused by posenc.patch, which calls this)
     if getattr(model.config, "model_type", None) == "gpt_neox":
         raise PosencError("patch: attention methods need a transformers attention function; GPT-NeoX is not covered")
     original = original_context(model)
