@@ -98,3 +98,21 @@ def test_a_copy_of_an_attention_patched_model_compiles_with_its_own_rule():
         got = torch.compile(Logits(model), backend="aot_eager", fullgraph=True)(ids)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     posenc.unpatch(model)
+
+
+def test_rule_attention_op_passes_opcheck():
+    """posenc::rule_attention: schema, fake against real output, AOT dispatch with dynamic shapes."""
+    from posenc.extensions import ExtensionSpec, attention_rule
+    from posenc.hf import attention_patch
+
+    spec = ExtensionSpec(original=32, factor=4.0, rotary_dim=None, target=128)
+    attention_patch._RULES[-1] = attention_rule("self-extend", spec, group_size=3, window=8)
+    try:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, h, 40, 16, generator=g) for h in (4, 2, 2))
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
+        args = (q, k, v, torch.arange(40)[None], None, -1, inv_freq, 1.0, None, None)
+        result = torch.library.opcheck(attention_patch.rule_attention_op, args)
+        assert set(result.values()) == {"SUCCESS"}, result
+    finally:
+        del attention_patch._RULES[-1]
