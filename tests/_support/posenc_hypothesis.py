@@ -16,15 +16,11 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
+from posenc_ci import in_ci
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=200, deadline=None)
-
-
-def in_ci() -> bool:
-    """True when the environment says CI (the usual ``CI=true``; also 1 / yes)."""
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 def profile_name() -> str:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
-pytest.importorskip("mkdocstrings_handlers.python", reason="the docs extra is not installed")
+from posenc_ci import require
+
+require("docs", "mkdocs", "mkdocstrings_handlers.python")
 
 ROOT = Path(__file__).resolve().parents[2]
 
