@@ -49,12 +49,14 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 def check_slopes(slopes, n_heads: int, device: torch.device | str | None = None, *,
-                 what: str = "n_heads") -> torch.Tensor:
+                 what: str = "n_heads", values: bool = True) -> torch.Tensor:
     """Custom slopes as a float32 tensor [n_heads] on ``device``, or PosencError: one finite number per head.
 
     ``what`` names the head count in the message (``"n_heads"``, or ``"H"`` for attention's query heads).
-    NaN or inf slopes are refused: one of them turns every score of its head into NaN (not under torch.compile /
-    torch.export, where the values are not known while tracing: a NaN then shows in the output).
+    NaN or inf slopes are refused: one of them turns every score of its head into NaN. While torch.compile /
+    torch.export trace, the values are unknown and not checked here (``posenc.alibi_attention``'s op checks them
+    when it runs; a materialised bias shows the NaN in the output); ``values=False`` (a fake implementation) skips
+    them too.
     """
     try:
         t = torch.as_tensor(slopes, dtype=torch.float32, device=device)
@@ -63,7 +65,7 @@ def check_slopes(slopes, n_heads: int, device: torch.device | str | None = None,
                           f"got {type(slopes).__name__}") from None
     if t.shape != (n_heads,):
         raise PosencError(f"slopes must have shape [{what}] = [{n_heads}] (one per head), got {tuple(t.shape)}")
-    if t.device.type == "meta" or torch.compiler.is_compiling():   # no values to check: shapes only, or a trace
+    if not values or t.device.type == "meta" or torch.compiler.is_compiling():   # no values: shapes only, a trace
         return t
     finite = torch.isfinite(t)
     if not bool(finite.all()):

@@ -174,19 +174,66 @@ def prose(_args) -> int:
     return 0
 
 
+def part_list(text: str) -> list[str]:
+    """``run --parts``: comma-separated names of PARTS, each once (argparse's type: checked before any part runs)."""
+    names = text.split(",")
+    unknown = [n for n in names if n not in PARTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown part{'s' if len(unknown) > 1 else ''} "
+                                         f"{', '.join(repr(n) for n in unknown)}; the parts are {', '.join(PARTS)}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(repr(n) for n in twice)} given more than once")
+    return names
+
+
+# what run and collect read of a part's results.json (written by posenc eval): a file without them is damaged
+ROW_KEYS = ("task", "scaling", "eval_len", "value")
+
+
+def read_part(part: str) -> dict | None:
+    """The part's results.json (None before it has run), or a DataError naming the file: not JSON, or without the
+    objects run and collect read (meta with methods and timings_s, results rows with ROW_KEYS)."""
+    from posenc import _json
+    from posenc.errors import DataError
+
+    path = OUT / "parts" / part / "results.json"
+    if not path.is_file():
+        return None
+    what = f"part file {path}"
+    doc = _json.loads(path.read_text(encoding="utf-8", errors="replace"), what, error=DataError)
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    problem = "is not a JSON object with 'meta' and 'results'" if not isinstance(meta, dict) else None
+    for key in ("methods", "timings_s"):
+        if problem is None and not isinstance(meta.get(key), dict):
+            problem = f"has no meta.{key} object"
+    rows = doc.get("results") if problem is None else None
+    if problem is None and not isinstance(rows, list):
+        problem = "has no results list"
+    for i, row in enumerate(rows or ()):
+        missing = [k for k in ROW_KEYS if k not in row] if isinstance(row, dict) else ["(not an object)"]
+        if problem is None and missing:
+            problem = f"results[{i}] lacks {', '.join(missing)}"
+    if problem:
+        raise DataError(f"{what} {problem}: a damaged file (move it away to run the part again)")
+    return doc
+
+
 def run(args) -> int:
-    for part in args.parts.split(","):
+    docs = {part: read_part(part) for part in args.parts}          # every check before the first part runs
+    for part in args.parts:
+        if LONGROPE_CONFIG in PARTS[part] and not (ROOT / LONGROPE_CONFIG).is_file():
+            from posenc.errors import DataError
+            raise DataError(f"part {part} needs {LONGROPE_CONFIG}: run `python scripts/smollm2_study.py search` "
+                            "first")
+    for part in args.parts:
         out = OUT / "parts" / part
-        doc = out / "results.json"
         resume = []
-        if doc.is_file():
-            if not json.loads(doc.read_text())["meta"].get("incomplete"):
+        if docs[part] is not None:
+            if not docs[part]["meta"].get("incomplete"):
                 print(f"{part}: finished, skipped")
                 continue
             resume = ["--resume"]
-        if LONGROPE_CONFIG in PARTS[part] and not (ROOT / LONGROPE_CONFIG).is_file():
-            print(f"{part}: needs {LONGROPE_CONFIG}: run `python scripts/smollm2_study.py search` first")
-            return 1
         code = posenc("eval", str(MODEL_DIR), *PARTS[part], *COMMON, "--threads", str(args.threads), "--out",
                       str(out), *resume, threads=args.threads)
         if code:
@@ -219,13 +266,12 @@ def _config_label(part: str, method: str) -> str:
 
 
 def collect(_args) -> int:
+    docs = {part: read_part(part) for part in PARTS}
     config = json.loads((MODEL_DIR / "config.json").read_text())
     rows, parts = [], {}
-    for part in PARTS:
-        path = OUT / "parts" / part / "results.json"
-        if not path.is_file():
+    for part, doc in docs.items():
+        if doc is None:
             continue
-        doc = json.loads(path.read_text())
         meta = doc["meta"]
         settings = meta.get("settings") or {}
         parts[part] = {"command": f"posenc eval {MODEL_DIR} {' '.join(PARTS[part] + COMMON)} --threads "
@@ -846,20 +892,31 @@ def plot_passkey(study: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+def main(argv: list[str] | None = None) -> int:
+    """Bad input (an unknown part, a damaged part file) ends in one line and exit 2, before any part runs; so does
+    a file the system refuses (posenc.faults' policy)."""
+    from posenc.errors import PosencError
+    from posenc.faults import EXIT_USER, Parser, describe_os_error
+
+    p = Parser(prog="smollm2_study.py", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     sub.add_parser("convert")
     sub.add_parser("prose")
     r = sub.add_parser("run")
-    r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    r.add_argument("--parts", type=part_list, default=",".join(PARTS),
+                   help=f"comma-separated, of {', '.join(PARTS)}")
     r.add_argument("--threads", type=int, default=1, help="CPU threads of each eval (1 when other work shares "
                                                           "the cores)")
     s = sub.add_parser("search")
     s.add_argument("--threads", type=int, default=1, help="CPU threads of the search")
     sub.add_parser("collect")
-    args = p.parse_args()
-    return {"convert": convert, "prose": prose, "search": search, "run": run, "collect": collect}[args.cmd](args)
+    args = p.parse_args(argv)
+    try:
+        return {"convert": convert, "prose": prose, "search": search, "run": run, "collect": collect}[args.cmd](args)
+    except (PosencError, OSError) as exc:      # (OSError: a missing model folder, a read-only checkout)
+        text = describe_os_error(exc) if isinstance(exc, OSError) else exc
+        print(f"{p.prog} {args.cmd}: error: {text}", file=sys.stderr)
+        return EXIT_USER
 
 
 if __name__ == "__main__":

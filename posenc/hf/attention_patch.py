@@ -22,6 +22,9 @@ implementation and the layers, object for object: logits are transformers' own a
 
 from __future__ import annotations
 
+import weakref
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,6 +42,18 @@ class RuleRotaryEmbedding(nn.Module):
         super().__init__()
         self.original, self.rule, self.method = original, rule, method
         self.position_ids: torch.Tensor | None = None
+        self._register_rule()
+
+    def _register_rule(self) -> None:
+        """Name the rule for compiled graphs (rule_attention_op) by a key that lives as long as this module."""
+        self.key = id(self)
+        _RULES[self.key] = self.rule
+        weakref.finalize(self, _RULES.pop, self.key, None).atexit = False
+
+    def __setstate__(self, state) -> None:
+        # a copy (copy.deepcopy, pickle) is a new object with its own rule: it gets its own key
+        super().__setstate__(state)
+        self._register_rule()
 
     def frequencies(self, layer_type: str | None) -> tuple[torch.Tensor, float]:
         prefix = "" if layer_type is None else f"{layer_type}_"
@@ -96,32 +111,75 @@ def rule_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     t_q, t_k = query.shape[-2], key.shape[-2]
     inv_freq, att_scaling = rotary.frequencies(getattr(module, "layer_type", None))
     positions = rotary.position_ids
-    last = int(positions.max()) if positions is not None else t_k - 1
     if getattr(module, "is_sliding", False):
-        # a local layer (Gemma 3): plain RoPE inside its window, whose distances stay below it; its cache holds the
-        # last keys only, so keys sit at last - Tk + 1 .. last
-        from posenc.extensions.attention.kernel import rotate
-
-        q_pos = torch.arange(last - t_q + 1, last + 1, device=query.device, dtype=torch.float64)
-        k_pos = torch.arange(last - t_k + 1, last + 1, device=query.device, dtype=torch.float64)
-        q = rotate(query, q_pos, inv_freq, att_scaling, "half").to(query.dtype)
-        k = rotate(key, k_pos, inv_freq, att_scaling, "half").to(key.dtype)
-        mask = attention_mask
-        if mask is not None and mask.dim() == 4:
-            mask = mask[:, :, :, -t_k:]
-        out = F.scaled_dot_product_attention(q, k, value, attn_mask=mask, is_causal=mask is None and t_q > 1,
-                                             scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        out = _local_attention(query, key, value, attention_mask, positions, inv_freq, att_scaling, scaling)
         return out.transpose(1, 2).contiguous(), None
+    if torch.compiler.is_compiling():      # the rule's kernel reads its key bands on the host: one opaque op
+        out = rule_attention_op(query, key, value, positions, attention_mask, rotary.key, inv_freq, att_scaling,
+                                scaling, sliding_window)
+    else:
+        out = _rule_attention(query, key, value, positions, attention_mask, rotary.rule, inv_freq, att_scaling,
+                              scaling, sliding_window)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _local_attention(query, key, value, mask, positions, inv_freq, att_scaling, scaling) -> torch.Tensor:
+    """A local layer (Gemma 3): plain RoPE inside its window, whose distances stay below it; its cache holds the last
+    keys only, so keys sit at last - Tk + 1 .. last (positions offset in the graph: no host sync, traceable)."""
+    from posenc.extensions.attention.kernel import rotate
+
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    last = positions.amax().to(torch.float64) if positions is not None else float(t_k - 1)
+    q_pos = torch.arange(t_q, device=query.device, dtype=torch.float64) + (last - t_q + 1)
+    k_pos = torch.arange(t_k, device=query.device, dtype=torch.float64) + (last - t_k + 1)
+    q = rotate(query, q_pos, inv_freq, att_scaling, "half").to(query.dtype)
+    k = rotate(key, k_pos, inv_freq, att_scaling, "half").to(key.dtype)
+    if mask is not None and mask.dim() == 4:
+        mask = mask[:, :, :, -t_k:]
+    return F.scaled_dot_product_attention(q, k, value, attn_mask=mask, is_causal=mask is None and t_q > 1,
+                                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+
+
+def _rule_attention(query, key, value, positions, mask, rule, inv_freq, att_scaling, scaling,
+                    sliding_window) -> torch.Tensor:
+    """A full-attention layer under ``rule``: its input checks (a window no shorter than the input, no padding,
+    contiguous positions), then the kernel. Reads positions and mask by value: eager, or inside rule_attention_op."""
+    from posenc.extensions.attention.kernel import rule_attention
+
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    last = int(positions.max()) if positions is not None else t_k - 1
     if sliding_window is not None and last + 1 > sliding_window:
         raise PosencError(f"posenc.patch(method=...): this layer's sliding window ({sliding_window}) is shorter than "
                           f"the input ({last + 1} tokens); attention methods run on full-attention layers only")
     offset = _contiguous_offset(positions, t_q, t_k)
-    _check_causal_mask(attention_mask, t_q, t_k)
-    from posenc.extensions.attention.kernel import rule_attention
+    _check_causal_mask(mask, t_q, t_k)
+    return rule_attention(query, key, value, rule, inv_freq, attention_scaling=att_scaling, scale=scaling,
+                          layout="half", q_offset=offset)
 
-    out = rule_attention(query, key, value, rotary.rule, inv_freq, attention_scaling=att_scaling, scale=scaling,
-                         layout="half", q_offset=offset)
-    return out.transpose(1, 2).contiguous(), None
+
+# Under torch.compile the rule's kernel is one custom op: the kernel picks its pieces from the key bands of each
+# block of queries, read on the host, and checks the positions and the mask by value, none of which a trace can
+# follow. A rule is a Python object (plug-ins register their own), so the op names it by its patch's key.
+_RULES: dict[int, object] = {}
+
+
+@torch.library.custom_op("posenc::rule_attention", mutates_args=())
+def rule_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      positions: Optional[torch.Tensor], mask: Optional[torch.Tensor], rule_key: int,
+                      inv_freq: torch.Tensor, attention_scaling: float, scaling: Optional[float],
+                      sliding_window: Optional[int]) -> torch.Tensor:
+    """``_rule_attention`` with the rule of a live patch (``RuleRotaryEmbedding.key``): [B, Hq, Tq, Dv]."""
+    rule = _RULES.get(rule_key)
+    if rule is None:
+        raise PosencError("posenc::rule_attention: the attention method's patch is gone (posenc.unpatch): compile "
+                          "the model again after patching it")
+    return _rule_attention(query, key, value, positions, mask, rule, inv_freq, attention_scaling, scaling,
+                           sliding_window).contiguous()
+
+
+@rule_attention_op.register_fake
+def _(query, key, value, positions, mask, rule_key, inv_freq, attention_scaling, scaling, sliding_window):
+    return query.new_empty(query.shape[0], query.shape[1], query.shape[2], value.shape[3])
 
 
 def _register() -> None:
@@ -170,9 +228,7 @@ def patch_attention(model: nn.Module, method: str, *, target: int | None = None,
         raise PosencError(f"method: {method!r} rescales RoPE's frequencies; write it into the config instead "
                           f"(posenc extend CONFIG --method {method}); posenc.patch's method= takes "
                           f"attention methods ({', '.join(n for n in _attention_names())})")
-    check_supported(model)
-    if type(find_rotary(model)[2]).__module__.startswith("posenc."):  # posenc's kernel or a rule already there
-        raise PosencError("patch: the model is already patched; posenc.unpatch(model) first")
+    check_supported(model)     # (a model posenc has patched already is refused by posenc.patch, which calls this)
     if getattr(model.config, "model_type", None) == "gpt_neox":
         raise PosencError("patch: attention methods need a transformers attention function; GPT-NeoX is not covered")
     original = original_context(model)

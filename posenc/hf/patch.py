@@ -204,6 +204,21 @@ def is_patched(model: nn.Module) -> bool:
     return any(isinstance(m, PosencRotaryEmbedding) for m in model.modules())
 
 
+KERNEL = "posenc's RoPE kernel"
+
+
+def patched_with(model: nn.Module) -> str | None:
+    """What ``posenc.patch`` has put into ``model``: KERNEL, "the attention method 'NAME'", or None."""
+    from posenc.hf.attention_patch import RuleRotaryEmbedding
+
+    for m in model.modules():
+        if isinstance(m, PosencRotaryEmbedding):
+            return KERNEL
+        if isinstance(m, RuleRotaryEmbedding):
+            return f"the attention method {m.method!r}"
+    return None
+
+
 def patch(model: nn.Module, method: str | None = None, **options) -> nn.Module:
     """Swap the rotary application of a loaded transformers causal LM for posenc's fused kernel; returns ``model``.
 
@@ -213,19 +228,24 @@ def patch(model: nn.Module, method: str | None = None, **options) -> nn.Module:
 
     Supported: the model types in ``SUPPORTED_MODEL_TYPES`` (Llama, Mistral, Mixtral, Qwen2/3 and their MoE
     variants, Phi-3, Gemma 1/2/3-text, GPT-NeoX). Anything else raises PosencError naming the class. Patching a
-    patched model does nothing. The frequencies, attention scaling and length rules stay transformers' (see the
-    module docstring for the hook and the numerics).
+    model patched with the kernel again, without a method, does nothing; any other second patch is refused with a
+    PosencError naming what the model is patched with (``posenc.unpatch(model)`` first). The frequencies, attention
+    scaling and length rules stay transformers' (see the module docstring for the hook and the numerics).
     """
     if not isinstance(model, nn.Module):
         raise PosencError(f"patch: expected a transformers model (torch.nn.Module), got {type(model).__name__}")
+    if options and method is None:
+        raise PosencError(f"patch: options {', '.join(sorted(options))} need method=... (an attention method)")
+    current = patched_with(model)
+    if current == KERNEL and method is None:
+        return model
+    if current is not None:
+        raise PosencError(f"patch: the model is already patched with {current}; posenc.unpatch(model) first, "
+                          f"then patch it again")
     if method is not None:
         from posenc.hf.attention_patch import patch_attention
 
         return patch_attention(model, method, **options)
-    if options:
-        raise PosencError(f"patch: options {', '.join(sorted(options))} need method=... (an attention method)")
-    if is_patched(model):
-        return model
     check_supported(model)
     parent, attr, rotary = find_rotary(model)
     wrapper = PosencRotaryEmbedding(rotary)

@@ -40,16 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc._validate import check_bool, check_choice, check_float, check_int
-from posenc.alibi import alibi_slopes, check_slopes
 from posenc.errors import PosencError
-from posenc.kernels import alibi_band
+from posenc.kernels import alibi_args, alibi_band
 from posenc.kernels.alibi_view import hankel_view
 
-BACKENDS = ("auto", "chunked", "flex")
-
-# Positions enter the float64 bias template: exact up to 2^53, so q_offset is bounded well inside that.
-MAX_POSITION = 2**52
+BACKENDS = alibi_args.BACKENDS
+MAX_POSITION = alibi_args.MAX_POSITION
 
 # CPU schedules, chosen by measurement (docs/performance-alibi.md). Torch's fused CPU kernel tiles the queries of a
 # call by 256 when it has >= 768 of them (by 64 from 192, else by 32) and the keys by 512; under is_causal it
@@ -86,18 +82,10 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
     ``default_block_size``; giving one also selects the block schedule on CPU).
     backend: "auto", "chunked" or "flex". Returns [B, H, Tq, Dv] in q's dtype.
     """
-    check_choice(backend, "backend", BACKENDS)
-    check_bool(causal, "causal")
-    offset = _check_inputs(q, k, v, q_offset)
-    H = q.shape[1]
-    slopes = alibi_slopes(H).to(q.device) if slopes is None else check_slopes(slopes, H, q.device, what="H")
-    if scale is not None:
-        scale = check_float(scale, "scale", positive=True)
-    if block_size is not None:
-        block_size = check_int(block_size, "block_size", min=1)
+    args = alibi_args.checked_args(q, k, v, slopes, causal, q_offset, scale, block_size, backend)
     if torch.compiler.is_compiling():     # torch.compile / export: one custom op (below)
-        return alibi_attention_op(q, k, v, slopes, causal, offset, scale, block_size, backend)
-    return _alibi_eager(q, k, v, slopes, causal, offset, scale, block_size, backend)
+        return alibi_attention_op(q, k, v, *args)
+    return _alibi_eager(q, k, v, *args)
 
 
 def default_block_size(n_heads: int, q_len: int, k_len: int, device: torch.device | str = "cpu",
@@ -114,38 +102,6 @@ def default_block_size(n_heads: int, q_len: int, k_len: int, device: torch.devic
     else:
         block = max(MIN_BLOCK, BIAS_BUDGET_ELEMENTS // max(1, n_heads * k_len))
     return max(1, min(q_len, block))
-
-
-# ----------------------------------------------------------------------------------------------- argument checks
-
-def _check_inputs(q, k, v, q_offset) -> int:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise PosencError(f"{name} must be a 4-D tensor [batch, heads, seq, head_dim], got {shape}")
-    B, H, Tq, D = q.shape
-    if k.shape[0] != B or k.shape[3] != D:
-        raise PosencError(f"k must have shape [B={B}, Hkv, Tk, D={D}] to match q {tuple(q.shape)}, "
-                          f"got {tuple(k.shape)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise PosencError(f"v must have shape [B, Hkv, Tk, Dv] = {tuple(k.shape[:3])} + [Dv] like k, "
-                          f"got {tuple(v.shape)}")
-    if k.shape[1] == 0 or H % k.shape[1]:
-        raise PosencError(f"q's head count ({H}) must be a multiple of k's ({k.shape[1]}) for grouped-query "
-                          f"attention")
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise PosencError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise PosencError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    Tk = k.shape[2]
-    if Tq == 0 or Tk == 0:
-        raise PosencError(f"q and k need at least one position, got Tq={Tq}, Tk={Tk}")
-    if q_offset is None:
-        if Tq > Tk:
-            raise PosencError(f"q has more positions ({Tq}) than k ({Tk}): pass q_offset to place the queries "
-                              f"(queries default to the last Tq of the Tk key positions)")
-        return Tk - Tq
-    return check_int(q_offset, "q_offset", min=0, max=MAX_POSITION)
 
 
 # ----------------------------------------------------------------------------------------------- the bias view
@@ -527,7 +483,8 @@ def _warn_fallback(err: Exception) -> None:
 # Under torch.compile / torch.export ``alibi_attention`` is one op, ``posenc::alibi_attention`` (posenc.kernels.ops
 # holds RoPE's): a fake implementation (the output shape, contiguous), the schedules above as its CPU and CUDA
 # implementations, and autograd through ``posenc::alibi_attention_backward``, which recomputes the forward under
-# autograd (SDPA's own backward; no attention weights kept between the passes).
+# autograd (SDPA's own backward; no attention weights kept between the passes). Both ops apply
+# ``alibi_attention``'s argument checks (posenc.kernels.alibi_args) when they run, and their fakes the shape checks.
 
 def _alibi_eager(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
     """alibi_attention's eager body on checked arguments (the op's implementation and its recompute)."""
@@ -544,8 +501,13 @@ def _alibi_eager(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
 @torch.library.custom_op("posenc::alibi_attention", mutates_args=())
 def alibi_attention_op(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, causal: bool, q_offset: int,
                     scale: Optional[float], block_size: Optional[int], backend: str) -> Tensor:
-    """posenc.alibi_attention on checked arguments: [B, H, Tq, Dv], contiguous."""
-    return _alibi_eager(q, k, v, slopes, causal, q_offset, scale, block_size, backend).contiguous()
+    """posenc.alibi_attention (its argument checks, then its schedules): [B, H, Tq, Dv], contiguous."""
+    return _op_forward(q, k, v, slopes, causal, q_offset, scale, block_size, backend)
+
+
+def _op_forward(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
+    args = alibi_args.checked_args(q, k, v, slopes, causal, q_offset, scale, block_size, backend)
+    return _alibi_eager(q, k, v, *args).contiguous()
 
 
 _recompute_pool: list = []
@@ -566,6 +528,9 @@ def alibi_attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, s
                              needs: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of ``alibi_attention`` for q, k, v and slopes (zeros where ``needs`` is False): the forward
     recomputed under autograd (SDPA's own backward), so no activations are kept between the passes."""
+    given = (q, k, v, slopes)
+    slopes, causal, q_offset, scale, block_size, backend = alibi_args.checked_backward_args(
+        grad, q, k, v, slopes, causal, q_offset, scale, block_size, backend, needs)
     leaves = [t.detach().requires_grad_(bool(n)) for t, n in zip((q, k, v, slopes), needs)]
     wanted = [t for t in leaves if t.requires_grad]
 
@@ -575,25 +540,28 @@ def alibi_attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, s
             return torch.autograd.grad(out, wanted, grad, allow_unused=True) if wanted else ()
     got = iter(_in_fresh_thread(recompute))
     grads = []
-    for t in leaves:
+    for t, orig in zip(leaves, given):
         g = next(got) if t.requires_grad else None
-        grads.append(torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None else g.contiguous())
+        g = torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None else g.contiguous()
+        grads.append(g.to(orig.dtype))      # (slopes given as another dtype than float32: in theirs)
     return tuple(grads)
 
 
 @alibi_attention_op.register_fake
 def _(q, k, v, slopes, causal, q_offset, scale, block_size, backend):
+    alibi_args.checked_args(q, k, v, slopes, causal, q_offset, scale, block_size, backend, values=False)
     return q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
 
 
 @alibi_attention_backward_op.register_fake
 def _(grad, q, k, v, slopes, causal, q_offset, scale, block_size, backend, needs):
+    alibi_args.checked_backward_args(grad, q, k, v, slopes, causal, q_offset, scale, block_size, backend, needs,
+                                     values=False)
     return tuple(t.new_empty(t.shape) for t in (q, k, v, slopes))
 
 
 for _device in ("cpu", "cuda"):    # the chunked SDPA schedule on the CPU; FlexAttention (or chunked) on CUDA
-    alibi_attention_op.register_kernel(_device)(
-        lambda q, k, v, s, c, o, sc, b, be: _alibi_eager(q, k, v, s, c, o, sc, b, be).contiguous())
+    alibi_attention_op.register_kernel(_device)(_op_forward)
 
 
 def _setup_alibi(ctx, inputs, output):

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from posenc.errors import PosencError
-from posenc.kernels import rope_backends, rope_checks
+from posenc.kernels import rope_args, rope_backends, rope_checks
 from posenc.angles import Angles
 
 _Tensor = torch.Tensor
@@ -62,14 +62,24 @@ _DEVICE_BACKENDS = {"cpu": rope_backends.cpu_backend, "cuda": _cuda_backend}
 
 def _rotate_into(backend, xs, outs, cos, sin, index, layout, rotary_dim, inverse) -> None:
     if xs[0].numel():
-        backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse)
+        try:
+            backend(xs, outs, cos, sin, index, layout, rotary_dim, inverse)
+        except rope_checks.TableIndexError as exc:
+            raise rope_args.index_error(cos.shape[0]) from exc
 
 
-def _check_spec(layout: str, rotary_dim: int, x: Tensor) -> None:
-    if layout not in ("interleaved", "half"):
-        raise PosencError(f"layout must be 'interleaved' or 'half', got {layout!r}")
-    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > x.shape[-1]:
-        raise PosencError(f"rotary_dim must be even, in [2, {x.shape[-1]}], got {rotary_dim}")
+def _checked(xs, cos, sin, index, layout: str, rotary_dim: int, names):
+    """(cos, sin, index) as the kernels take them, after the public functions' argument rules
+    (posenc.kernels.rope_args, in ``apply_rope_table``'s words): an op called directly (``torch.ops.posenc.rope``)
+    gets the same checks, since the kernels read raw memory where a mis-shaped table or index would send them
+    outside the tensors."""
+    for x, name in zip(xs, names):
+        rope_args.check_x(x, name)
+    if len(xs) == 2:
+        rope_args.check_qk(*xs)
+    rope_args.check_layout(layout)
+    _, cos, sin, index = rope_args.check_table(xs, cos, sin, index, rotary_dim)
+    return cos, sin, index
 
 
 # --------------------------------------------------------------------------------------------------- RoPE ops
@@ -77,24 +87,21 @@ def _check_spec(layout: str, rotary_dim: int, x: Tensor) -> None:
 # its device implementations.
 
 def _fresh(backend, xs, cos, sin, index, layout, rotary_dim, inverse):
-    _check_spec(layout, rotary_dim, xs[0])
+    cos, sin, index = _checked(xs, cos, sin, index, layout, rotary_dim, ("x",) if len(xs) == 1 else ("q", "k"))
     outs = [torch.empty_like(x) for x in xs]
     _rotate_into(backend, xs, outs, cos, sin, index, layout, rotary_dim, inverse)
     return outs
 
 
 def _inplace(backend, xs, cos, sin, index, layout, rotary_dim, inverse, names):
-    _check_spec(layout, rotary_dim, xs[0])
+    cos, sin, index = _checked(xs, cos, sin, index, layout, rotary_dim, names)
     rope_checks.check_writes(xs, xs, names, names)
     _rotate_into(backend, xs, xs, cos, sin, index, layout, rotary_dim, inverse)
 
 
 def _into(backend, xs, outs, cos, sin, index, layout, rotary_dim, inverse, names, out_names):
-    _check_spec(layout, rotary_dim, xs[0])
-    for x, o, name in zip(xs, outs, out_names):
-        if o.shape != x.shape or o.dtype != x.dtype or o.device != x.device:
-            raise PosencError(f"{name} must match the input's shape, dtype and device {list(x.shape)} {x.dtype} "
-                              f"{x.device}; got {list(o.shape)} {o.dtype} {o.device}")
+    cos, sin, index = _checked(xs, cos, sin, index, layout, rotary_dim, names)
+    rope_args.check_out(list(outs), xs, False, "out")
     rope_checks.check_writes(xs, outs, names, out_names)
     _rotate_into(backend, xs, outs, cos, sin, index, layout, rotary_dim, inverse)
 
@@ -177,18 +184,41 @@ def _register_devices() -> None:
 _register_devices()
 
 
+# The fake implementations apply the same argument checks (shapes, dtypes, devices: what fake tensors have), so a
+# trace of a bad direct call fails there, in the same words.
+
 @torch.library.register_fake("posenc::rope", lib=_LIB)
 def _(x, cos, sin, index, layout, rotary_dim, inverse):
+    _checked((x,), cos, sin, index, layout, rotary_dim, ("x",))
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("posenc::rope_qk", lib=_LIB)
 def _(q, k, cos, sin, index, layout, rotary_dim, inverse):
+    _checked((q, k), cos, sin, index, layout, rotary_dim, ("q", "k"))
     return torch.empty_like(q), torch.empty_like(k)
 
 
-for _op in (rope_, rope_qk_, rope_out, rope_qk_out):
-    _op.register_fake(lambda *args: None)
+@rope_.register_fake
+def _(x, cos, sin, index, layout, rotary_dim, inverse):
+    _checked((x,), cos, sin, index, layout, rotary_dim, ("x",))
+
+
+@rope_qk_.register_fake
+def _(q, k, cos, sin, index, layout, rotary_dim, inverse):
+    _checked((q, k), cos, sin, index, layout, rotary_dim, ("q", "k"))
+
+
+@rope_out.register_fake
+def _(x, cos, sin, index, layout, rotary_dim, inverse, out):
+    _checked((x,), cos, sin, index, layout, rotary_dim, ("x",))
+    rope_args.check_out([out], (x,), False, "out")
+
+
+@rope_qk_out.register_fake
+def _(q, k, cos, sin, index, layout, rotary_dim, inverse, q_out, k_out):
+    _checked((q, k), cos, sin, index, layout, rotary_dim, ("q", "k"))
+    rope_args.check_out([q_out, k_out], (q, k), False, "out")
 
 
 def _save_table(ctx, inputs, n: int) -> None:

@@ -30,9 +30,12 @@ from posenc._validate import check_bool, check_float, even_int
 from posenc.errors import PosencError
 from posenc.kernels.cpu_rope import PLANS
 from posenc.angles import Angles, angles_cos_sin, pack_frequencies
+from posenc.kernels.rope_args import LAYOUTS, check_table, index_error  # noqa: F401 (LAYOUTS re-exported)
+from posenc.kernels.rope_args import check_broadcast as _check_broadcast, check_layout as _check_layout
+from posenc.kernels.rope_args import check_out as _check_out, check_qk, check_rotary_dim as _check_rotary_dim
+from posenc.kernels.rope_args import check_x as _check_x
 from posenc.positions import FLOAT_POSITIONS, INT_DTYPES, as_positions, check_position_dtype  # noqa: F401 (re-exported)
 
-LAYOUTS = ("interleaved", "half")
 # devices whose RoPE kernel computes cos/sin itself from an Angles (the Triton kernel); tests add "cpu" to run that
 # route through triton's interpreter
 KERNEL_ANGLE_DEVICES = frozenset({"cuda"})
@@ -112,40 +115,6 @@ def _checked_inv_freq(inv_freq, device) -> torch.Tensor:
     return inv.to(torch.float64)
 
 
-def _check_layout(layout: str) -> str:
-    if layout not in LAYOUTS:
-        raise PosencError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return layout
-
-
-def _check_x(x, name: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise PosencError(f"{name} must be a tensor [..., seq, dim], got {type(x).__name__}")
-    if x.dim() < 2:
-        raise PosencError(f"{name} must have shape [..., seq, dim], got {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise PosencError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.layout != torch.strided:
-        raise PosencError(f"{name} must be a dense (strided) tensor, got layout {x.layout}: call .to_dense() first")
-
-
-def _check_broadcast(shape, x: torch.Tensor, what: str) -> None:
-    """``shape`` (positions or a table's leading dims) must broadcast to x.shape[:-1]: aligned from the right, each
-    of its dims 1 or equal (plain Python: torch.broadcast_shapes costs more than rotating a decode step)."""
-    xs = x.shape
-    n = len(shape)
-    ok = n < len(xs)
-    i = 1
-    while ok and i <= n:
-        ok = shape[-i] == 1 or shape[-i] == xs[-i - 1]
-        i += 1
-    if ok:
-        return
-    raise PosencError(
-        f"{what} must have shape [seq] = [{xs[-2]}] or be broadcastable to x.shape[:-1] = {list(xs[:-1])} "
-        f"(e.g. [batch, 1, seq] for x [batch, heads, seq, dim]); got {list(shape)}")
-
-
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int) -> torch.Tensor:
     """The readable eager formula: rotate the first ``rotary_dim`` dims of x [..., seq, dim].
 
@@ -163,29 +132,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, 
     if rotary_dim == x.shape[-1]:
         return rot
     return torch.cat((rot, x[..., rotary_dim:]), dim=-1)
-
-
-def _check_out(out, xs: Sequence[torch.Tensor], inplace: bool, name: str) -> list[torch.Tensor] | None:
-    """Validate ``out`` (one tensor per rotated input) against the inputs; return it as a list or None."""
-    if out is None:
-        return None
-    if inplace:
-        raise PosencError("give either inplace=True or out=, not both")
-    outs = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
-    ok = outs is not None and len(outs) == len(xs)
-    for o in outs or ():
-        ok = ok and isinstance(o, torch.Tensor)
-    if not ok:
-        raise PosencError(f"{name} must be {'a tensor' if len(xs) == 1 else f'a tuple of {len(xs)} tensors'} "
-                          f"like the input(s), got {type(out).__name__}")
-    for o, x in zip(outs, xs):
-        if o.layout != torch.strided:
-            raise PosencError(f"{name} must be dense (strided) tensors, got layout {o.layout}")
-        if o.shape != x.shape or o.dtype != x.dtype or (o.is_cpu != x.is_cpu or not o.is_cpu and
-                                                          o.device != x.device):
-            raise PosencError(f"{name} must match the input's shape, dtype and device {list(x.shape)} {x.dtype} "
-                              f"{x.device}; got {list(o.shape)} {o.dtype} {o.device}")
-    return outs
 
 
 def _rotate_fast(xs: Sequence[torch.Tensor], cos, sin: torch.Tensor | None, layout: str, rotary_dim: int,
@@ -527,14 +473,6 @@ def _table_index_error():
     return _lazy["TableIndexError"]
 
 
-def _check_rotary_dim(rotary_dim, dim: int) -> int:
-    if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2:     # (the fast test first: hot path)
-        even_int(rotary_dim, "rotary_dim")
-    if rotary_dim > dim:
-        raise PosencError(f"rotary_dim must be <= the head dim {dim}, got {rotary_dim}")
-    return rotary_dim
-
-
 def apply_rope(x: torch.Tensor, positions, *, base: float = 10000.0,
                inv_freq: torch.Tensor | Sequence[float] | None = None, layout: str = "interleaved",
                rotary_dim: int | None = None, attention_scaling: float = 1.0, inplace: bool = False,
@@ -731,51 +669,14 @@ def _apply_table(xs: Sequence[torch.Tensor], cos, sin, index, layout: str, rotar
         _check_layout(layout)
     if inplace is not False and inplace is not True:
         check_bool(inplace, "inplace")
-    x = xs[0]
-    if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor):
-        raise PosencError(f"cos and sin must be tensors [..., seq, rotary_dim // 2], got {type(cos).__name__} and "
-                          f"{type(sin).__name__}")
-    cshape = cos.shape
-    if cshape != sin.shape:
-        raise PosencError(f"cos and sin must have one shape, got {list(cshape)} and {list(sin.shape)}")
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    if cos.dtype != dtype or sin.dtype != dtype:
-        raise PosencError(f"cos/sin must be {dtype} for x of dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
-    device = x.device
-    if cos.device != device or sin.device != device:
-        raise PosencError(f"cos/sin must be on x's device {device}, got {cos.device} and {sin.device}")
-    half = cshape[-1] if cshape else 0
-    if rotary_dim is not None and rotary_dim != 2 * half:
-        _check_rotary_dim(rotary_dim, x.shape[-1])
-        raise PosencError(f"cos/sin last dim must be rotary_dim // 2 = {rotary_dim // 2}, got {half}")
-    rdim = 2 * half
-    if not 0 < rdim <= x.shape[-1]:
-        raise PosencError(f"cos/sin last dim must be rotary_dim // 2 with 0 < rotary_dim <= the head dim "
-                          f"{x.shape[-1]}, got {half}")
+    rdim, cos, sin, idx = check_table(xs, cos, sin, index, rotary_dim)
     outs = None if out is None else _check_out(out, xs, inplace, "out")
-    if index is None:
-        for t in xs:
-            _check_broadcast(cshape[:-1], t, "cos/sin leading dims")
+    if idx is None:
         return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names)
-    if len(cshape) != 2:
-        raise PosencError(f"with index=, cos and sin must be tables [rows, rotary_dim // 2], got {list(cshape)}")
-    idx = as_positions(index, device, "index")
-    if idx.dtype not in INT_DTYPES:
-        raise PosencError(f"index must hold integer row numbers of the table, got dtype {idx.dtype}")
-    if idx.dim() == 0:
-        idx = idx.reshape(1)
-    ishape = idx.shape
-    for t in xs:
-        _check_broadcast(ishape, t, "index")
-    if idx.dtype != torch.int64 or not idx.is_contiguous():
-        idx = idx.to(torch.int64).contiguous()
-    if not (cos.is_contiguous() and sin.is_contiguous()):
-        cos, sin = cos.contiguous(), sin.contiguous()
     try:
         return _rotate_fast(xs, cos, sin, layout, rdim, inplace, outs, names, idx)
     except _table_index_error() as exc:
-        raise _table_index_error()(f"index must hold row numbers in [0, {cshape[0]}) of the cos/sin table, "
-                                   f"got values outside it") from exc
+        raise index_error(cos.shape[0]) from exc
 
 
 def apply_rope_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, index: torch.Tensor | None = None,
@@ -801,9 +702,7 @@ def apply_rope_table_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin
     """``apply_rope_table`` on q [..., Hq, seq, dim] and k [..., Hk, seq, dim] with one table, in one kernel call."""
     _check_x(q, "q")
     _check_x(k, "k")
-    if q.shape[-1] != k.shape[-1] or q.shape[-2] != k.shape[-2] or q.dtype != k.dtype or q.device != k.device:
-        raise PosencError(f"q and k must share seq, dim, dtype and device; got q {list(q.shape)} {q.dtype}, "
-                          f"k {list(k.shape)} {k.dtype}")
+    check_qk(q, k)
     q_rot, k_rot = _apply_table((q, k), cos, sin, index, layout, rotary_dim, inplace, out, ("q", "k"))
     return q_rot, k_rot
 

@@ -368,6 +368,16 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     return out
 
 
+def _scaling_theta(theta) -> float:
+    """The base plot scaling compares methods at: > 1, checked before any method is built, so a base that YaRN's
+    ramp cannot use is one error (the base's own warning about theta <= 1 would come first otherwise)."""
+    theta = _positive_float(theta, "theta")
+    if theta <= 1:
+        raise PosencError(f"theta must be > 1 to compare extension methods (YaRN's ramp needs frequencies that "
+                          f"decrease with the pair index), got {theta:g}")
+    return theta
+
+
 def plot_scaling(out, config=None, *, head_dim: int | None = None, theta: float | None = None,
                  original: int | None = None, factor: float | None = None) -> dict[str, Any]:
     """PI, NTK, dynamic, YaRN, Llama 3 and LongRoPE side by side for one geometry.
@@ -408,7 +418,7 @@ def plot_scaling(out, config=None, *, head_dim: int | None = None, theta: float 
             own = (rc.rope_type, {**rc.params, **({"original_max_position_embeddings": l0} if l0 else {})},
                    rc.max_position_embeddings)
     head_dim = DEFAULT_HEAD_DIM if head_dim is None else head_dim
-    theta = DEFAULT_THETA if theta is None else _positive_float(theta, "theta")
+    theta = DEFAULT_THETA if theta is None else _scaling_theta(theta)
     original = DEFAULT_ORIGINAL if original is None else original
     factor = DEFAULT_FACTOR if factor is None else factor
     _positive_int(head_dim, "head_dim", MAX_DIM)

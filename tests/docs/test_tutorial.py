@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("jupytext", reason="the docs extra is not installed (pip install -e '.[docs]')")
-pytest.importorskip("nbclient", reason="the docs extra is not installed")
-pytest.importorskip("ipykernel", reason="the docs extra is not installed")
+from posenc_ci import require
+
+require("docs", "jupytext", "nbclient", "ipykernel")
 
 ROOT = Path(__file__).resolve().parents[2]
 

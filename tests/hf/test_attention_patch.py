@@ -15,6 +15,7 @@ transformers = pytest.importorskip(
 
 import posenc  # noqa: E402
 from posenc.errors import ConfigError, PosencError  # noqa: E402
+from posenc.hf.patch import patched_with  # noqa: E402
 from posenc_tiny_hf import TINY, build, close, logits  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma3_text"]
@@ -91,6 +92,30 @@ def test_errors_name_the_argument():
         posenc.patch(model, method="dca")
     posenc.unpatch(model)
     assert not posenc.is_patched(model)
+
+
+@pytest.mark.parametrize("first, second, named", [
+    ("self-extend", None, "the attention method 'self-extend'"),       # once blamed transformers
+    ("sinks", "dca", "the attention method 'sinks'"),
+    ("rerope", "rerope", "the attention method 'rerope'"),
+    (None, "self-extend", "posenc's RoPE kernel"),
+])
+def test_a_second_patch_is_refused_naming_the_first_and_unpatch_allows_it(first, second, named):
+    reference = build("llama")
+    model = copy.deepcopy(reference)
+    posenc.patch(model, method=first, **({} if first is None else REAL[first]))
+    patched = logits(model, T)
+    with pytest.raises(PosencError) as info:
+        posenc.patch(model, method=second, **({} if second is None else REAL[second]))
+    assert str(info.value) == (f"patch: the model is already patched with {named}; posenc.unpatch(model) first, "
+                               "then patch it again")
+    assert torch.equal(logits(model, T), patched)               # the refused patch changed nothing
+    posenc.unpatch(model)
+    assert torch.equal(logits(model, T), logits(reference, T))
+    posenc.patch(model, method=second, **({} if second is None else REAL[second]))      # now it applies
+    assert patched_with(model) == ("posenc's RoPE kernel" if second is None
+                                                   else f"the attention method {second!r}")
+    posenc.unpatch(model)
 
 
 def test_padding_is_refused():

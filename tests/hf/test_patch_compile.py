@@ -57,3 +57,62 @@ def test_patched_llama_compiles_fullgraph_and_exports():
         assert torch.allclose(program.module()(ids), want, atol=1e-5)
     # the compiled and exported graphs hold the model: release the family's dispatcher for the tests that follow
     posenc.unpatch(patched)
+
+
+def test_self_extend_patched_llama_compiles_fullgraph_and_gives_the_eager_logits():
+    """An attention-method patch under torch.compile(fullgraph=True): the rule's kernel (key bands read on the
+    host) runs as one custom op, so no data-dependent int() breaks the graph; logits equal the eager patched model's,
+    at a length past the window (real remapping) and again at a second length."""
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+                                      max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = posenc.patch(transformers.LlamaForCausalLM(config).eval(), method="self-extend", group_size=3, window=8)
+    compiled = torch.compile(Logits(model), backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        for length in (40, 24):
+            ids = torch.randint(0, 97, (2, length), generator=torch.Generator().manual_seed(length))
+            want = Logits(model)(ids)
+            torch.testing.assert_close(compiled(ids), want, rtol=0, atol=1e-6)
+    posenc.unpatch(model)
+
+
+def test_a_copy_of_an_attention_patched_model_compiles_with_its_own_rule():
+    """A deep copy names its own rule in the compiled graph: it still runs after the original is gone."""
+    import copy
+    import gc
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+                                      max_position_embeddings=32)
+    torch.manual_seed(0)
+    original = posenc.patch(transformers.LlamaForCausalLM(config).eval(), method="rerope", window=8)
+    model = copy.deepcopy(original)
+    del original
+    gc.collect()
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = Logits(model)(ids)
+        got = torch.compile(Logits(model), backend="aot_eager", fullgraph=True)(ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    posenc.unpatch(model)
+
+
+def test_rule_attention_op_passes_opcheck():
+    """posenc::rule_attention: schema, fake against real output, AOT dispatch with dynamic shapes."""
+    from posenc.extensions import ExtensionSpec, attention_rule
+    from posenc.hf import attention_patch
+
+    spec = ExtensionSpec(original=32, factor=4.0, rotary_dim=None, target=128)
+    attention_patch._RULES[-1] = attention_rule("self-extend", spec, group_size=3, window=8)
+    try:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, h, 40, 16, generator=g) for h in (4, 2, 2))
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
+        args = (q, k, v, torch.arange(40)[None], None, -1, inv_freq, 1.0, None, None)
+        result = torch.library.opcheck(attention_patch.rule_attention_op, args)
+        assert set(result.values()) == {"SUCCESS"}, result
+    finally:
+        del attention_patch._RULES[-1]

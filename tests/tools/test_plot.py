@@ -156,6 +156,9 @@ def test_cli_sinusoidal_prints_measured_widths(tmp_path, capsys):
     (["rope", "--config", "{tmp}/none.json", "--out", "{tmp}/x.png"], "not found"),
     (["rope", "--config", str(CONFIGS / "bloom-560m.json"), "--out", "{tmp}/x.png"], "does not use RoPE"),
     (["scaling", "--factor", "1", "--out", "{tmp}/x.png"], "factor"),
+    # a base <= 1 breaks YaRN's ramp: one error naming theta, not a warning about the base and then an error
+    (["scaling", "--theta", "1e-30", "--out", "{tmp}/x.png"], "theta must be > 1"),
+    (["scaling", "--theta", "1", "--out", "{tmp}/x.png"], "theta must be > 1"),
     (["rope", "--rope-type", "yarn", "--factor", "4", "--out", "{tmp}/x.png"], "--original: rope type yarn needs"),
     (["rope", "--rope-type", "dynamic", "--factor", "4", "--out", "{tmp}/x.png"],
      "--original or --max-position-embeddings: rope type dynamic needs"),

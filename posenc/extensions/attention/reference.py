@@ -75,8 +75,8 @@ def pair_positions(rule, i: int, j: int):
 
 def attention(q, k, v, rule, inv_freq, *, attention_scaling: float = 1.0, scale: float | None = None,
               q_offset: int | None = None):
-    """Causal attention for ONE head: q [Tq][D], k [Tk][D], v [Tk][Dv] (lists of floats, unrotated), half layout,
-    rotary dim 2 * len(inv_freq). Queries at q_offset + n (default Tk - Tq). Returns [Tq][Dv]."""
+    """Causal attention for ONE head: q `[Tq][D]`, k `[Tk][D]`, v `[Tk][Dv]` (lists of floats, unrotated), half
+    layout, rotary dim 2 * len(inv_freq). Queries at q_offset + n (default Tk - Tq). Returns `[Tq][Dv]`."""
     tq, tk = len(q), len(k)
     d = len(q[0])
     r = 2 * len(inv_freq)
