@@ -119,3 +119,16 @@ def save_json(obj: object, path: str) -> str:
 def gbps(n_bytes: int, seconds: float | None) -> float | None:
     """Effective bandwidth in GB/s (1e9 bytes per second)."""
     return None if not seconds else n_bytes / seconds / 1e9
+
+
+def time_split(lengths: list[int], seconds: list[float]) -> tuple[float, float]:
+    """(a, b) of the least-squares fit seconds = a T + b T^2 over forwards of ``lengths`` tokens (two or more
+    distinct lengths): a T is the time of the per-token work at T tokens, b T^2 attention's. Used by
+    benchmarks/matmul_peak.py and the SmolLM2 study's cost table (scripts/smollm2_study.py)."""
+    if len(set(lengths)) < 2 or len(lengths) != len(seconds):
+        raise ValueError(f"lengths: expected two or more distinct lengths with one time each, got {lengths}, {seconds}")
+    scale = float(max(lengths))         # (lengths in units of the longest: the columns T and T^2 stay comparable)
+    T = torch.tensor(lengths, dtype=torch.float64) / scale
+    fit = torch.linalg.lstsq(torch.stack([T, T * T], 1), torch.tensor(seconds, dtype=torch.float64)[:, None])
+    a, b = fit.solution.flatten().tolist()
+    return a / scale, b / scale ** 2

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
@@ -75,8 +78,10 @@ def main() -> None:
 
 
 def split(model, lengths: list[int], times: list[float], peak: float) -> None:
-    """Fit time = a T + b T^2 (posenc.hf.throughput.time_split) and print each term's time and FLOP/s."""
-    from posenc.hf.throughput import linear_weights, model_flops, time_split
+    """Fit time = a T + b T^2 (benchmarks/_common.time_split) and print each term's time and FLOP/s."""
+    from _common import time_split
+
+    from posenc.hf.throughput import linear_weights, model_flops
 
     a, b = time_split(lengths, times)
     for length in lengths:

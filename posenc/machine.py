@@ -1,9 +1,10 @@
-"""What this machine offers and how busy it is: the one owner of the CPU-count and load probes (the lab's thread
-and job choices, and the load recorded beside every timing in results.json, lab and eval alike)."""
+"""What this machine offers and how busy it is: the one owner of the CPU probes (the lab's thread and job choices,
+and the CPU model recorded beside every timing in results.json, lab and eval alike, so a reader can repeat it)."""
 
 from __future__ import annotations
 
 import os
+import platform
 import time
 
 
@@ -36,9 +37,15 @@ def busy_cores(window: float = 0.1) -> float | None:
     return max(0.0, others / (t1 - t0))
 
 
-def load_average() -> list[float] | None:
-    """1/5/15-minute load averages: other work on the machine changes every timing."""
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 7763 64-Core Processor"): what a reader needs to repeat a timing. From
+    /proc/cpuinfo on Linux, else the platform's processor string, else "unknown"."""
     try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

@@ -280,8 +280,7 @@ def collect(_args) -> int:
                        # --config parts run "none" on the searched config: name what the rows measured
                        "methods_done": [_config_label(part, m) for m in meta["timings_s"]],
                        "timings_s": {_config_label(part, m): t for m, t in meta["timings_s"].items()},
-                       "wall_s": meta.get("wall_s"), "loadavg_start": meta.get("loadavg_start"),
-                       "loadavg_end": meta.get("loadavg_end"), "started": meta.get("started"),
+                       "wall_s": meta.get("wall_s"), "started": meta.get("started"),
                        "matmul_peak_flops": meta.get("matmul_peak_flops"), "threads": meta.get("threads"),
                        "data": meta.get("data"),
                        "attention_rules": {m: v["attention_rule"] for m, v in meta["methods"].items()
@@ -481,11 +480,14 @@ def result_tables(study: dict) -> dict:
 
 def time_split_table(study: dict) -> str:
     """Where an eval's time goes, from the study's own rows: the unscaled model (torch's SDPA) at two lengths or
-    more with the same threads, its wall times fitted as a T + b T^2 (posenc.hf.throughput.time_split): the per-token
+    more with the same threads, its wall times fitted as a T + b T^2 (benchmarks/_common.py's time_split): the per-token
     work (linear layers, head, loss) and attention, each against its FLOPs and the part's matmul peak."""
     from transformers import AutoConfig
 
-    from posenc.hf.throughput import attention_flops, time_split
+    sys.path.insert(0, str(ROOT / "benchmarks"))   # the fit's owner, shared with benchmarks/matmul_peak.py
+    from _common import time_split
+
+    from posenc.hf.throughput import attention_flops
 
     rows = [r for r in study["rows"] if r["task"] == "lm" and r["scaling"] == "none" and r["value"] is not None
             and study["parts"][r["part"]]["threads"] == 2 and r["n_scored"] == r["eval_len"]]
@@ -739,12 +741,12 @@ def report(study: dict, tables: dict) -> str:
     out += findings(study) + [PAPERS, "## Cost of each row", "", tables["rows"], ""] + (
         [tables["split"], ""] if "split" in tables else []) + [
                               "## Parts run", "",
-                              "| part | command | methods done | wall (s) per method | load avg at start / end | "
+                              "| part | command | methods done | wall (s) per method | started | "
                               "complete |", "|---|---|---|---|---|---|"]
     for name, p in parts.items():
         out.append(f"| {name} | `{p['command']}` | {', '.join(p['methods_done'])} | "
-                   f"{', '.join(f'{k} {v:.0f}' for k, v in p['timings_s'].items())} | {p['loadavg_start']} / "
-                   f"{p['loadavg_end']} | {'yes' if p['complete'] else 'no: ' + str(p['incomplete'])} |")
+                   f"{', '.join(f'{k} {v:.0f}' for k, v in p['timings_s'].items())} | {p['started']} | "
+                   f"{'yes' if p['complete'] else 'no: ' + str(p['incomplete'])} |")
     wall = sum(v for p in parts.values() for v in p["timings_s"].values())
     search_s = (study.get("search") or {}).get("wall_s") or 0
     out += ["", f"The parts' methods took {wall / 3600:.1f} h of wall time in all (the column above), plus "

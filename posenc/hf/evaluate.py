@@ -62,7 +62,7 @@ from posenc._validate import is_int
 from posenc.devices import check_device
 from posenc.hf.quiet import quiet_transformers
 from posenc.hf.throughput import reset_peak_memory
-from posenc.machine import load_average
+from posenc.machine import cpu_model
 from posenc.errors import ConfigError, DataError
 
 HELP = "Evaluate a local transformers causal LM: perplexity vs length, passkey, extension methods via its config."
@@ -860,7 +860,7 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                   "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
                   "threads": torch.get_num_threads(), "data": data_meta, "scored_text": scored, "timings_s": {},
-                  "loadavg_start": load_average()}
+                  "cpu": cpu_model()}
     curves: dict[str, list[float]] = {}  # the lab's per-position losses at the longest non-overlapping length
     if "lm" in own:       # the yardstick of the rows' achieved FLOP/s: this machine's matmul at these threads
         from posenc.hf.throughput import matmul_peak
@@ -875,7 +875,6 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
         old = resume["meta"]
         rows, curves = list(resume["results"]), dict(resume["curves"])
         meta.update(methods=dict(old["methods"]), timings_s=dict(old["timings_s"]), started=old["started"],
-                    loadavg_start=old.get("loadavg_start"),
                     resumed=[*old.get("resumed", []), {
                         "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         "kept": list(old["timings_s"])}])
@@ -968,7 +967,6 @@ def evaluate_model(model_dir: str, settings: EvalSettings | None = None, *, prog
                        "wall_s": round(earlier_wall + time.perf_counter() - t_start, 1)}
             on_method_done({"meta": partial, "results": list(rows), "curves": dict(curves)})
     meta["wall_s"] = round(earlier_wall + time.perf_counter() - t_start, 1)
-    meta["loadavg_end"] = load_average()
     return {"meta": meta, "results": rows, "curves": curves}
 
 
@@ -1154,8 +1152,7 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
     lines = [f"# posenc eval: `{meta['model']}`", "",
              f"Measured wall time: **{meta['wall_s']:.0f} s** on {s['device']} ({s['dtype']}, {meta['threads']} "
              f"threads), started {meta['started']}; Python {meta['python']}, torch {meta['torch']}, "
-             f"{meta['platform']}; load average (1/5/15 min) {meta.get('loadavg_start')} at the start, "
-             f"{meta.get('loadavg_end')} at the end.", "", "## Settings", "",
+             f"{meta['platform']}, {meta.get('cpu', 'CPU not recorded')}.", "", "## Settings", "",
              f"- tasks: {', '.join(s['tasks'])}; evaluation lengths: {s['eval_lens']} tokens; tokens: {tokens}",
              f"- perplexity: about {s['eval_tokens']} tokens scored per length "
              f"({s.get('sliding_tokens') or s['eval_tokens']} per sliding length); "

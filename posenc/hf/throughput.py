@@ -9,9 +9,6 @@ Kaplan et al. 2020 and the PaLM paper's MFU, there with the backward pass too).
 ``matmul_peak(dtype)``: the FLOP/s of one square matmul on this machine at its current thread count (the best of a
 few timed repeats), the yardstick achieved FLOP/s are compared with; benchmarks/matmul_peak.py prints it.
 
-``time_split(lengths, seconds)``: fits forward times as a T + b T^2, so a run's time splits into the per-token work
-(linear layers, head, norms) and attention's, each comparable with its own FLOPs.
-
 ``peak_memory()`` / ``reset_peak_memory()``: the process's peak resident memory (Linux: VmHWM, reset through
 /proc/self/clear_refs) and, on a GPU, torch's peak allocation.
 """
@@ -47,18 +44,6 @@ def attention_flops(config, length: int) -> float:
     length (length + 1) / 2."""
     layers, width = attention_width(config)
     return 4.0 * layers * width * length * (length + 1) / 2
-
-
-def time_split(lengths: list[int], seconds: list[float]) -> tuple[float, float]:
-    """(a, b) of the least-squares fit seconds = a T + b T^2 over forwards of ``lengths`` tokens (two or more
-    distinct lengths): a T is the time of the per-token work at T tokens, b T^2 attention's."""
-    if len(set(lengths)) < 2 or len(lengths) != len(seconds):
-        raise ValueError(f"lengths: expected two or more distinct lengths with one time each, got {lengths}, {seconds}")
-    scale = float(max(lengths))         # (lengths in units of the longest: the columns T and T^2 stay comparable)
-    T = torch.tensor(lengths, dtype=torch.float64) / scale
-    fit = torch.linalg.lstsq(torch.stack([T, T * T], 1), torch.tensor(seconds, dtype=torch.float64)[:, None])
-    a, b = fit.solution.flatten().tolist()
-    return a / scale, b / scale ** 2
 
 
 def matmul_peak(dtype: torch.dtype = torch.bfloat16, n: int = 2048, repeats: int = 5,

@@ -88,8 +88,8 @@ def write_report(doc: dict, out: Path) -> Path:
         f"{meta['device']} ({_threads(meta['threads'])}{_jobs(meta.get('jobs', 1))}"
         f"{_processes(meta.get('processes', 1))}) in "
         f"{meta.get('precision', 'fp32')}, "
-        f"started {meta['started']}; Python {meta['python']}, torch {meta['torch']}; load average (1/5/15 min) "
-        f"{meta.get('loadavg_start')} at the start, {meta.get('loadavg_end')} at the end.",
+        f"started {meta['started']}; {meta.get('cpu') or meta.get('platform', 'CPU not recorded')}; "
+        f"Python {meta['python']}, torch {meta['torch']}.",
         "",
         "## Settings (identical for every scheme" + (" but the steps listed per scheme)" if s.get("scheme_step_scale")
                                                        else ")"),

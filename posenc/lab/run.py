@@ -37,7 +37,7 @@ from posenc.lab.report import main_table, write_report
 from posenc.lab.tables import model_label
 from posenc.lab.tasks import get_task, needs_corpus
 from posenc.lab.train import TrainJob, TrainSettings, checkpoint_step, train
-from posenc.machine import busy_cores, busy_jiffies, cpu_cores, load_average  # noqa: F401 (their owner)
+from posenc.machine import busy_cores, busy_jiffies, cpu_cores, cpu_model  # noqa: F401 (their owner)
 from posenc.nn.model import TinyLM
 from posenc.randomized import randomized_positions
 
@@ -97,7 +97,7 @@ def run_lab(cfg: LabConfig, *, resume: bool = False, progress: bool = True, log=
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
         "data": corpus.meta if corpus else None, "extension_factor": cfg.factor, "timings_s": {},
-        "loadavg_start": load_average(),
+        "cpu": cpu_model(),
     }
     # the out folder is this job's until it ends (rank 0 holds the lock: only it writes)
     lock = out_lock(run.out, "posenc " + " ".join(sys.argv[1:])) if is_main_process() else contextlib.nullcontext()
@@ -195,7 +195,6 @@ def _finish(meta: dict, raw: list[dict], curves: dict, t_start: float, c_start: 
     """The results document: timings, the diverged models, every number finite (JSON has no NaN)."""
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["cpu_s"] = round(cpu_time() - c_start, 1)  # CPU time of this process and its --jobs workers
-    meta["loadavg_end"] = load_average()
     diverged = sorted({model_label(r) for r in raw if str(r.get("note", "")).startswith(DIVERGED)})
     if diverged:
         meta["diverged"] = diverged

@@ -254,7 +254,10 @@ def test_eval_command_writes_the_labs_outputs(exported, text_file, tmp_path, cap
     assert set(doc["curves"]) == {"rope|none|zs|0", "rope|yarn|zs|0", "rope|linear|zs|0"}
     assert all(len(c) == 64 for c in doc["curves"].values())
     report = (tmp_path / "report.md").read_text()
-    assert "| rope + YaRN, zero-shot |" in report and "load average" in report
+    assert "| rope + YaRN, zero-shot |" in report and "load average" not in report
+    from posenc.machine import cpu_model
+
+    assert doc["meta"]["cpu"] == cpu_model() and f", {cpu_model()}." in report   # what a reader needs to repeat it
     for png in ("ppl_vs_length.png", "per_position_loss.png"):
         assert f"![{png}]({png})" in report
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

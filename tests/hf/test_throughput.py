@@ -1,13 +1,8 @@
-"""posenc.hf.throughput: model FLOPs against a count by hand, and the time split's fit against times built from
-known per-token and attention costs."""
+"""posenc.hf.throughput: model FLOPs against a count by hand."""
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from posenc.hf.throughput import linear_weights, model_flops, time_split
+from posenc.hf.throughput import linear_weights, model_flops
 
 
 def test_model_flops_counts_linear_weights_and_causal_attention():
@@ -23,17 +18,3 @@ def test_model_flops_counts_linear_weights_and_causal_attention():
     attention = 2 * 2 * 3 * (4 * 8) * L * (L + 1) / 2      # q.k and p.v over the keys at or before each query
     assert model_flops(model, L) == 2 * linear_weights(model) * L + attention
     assert model_flops(model, L, windows=3) == 3 * model_flops(model, L)
-
-
-@settings(max_examples=50, deadline=None)
-@given(a=st.floats(1e-6, 1e-2), b=st.floats(1e-10, 1e-5),
-       lengths=st.lists(st.integers(256, 65536), min_size=2, max_size=5, unique=True))
-def test_time_split_recovers_the_costs_it_was_built_from(a, b, lengths):
-    seconds = [a * T + b * T * T for T in lengths]
-    fa, fb = time_split(lengths, seconds)
-    assert fa == pytest.approx(a, rel=1e-6, abs=1e-12) and fb == pytest.approx(b, rel=1e-6, abs=1e-15)
-
-
-def test_time_split_needs_two_lengths():
-    with pytest.raises(ValueError, match="lengths"):
-        time_split([4096, 4096], [1.0, 1.1])
