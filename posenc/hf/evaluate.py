@@ -361,6 +361,7 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
     weights do not fit the config (missing, unexpected or reshaped keys: a model with random weights), for an
     unknown device or an attention implementation the model cannot use. progress False: no transformers bars.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     folder = Path(model_dir)
@@ -396,6 +397,8 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
             model, info = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs, **NO_REMOTE_CODE)
     except pickle.UnpicklingError as exc:
         raise unsafe_weights_error(folder, exc) from None
+    except SafetensorError as exc:
+        raise damaged_weights_error(folder, exc) from None
     except (ValueError, ImportError) as exc:
         text = _one_line(exc)
         if is_remote_code_refusal(exc):
@@ -407,7 +410,8 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
             raise ConfigError(f"{'config ' + str(config_file) if config_file else 'model ' + str(model_dir)}: "
                               f"transformers has no causal LM for model_type {config.model_type!r}") from None
         raise
-    _refuse_unloaded_weights(info, folder, config_file, type(model).__name__)
+    _refuse_unloaded_weights(info, Path(model_dir) if _is_gguf(model_dir) else folder, config_file,
+                             type(model).__name__)
     model.eval()
     if device_map is None:
         model.to(device)
@@ -421,6 +425,23 @@ def unsafe_weights_error(folder: Path, exc: BaseException) -> ConfigError:
     detail = f" ({blocked[0][:160]})" if blocked else ""
     return ConfigError(f"model {folder}: a pickled weights file holds objects other than tensors{detail}; it is "
                        "unsafe to load, and posenc loads only plain weights: use the model's safetensors files")
+
+
+def damaged_weights_error(folder: Path, exc: BaseException) -> ConfigError:
+    """The one-line refusal of a safetensors weights file the safetensors package cannot read (cut short,
+    overwritten), naming the file: the first of the folder's whose header does not open."""
+    from safetensors import SafetensorError, safe_open
+
+    named = f"a .safetensors file in {folder}"
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            named = str(path)
+            break
+    return ConfigError(f"model {folder}: {named} is not a readable safetensors file ({_one_line(exc, 120)}); it "
+                       "is damaged or cut short: save or download it again")
 
 
 def _refuse_unloaded_weights(info: dict, folder: Path, config_file, architecture: str) -> None:
@@ -440,10 +461,14 @@ def _refuse_unloaded_weights(info: dict, folder: Path, config_file, architecture
         problems.append(f"errors: {_one_line(info['error_msgs'][0], 120)}")
     if not problems:
         return
+    keys = f"(keys {'; '.join(problems)}), so parts of it would run with random weights"
+    if not config_file and _is_gguf(folder):     # (folder: the .gguf file) its metadata is the config
+        raise ConfigError(f"model {folder}: the tensors in the file do not fit the {architecture} its metadata "
+                          f"builds {keys}; the metadata does not describe the tensors (a damaged or mis-written "
+                          "file)")
     source = f"config {config_file} (--config)" if config_file else f"model {folder}: config.json"
     raise ConfigError(f"{source}: the weights in {folder} do not fit the {architecture} this config builds "
-                      f"(keys {'; '.join(problems)}), so parts of it would run with random weights; give a config "
-                      "of the weights' own architecture")
+                      f"{keys}; give a config of the weights' own architecture")
 
 
 def load_tokenizer(model_dir: str):
