@@ -398,6 +398,8 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
     except pickle.UnpicklingError as exc:
         raise unsafe_weights_error(folder, exc) from None
     except SafetensorError as exc:
+        from posenc.hf.weights import damaged_weights_error
+
         raise damaged_weights_error(folder, exc) from None
     except (ValueError, ImportError) as exc:
         text = _one_line(exc)
@@ -410,8 +412,10 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
             raise ConfigError(f"{'config ' + str(config_file) if config_file else 'model ' + str(model_dir)}: "
                               f"transformers has no causal LM for model_type {config.model_type!r}") from None
         raise
-    _refuse_unloaded_weights(info, Path(model_dir) if _is_gguf(model_dir) else folder, config_file,
-                             type(model).__name__)
+    from posenc.hf.weights import refuse_unloaded_weights
+
+    refuse_unloaded_weights(info, Path(model_dir) if _is_gguf(model_dir) else folder, config_file,
+                            type(model).__name__)
     model.eval()
     if device_map is None:
         model.to(device)
@@ -425,50 +429,6 @@ def unsafe_weights_error(folder: Path, exc: BaseException) -> ConfigError:
     detail = f" ({blocked[0][:160]})" if blocked else ""
     return ConfigError(f"model {folder}: a pickled weights file holds objects other than tensors{detail}; it is "
                        "unsafe to load, and posenc loads only plain weights: use the model's safetensors files")
-
-
-def damaged_weights_error(folder: Path, exc: BaseException) -> ConfigError:
-    """The one-line refusal of a safetensors weights file the safetensors package cannot read (cut short,
-    overwritten), naming the file: the first of the folder's whose header does not open."""
-    from safetensors import SafetensorError, safe_open
-
-    named = f"a .safetensors file in {folder}"
-    for path in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(str(path), framework="pt"):
-                pass
-        except (SafetensorError, OSError):
-            named = str(path)
-            break
-    return ConfigError(f"model {folder}: {named} is not a readable safetensors file ({_one_line(exc, 120)}); it "
-                       "is damaged or cut short: save or download it again")
-
-
-def _refuse_unloaded_weights(info: dict, folder: Path, config_file, architecture: str) -> None:
-    """ConfigError listing a few keys when from_pretrained left parameters at their random initialisation (missing,
-    or of another shape) or found weights the model has no place for: the config does not describe these weights,
-    and scoring that model would measure noise (a uniform perplexity) under the model's name."""
-    def names(keys):
-        return sorted(k[0] if isinstance(k, (tuple, list)) else str(k) for k in keys or ())
-
-    problems = []
-    for label, keys in (("missing", names(info.get("missing_keys"))),
-                        ("unexpected", names(info.get("unexpected_keys"))),
-                        ("of another shape", names(info.get("mismatched_keys")))):
-        if keys:
-            problems.append(f"{len(keys)} {label} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})")
-    if info.get("error_msgs"):
-        problems.append(f"errors: {_one_line(info['error_msgs'][0], 120)}")
-    if not problems:
-        return
-    keys = f"(keys {'; '.join(problems)}), so parts of it would run with random weights"
-    if not config_file and _is_gguf(folder):     # (folder: the .gguf file) its metadata is the config
-        raise ConfigError(f"model {folder}: the tensors in the file do not fit the {architecture} its metadata "
-                          f"builds {keys}; the metadata does not describe the tensors (a damaged or mis-written "
-                          "file)")
-    source = f"config {config_file} (--config)" if config_file else f"model {folder}: config.json"
-    raise ConfigError(f"{source}: the weights in {folder} do not fit the {architecture} this config builds "
-                      f"{keys}; give a config of the weights' own architecture")
 
 
 def load_tokenizer(model_dir: str):

@@ -85,7 +85,7 @@ def check_size(model, config) -> None:
 
     try:
         with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(config)
+            skeleton = AutoModelForCausalLM.from_config(config, **NO_REMOTE_CODE)
     except ValueError as exc:
         raise ConfigError(f"{model.path}: transformers has no causal LM for this GGUF file's model_type "
                           f"{config.model_type!r}: {' '.join(str(exc).split())[:160]}") from None
@@ -111,14 +111,23 @@ def load_tokenizer(path: str | os.PathLike):
                           f"{' '.join(str(exc).split())[:200]}") from None
 
 
-def load_model(path: str | os.PathLike, *, dtype="float32", progress: bool = True):
-    """The causal LM of a GGUF file, dequantized to ``dtype`` (float32, bfloat16, float16), in eval mode. Loaded
-    and refused as ``posenc eval`` loads and refuses (posenc.hf.evaluate.load_causal_lm): a tensor missing, left
-    over or of another shape than the metadata's model means a model with random weights, and is an error."""
-    from posenc.hf.evaluate import load_causal_lm
+def load_model(path: str | os.PathLike, *, dtype="float32"):
+    """The causal LM of a GGUF file, dequantized to ``dtype`` (float32, bfloat16, float16), in eval mode. Refused
+    before loading as ``load_config`` refuses, and after it as ``posenc eval`` refuses a folder's weights
+    (posenc.hf.weights.refuse_unloaded_weights): a tensor missing, left over or of another shape than the
+    metadata's model would leave parts of it at random weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
-    model, _, _ = load_causal_lm(os.fspath(path), dtype=dtype, progress=progress)
-    return model
+    from posenc.hf.weights import refuse_unloaded_weights
+
+    config = load_config(path)
+    folder, name = split(path)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, config=config, dtype=getattr(torch, dtype), local_files_only=True,
+        output_loading_info=True, ignore_mismatched_sizes=True, **NO_REMOTE_CODE)
+    refuse_unloaded_weights(info, Path(path), None, type(model).__name__)
+    return model.eval()
 
 
 def plain_copy(model):
