@@ -93,7 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    return run_reporting_faults(args.command, lambda: args._run(args), flags=args._flags)
+    return run_reporting_faults(args.command, lambda: _run_naming_metadata(args), flags=args._flags)
+
+
+def _run_naming_metadata(args) -> int | None:
+    """``args._run(args)``; when the model's config is a GGUF file's metadata (``posenc inspect/extend/pick MODEL.gguf``,
+    ``posenc eval/search/convert MODEL.gguf`` without --config), bad-input messages name its metadata keys
+    (posenc.gguf.errors_name_metadata), not config.json's."""
+    config, model = getattr(args, "config", None), getattr(args, "model", None)
+    source = config if isinstance(config, str) else model if config is None and isinstance(model, str) else None
+    if source is None or not source.lower().endswith(".gguf"):
+        return args._run(args)
+    from posenc.gguf import errors_name_metadata
+
+    with errors_name_metadata(source):
+        return args._run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

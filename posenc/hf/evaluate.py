@@ -393,6 +393,7 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
     weights do not fit the config (missing, unexpected or reshaped keys: a model with random weights), for an
     unknown device or an attention implementation the model cannot use. progress False: no transformers bars.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     folder = Path(model_dir)
@@ -428,6 +429,10 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
             model, info = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs, **NO_REMOTE_CODE)
     except pickle.UnpicklingError as exc:
         raise unsafe_weights_error(folder, exc) from None
+    except SafetensorError as exc:
+        from posenc.hf.weights import damaged_weights_error
+
+        raise damaged_weights_error(folder, exc) from None
     except (ValueError, ImportError) as exc:
         text = _one_line(exc)
         if is_remote_code_refusal(exc):
@@ -439,7 +444,10 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
             raise ConfigError(f"{'config ' + str(config_file) if config_file else 'model ' + str(model_dir)}: "
                               f"transformers has no causal LM for model_type {config.model_type!r}") from None
         raise
-    _refuse_unloaded_weights(info, folder, config_file, type(model).__name__)
+    from posenc.hf.weights import refuse_unloaded_weights
+
+    refuse_unloaded_weights(info, Path(model_dir) if _is_gguf(model_dir) else folder, config_file,
+                            type(model).__name__)
     model.eval()
     if device_map is None:
         model.to(device)
@@ -453,29 +461,6 @@ def unsafe_weights_error(folder: Path, exc: BaseException) -> ConfigError:
     detail = f" ({blocked[0][:160]})" if blocked else ""
     return ConfigError(f"model {folder}: a pickled weights file holds objects other than tensors{detail}; it is "
                        "unsafe to load, and posenc loads only plain weights: use the model's safetensors files")
-
-
-def _refuse_unloaded_weights(info: dict, folder: Path, config_file, architecture: str) -> None:
-    """ConfigError listing a few keys when from_pretrained left parameters at their random initialisation (missing,
-    or of another shape) or found weights the model has no place for: the config does not describe these weights,
-    and scoring that model would measure noise (a uniform perplexity) under the model's name."""
-    def names(keys):
-        return sorted(k[0] if isinstance(k, (tuple, list)) else str(k) for k in keys or ())
-
-    problems = []
-    for label, keys in (("missing", names(info.get("missing_keys"))),
-                        ("unexpected", names(info.get("unexpected_keys"))),
-                        ("of another shape", names(info.get("mismatched_keys")))):
-        if keys:
-            problems.append(f"{len(keys)} {label} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})")
-    if info.get("error_msgs"):
-        problems.append(f"errors: {_one_line(info['error_msgs'][0], 120)}")
-    if not problems:
-        return
-    source = f"config {config_file} (--config)" if config_file else f"model {folder}: config.json"
-    raise ConfigError(f"{source}: the weights in {folder} do not fit the {architecture} this config builds "
-                      f"(keys {'; '.join(problems)}), so parts of it would run with random weights; give a config "
-                      "of the weights' own architecture")
 
 
 def load_tokenizer(model_dir: str):

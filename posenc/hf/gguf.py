@@ -7,8 +7,11 @@ quantization config) and saves that: config.json, model.safetensors, the tokeniz
 file's vocabulary, and generation_config.json. The folder's model gives the in-memory GGUF load's logits (same
 weights in the same dtype; tests/hf/test_gguf.py checks it on SmolLM2).
 
-An architecture transformers' GGUF loader does not know, or a tensor quantization the gguf package cannot
-dequantize, is refused before loading (posenc.gguf.check_loadable); trust_remote_code is never set.
+An architecture transformers' GGUF loader does not load as a causal LM, a tensor quantization the gguf package
+cannot dequantize, or metadata that sizes a model the file's tensors do not hold is refused before loading
+(posenc.gguf.check_loadable, ``check_size``); a tensor missing, left over or of another shape than the metadata's
+model after loading (posenc.hf.evaluate.load_causal_lm, as ``posenc eval`` refuses a folder's). trust_remote_code is
+never set.
 
     posenc convert SmolLM2-135M-Instruct.Q4_1.gguf --out smollm2 --dtype bfloat16
 """
@@ -45,16 +48,53 @@ def checked(path: str | os.PathLike):
 
 
 def load_config(path: str | os.PathLike):
-    """The transformers config its GGUF loader builds for ``path`` (refused first when it cannot load the file)."""
+    """The transformers config its GGUF loader builds for ``path`` (refused first when it cannot load the file, or
+    when that config describes a model far larger than the file's tensors: ``check_size``)."""
     from transformers import AutoConfig
 
-    checked(path)
+    model = checked(path)
     folder, name = split(path)
     try:
-        return AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True, **NO_REMOTE_CODE)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True, **NO_REMOTE_CODE)
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: transformers cannot build a config from this GGUF file: "
                           f"{' '.join(str(exc).split())[:200]}") from None
+    check_size(model, config)
+    return config
+
+
+# how many times the values the file's tensors hold the model built from its metadata may have (tied or derived
+# weights), plus a few: past that the metadata does not describe the tensors, and loading would allocate the
+# difference at random before the missing weights are found
+SIZE_SLACK = 2
+SIZE_SPARE = 2**20
+
+
+def check_size(model, config) -> None:
+    """ConfigError (one line, naming the file and its size keys) when the causal LM transformers builds from
+    ``config`` has more than SIZE_SLACK x the values the GGUF file's tensors hold (``model``: its GGUFModel). The
+    model is built on the meta device (no memory, a fraction of a second), before anything is allocated."""
+    from math import prod
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from posenc.gguf import SIZE_KEYS
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, **NO_REMOTE_CODE)
+    except ValueError as exc:
+        raise ConfigError(f"{model.path}: transformers has no causal LM for this GGUF file's model_type "
+                          f"{config.model_type!r}: {' '.join(str(exc).split())[:160]}") from None
+    weights = sum(p.numel() for p in skeleton.parameters())
+    held = sum(prod(dims) for dims in model.tensors.values())
+    if weights > SIZE_SLACK * held + SIZE_SPARE:
+        keys = [f"{k}={model.metadata[k]}" for k in (f"{model.architecture}.{s}" for s in ("block_count", *SIZE_KEYS))
+                if k in model.metadata]
+        raise ConfigError(f"{model.path}: its metadata ({', '.join(keys[:6])}) describes a {type(skeleton).__name__} "
+                          f"of {weights:,} weights, but the file's tensors hold {held:,} values; the metadata does "
+                          "not describe the tensors (a damaged or mis-written file)")
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -69,19 +109,22 @@ def load_tokenizer(path: str | os.PathLike):
                           f"{' '.join(str(exc).split())[:200]}") from None
 
 
-def load_model(path: str | os.PathLike, *, dtype="float32", config=None, **kwargs):
-    """The causal LM of a GGUF file, dequantized to ``dtype`` (a torch dtype or its name: float32, bfloat16,
-    float16), in eval mode; ``config``: load with this config instead (an extension method written into it)."""
+def load_model(path: str | os.PathLike, *, dtype="float32"):
+    """The causal LM of a GGUF file, dequantized to ``dtype`` (float32, bfloat16, float16), in eval mode. Refused
+    before loading as ``load_config`` refuses, and after it as ``posenc eval`` refuses a folder's weights
+    (posenc.hf.weights.refuse_unloaded_weights): a tensor missing, left over or of another shape than the
+    metadata's model would leave parts of it at random weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    checked(path)
+    from posenc.hf.weights import refuse_unloaded_weights
+
+    config = load_config(path)
     folder, name = split(path)
-    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if config is not None:
-        kwargs["config"] = config
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype, local_files_only=True,
-                                                 **{**kwargs, **NO_REMOTE_CODE})
+    model, info = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, config=config, dtype=getattr(torch, dtype), local_files_only=True,
+        output_loading_info=True, ignore_mismatched_sizes=True, **NO_REMOTE_CODE)
+    refuse_unloaded_weights(info, Path(path), None, type(model).__name__)
     return model.eval()
 
 
