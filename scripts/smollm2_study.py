@@ -11,7 +11,7 @@ Each part is one ``posenc eval`` into docs/results/smollm2/parts/PART (``--resum
 keeping its finished methods; a finished part is skipped). Every part runs in bfloat16 (threads: ``run --threads``) on the
 converted folder (its logits are the GGUF load's: tests/hf/test_gguf.py). ``collect`` writes results.json
 {"study": "real-model", "model": the model's identity (what ``posenc pick --config`` matches), "parts": settings,
-wall time and load of each part, "rows": every measured row with its part}; ``posenc pick`` reads it.
+wall time and start of each part, "rows": every measured row with its part}; ``posenc pick`` reads it.
 """
 
 from __future__ import annotations
@@ -705,7 +705,7 @@ PAPERS = """## The papers' numbers beside these
 
 
 def report(study: dict, tables: dict) -> str:
-    """report.md: the model, what was run (commands, settings, wall time, load), the tables, the plots, the
+    """report.md: the model, what was run (commands, settings, wall time, start times), the tables, the plots, the
     findings, the papers' numbers and what is not covered."""
     parts = study["parts"]
     m = study["model"]
@@ -725,7 +725,7 @@ def report(study: dict, tables: dict) -> str:
            "attention methods run through `posenc.patch` with the rule each table names. Passkey: the lab's "
            "prompt (filler sentences, \"The pass key is NNNNN. Remember it.\" at a depth, then the question), "
            "greedy decoding with the KV cache, exact match. bf16 weights and activations on a 2-core AMD EPYC VM "
-           "(Zen 4, avx512_bf16), no GPU; threads and load per part are in the last table.", ""]
+           "(Zen 4, avx512_bf16), no GPU; threads and start time of each part are in the last table.", ""]
     out += ["Second text: English prose, the Python 3.11 documentation's reStructuredText sources (PSF License) from "
             f"Debian's `{PROSE_DEB[0]}` (sha256 {PROSE_DEB[2][:12]}...; `python scripts/smollm2_study.py prose` "
             "fetches and unpacks it, `--data` points eval at it), its validation split by the same rule as the "
