@@ -1,5 +1,7 @@
-"""The extension-method registry: name -> how the method writes a RoPE scaling config; the one owner of the list
-of context-extension methods, their display labels, their defaults and whether they expect fine-tuning.
+"""The frequency-method registry: name -> how the method writes a RoPE scaling config; the one owner of the list
+of context-extension methods that rescale RoPE's frequencies, their display labels, their defaults and whether they
+expect fine-tuning (the methods that change attention instead are ``posenc.attention``'s; ``catalogue.py`` reads
+both).
 
     >>> @register_method("half-pi", label="half PI", expects_finetune=True)
     ... def half_pi(spec):
