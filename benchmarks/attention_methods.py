@@ -5,7 +5,7 @@
 
 One process. Inputs: B=1, 8 query heads over 2 key heads (GQA), head dim 64, fp32, unrotated q/k. Baselines: ``sdpa``
 is torch's causal SDPA on pre-rotated q/k (the floor: no rotation counted); ``rope+sdpa`` rotates q and k with
-posenc first (what a model pays). Each method (posenc.extensions.attention.kernel.rule_attention) rotates inside.
+posenc first (what a model pays). Each method (posenc.attention.kernel.rule_attention) rotates inside.
 Method settings are those of a model trained at --train-len (default 4096): Self-Extend G=8, W=1024 (LongLM's
 Llama-2 setting); ReRoPE w=1024; Leaky ReRoPE w=1024, k=4; Dual Chunk s=3L/4, w=L/16 (ChunkLlama's defaults);
 sinks 4 + (L - 4). Time: the fastest of --repeats calls. Peak memory: the process's resident high-water mark
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import RESULTS_DIR, environment, load_average, print_table, save_json  # noqa: E402
 
-from posenc.extensions.attention.kernel import rotate, rule_attention  # noqa: E402
-from posenc.extensions.attention.rules import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks  # noqa: E402
+from posenc.attention.kernel import rotate, rule_attention  # noqa: E402
+from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks  # noqa: E402
 from posenc.rope.apply import default_inv_freq  # noqa: E402
 
 

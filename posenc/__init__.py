@@ -92,6 +92,15 @@ _EXPORTS = {
     "scheme_names": "posenc.schemes",
     "register_method": "posenc.extensions",
     "method_names": "posenc.extensions",
+    "register_attention_method": "posenc.attention.registry",
+    "attention_method_names": "posenc.attention.registry",
+    # attention methods as typed rules: posenc.patch(model, posenc.SelfExtend(group_size=4, window=1024))
+    "AttentionRule": "posenc.attention.rules",
+    "SelfExtend": "posenc.attention.methods",
+    "ReRoPE": "posenc.attention.methods",
+    "LeakyReRoPE": "posenc.attention.methods",
+    "DualChunk": "posenc.attention.methods",
+    "Sinks": "posenc.attention.methods",
     "register_task": "posenc.lab.tasks",
     # the lab's model pieces
     "CausalSelfAttention": "posenc.nn.attention",

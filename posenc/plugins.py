@@ -32,6 +32,7 @@ LOADED: dict[str, str] = {}
 # (docs/architecture.md): they are read from sys.modules, not imported -- a registry not loaded holds nothing.
 REGISTRIES = (("scheme", "posenc.schemes.registry", "SCHEMES"),
               ("extension method", "posenc.extensions.registry", "METHODS"),
+              ("attention method", "posenc.attention.registry", "ATTENTION_METHODS"),
               ("task", "posenc.lab.tasks.registry", "TASKS"),
               ("rope type", "posenc.rope.registry", "ROPE_SCALING_FUNCTIONS"))
 PACKAGE = Path(__file__).resolve().parent

@@ -1,5 +1,7 @@
-"""The extension-method registry: name -> how the method writes a RoPE scaling config; the one owner of the list
-of context-extension methods, their display labels, their defaults and whether they expect fine-tuning.
+"""The frequency-method registry: name -> how the method writes a RoPE scaling config; the one owner of the list
+of context-extension methods that rescale RoPE's frequencies, their display labels, their defaults and whether they
+expect fine-tuning (the methods that change attention instead are ``posenc.attention``'s; ``catalogue.py`` reads
+both).
 
     >>> @register_method("half-pi", label="half PI", expects_finetune=True)
     ... def half_pi(spec):
@@ -15,22 +17,14 @@ fine-tuning), ``posenc extend`` (which writes the transformers 4.x/5.x form), ``
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from posenc._registry import check_new_name, origin_of
 from posenc._settings import declare
 from posenc._validate import check_bool, check_choice, check_float, check_int, even_int
+from posenc.attention.registry import ATTENTION_METHODS
 from posenc.errors import ConfigError
-from posenc.extensions.attention.rules import AttentionRule
-
-# What a method changes: "frequency" methods write a RoPE scaling config (rope_type + keys); "attention" methods
-# keep the frequencies and change which positions query-key pairs see (Self-Extend, ReRoPE, DCA, attention sinks):
-# their write(spec, **options) returns an ``AttentionRule`` (posenc/extensions/attention/rules.py). Readers branch on
-# this kind, never on method names.
-KINDS = ("frequency", "attention")
-
 
 @dataclass(frozen=True)
 class ExtensionSpec:
@@ -114,12 +108,6 @@ class ExtensionMethod:
     options: tuple[str, ...] = ()
     origin: str = ""
     settings: tuple = ()        # posenc._settings.Setting: the lab's settings of a fit (its flags, validation)
-    kind: str = "frequency"
-    costs: str = ""          # what the method costs at inference (attention kind: score passes, cache, what is lost)
-
-    @property
-    def changes_attention(self) -> bool:
-        return self.kind == "attention"
 
 
 # name -> method, in registration order (built-ins first: linear, ntk, dynamic, yarn, llama3, longrope)
@@ -132,8 +120,7 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
                     defaults: Mapping | None = None, keeps_original_length: bool = False,
                     lab_factor: float | None = None, transformers_form: Callable | None = None,
                     fit: Callable | None = None, train_positions: Callable | None = None,
-                    needs_corpus: bool = False, settings=(), kind: str = "frequency", costs: str = "",
-                    replace: bool = False):
+                    needs_corpus: bool = False, settings=(), replace: bool = False):
     """Decorator registering ``write(spec, **options) -> rope scaling mapping`` as extension method ``name``.
 
     label: display name (reports, plots, extend). expects_finetune / note: whether the method is meant to be
@@ -148,16 +135,13 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     zero-shot model is the plain scaling's). needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so
     the lab refuses the method before training unless a task loads it. settings: the lab settings ``fit`` reads
     from ``ctx.settings`` (``posenc._settings.Setting`` declarations: ``posenc lab`` makes their flags and checks
-    them). Options: the write function's keyword-only arguments (e.g. longrope's factor lists). kind: "frequency"
-    (write returns a rope scaling mapping) or "attention" (write returns an AttentionRule; no scaling, the model's
-    RoPE stays; read with ``attention_rule``); costs: what an attention method costs (extra score passes, cache
-    handling, what it cannot see).
+    them). Options: the write function's keyword-only arguments (e.g. longrope's factor lists). A method that
+    changes attention instead of the frequencies registers with ``posenc.attention.register_attention_method``.
     """
     check_new_name("extension method", name, METHODS, replace)
-    kind = check_choice(kind, "kind", KINDS, error=ConfigError)
-    if kind == "attention" and (fit or train_positions or transformers_form or keeps_original_length or lab_factor):
-        raise ConfigError(f"extension method {name!r}: an attention method takes no fit, train_positions, "
-                          "transformers_form, keeps_original_length or lab_factor (those describe frequency scaling)")
+    if name in ATTENTION_METHODS:
+        raise ConfigError(f"extension method {name!r} is already registered as an attention method (by "
+                          f"{ATTENTION_METHODS[name].origin}); choose another name")
     if not isinstance(label, str) or not label:
         raise ConfigError(f"extension method {name!r}: label must be a non-empty string, got {label!r}")
     for hook_name, hook in (("transformers_form", transformers_form), ("fit", fit),
@@ -182,27 +166,24 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
                                                                     error=ConfigError),
             transformers_form=transformers_form, fit=fit, train_positions=train_positions,
             needs_corpus=check_bool(needs_corpus, "needs_corpus", error=ConfigError), options=options,
-            origin=origin_of(write), settings=declared, kind=kind, costs=str(costs))
+            origin=origin_of(write), settings=declared)
         return write
 
     return decorator
 
 
-def method_names(kind: str | None = None) -> tuple[str, ...]:
-    """Registered method names in registration order (only those of ``kind`` when given)."""
-    if kind is not None:
-        kind = check_choice(kind, "kind", KINDS, error=ConfigError)
-    return tuple(name for name, m in METHODS.items() if kind is None or m.kind == kind)
+def method_names() -> tuple[str, ...]:
+    """Registered (frequency) method names in registration order; ``all_method_names`` adds the attention ones."""
+    return tuple(METHODS)
 
 
 def get_method(name, argument: str = "method") -> ExtensionMethod:
-    """The registered method ``name``, or ConfigError naming ``argument`` and listing the methods."""
+    """The registered method ``name``, or ConfigError naming ``argument`` and listing the methods (an attention
+    method's name is told to go to posenc.patch)."""
+    if name in ATTENTION_METHODS:
+        raise ConfigError(f"{argument}: {name!r} changes attention, not RoPE's frequencies: it has no rope scaling "
+                          "config (posenc.patch(model, method=...) runs it)")
     return METHODS[check_choice(name, argument, METHODS, error=ConfigError)]
-
-
-def method_label(name: str) -> str:
-    """Display label of a method; an unregistered name (an old results file) shows as itself."""
-    return METHODS[name].label if name in METHODS else name
 
 
 def method_config(name: str, spec: ExtensionSpec, *, scaling: Mapping | None = None, details: Mapping | None = None,
@@ -211,9 +192,6 @@ def method_config(name: str, spec: ExtensionSpec, *, scaling: Mapping | None = N
     its ``details``), max_position_embeddings (the target, or L0 for methods that keep it) and notes. ``options``
     go to write()."""
     method = get_method(name)
-    if method.changes_attention:
-        raise ConfigError(f"extension method {name!r} changes attention, not RoPE's frequencies: it has no rope "
-                          "scaling config (use attention_rule, or posenc.patch(model, method=...))")
     _check_options(method, options)
     notes: list[str] = []
     if scaling is None:
@@ -233,21 +211,6 @@ def _check_options(method: ExtensionMethod, options: Mapping) -> None:
                           + (f" (options: {', '.join(method.options)})" if method.options else ""))
 
 
-def attention_rule(name: str, spec: ExtensionSpec, **options):
-    """The AttentionRule that attention method ``name`` gives a model trained at ``spec.original`` (its options
-    override the defaults derived from the trained length)."""
-    method = get_method(name)
-    if not method.changes_attention:
-        raise ConfigError(f"extension method {name!r} rescales RoPE's frequencies (kind 'frequency'); it has no "
-                          "attention rule (use method_config)")
-    _check_options(method, options)
-    rule = method.write(spec, **options)
-    if not isinstance(rule, AttentionRule):
-        raise ConfigError(f"extension method {name!r} (registered in {method.origin}) must return an AttentionRule, "
-                          f"got {type(rule).__name__}")
-    return rule
-
-
 def transformers_config(name: str, config: MethodConfig, spec: ExtensionSpec) -> MethodConfig:
     """``config`` in the form transformers reads (a method whose rope_type transformers lacks converts itself)."""
     method = get_method(name)
@@ -255,52 +218,3 @@ def transformers_config(name: str, config: MethodConfig, spec: ExtensionSpec) ->
         return config
     scaling, notes = method.transformers_form(dict(config.scaling), spec)
     return MethodConfig(dict(scaling), config.max_position_embeddings, config.notes + tuple(notes))
-
-
-def method_options(options, methods, method: str | None, argument: str) -> dict:
-    """``method``'s options from ``options`` ({"method.option": value}, as --extension-options / --method-options
-    give them) as {option: value}; with ``method`` None, check every key instead (a method of ``methods`` and one of
-    its declared options; ConfigError naming ``argument``) and return {}."""
-    if not isinstance(options, dict):
-        raise ConfigError(f"{argument}: expected method.option=value pairs, got {options!r}")
-    out: dict = {}
-    for key, value in options.items():
-        name, dot, option = str(key).partition(".")
-        if method is None:
-            if not dot or name not in methods:
-                raise ConfigError(f"{argument}: expected method.option=value with one of the run's methods "
-                                  f"({', '.join(methods) or 'none'}), got {key!r}")
-            if option not in get_method(name).options:
-                raise ConfigError(f"{argument}: {name} takes no option {option!r} (options: "
-                                  f"{', '.join(get_method(name).options) or 'none'})")
-            if not _finite(value):     # NaN passes every comparison a method's checks make
-                raise ConfigError(f"{argument}: {key} must be a finite number, got {value!r}")
-        elif name == method:
-            out[option] = value
-    return out
-
-
-def _finite(value) -> bool:
-    """False for a NaN or infinite float, also inside a list (LongRoPE's factors); True for anything else."""
-    if isinstance(value, (list, tuple)):
-        return all(_finite(v) for v in value)
-    return not isinstance(value, float) or math.isfinite(value)
-
-
-def check_option_values(name: str, spec: ExtensionSpec, options: Mapping, argument: str) -> None:
-    """Method ``name``'s ``write`` run once with ``options`` on ``spec`` (what it will be given), so that a bad value
-    (a negative window) is refused before any model is trained or loaded, in one line naming ``argument`` and the
-    option ("extension_options: self-extend.window must be a positive integer, got -1"). A method computed by
-    ``fit`` (LongRoPE's search) is checked when it runs."""
-    method = get_method(name)
-    if not options or method.fit is not None:
-        return
-    try:
-        if method.changes_attention:
-            attention_rule(name, spec, **options)
-        else:
-            method_config(name, spec, **options)
-    except ConfigError as exc:
-        text = str(exc)
-        option = next((o for o in options if text.startswith((f"{o} ", f"{o}:"))), None)
-        raise ConfigError(f"{argument}: {name}.{text}" if option else f"{argument}: {name}: {text}") from None

@@ -1,5 +1,7 @@
-"""``posenc.patch(model, method="self-extend", group_size=..., window=...)``: an attention-changing extension method
-(kind "attention" in the extension registry) on a loaded transformers decoder.
+"""``posenc.patch(model, posenc.SelfExtend(group_size=..., window=...))``, or the same by name,
+``posenc.patch(model, method="self-extend", group_size=..., window=...)``: an attention method (posenc.attention's
+registry) on a loaded transformers decoder. Both forms reach ``posenc.attention.attention_rule``, which fills the
+options left out from the model's trained length (``posenc.rope.contexts.trained_length``).
 
 The hook, without copying any attention code:
 
@@ -9,7 +11,7 @@ The hook, without copying any attention code:
    therefore holds UNROTATED keys, as Self-Extend's and StreamingLLM's own code keep them.
 2. ``config._attn_implementation`` becomes "posenc_rule", an attention function registered with transformers'
    AttentionInterface (and sdpa's mask function under the same name). Each layer calls it with q, k, v; it rotates
-   them to the rule's positions and runs ``posenc.extensions.attention.kernel.rule_attention`` (blocked, online
+   them to the rule's positions and runs ``posenc.attention.kernel.rule_attention`` (blocked, online
    softmax, GQA). Frequencies (inv_freq, attention_scaling) come from the wrapped rotary module, per layer type
    (Gemma 3).
 
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc.attention.registry import attention_method_names
 from posenc.errors import PosencError
 
 IMPLEMENTATION = "posenc_rule"
@@ -38,7 +41,7 @@ class RuleRotaryEmbedding(nn.Module):
     """Wraps a transformers XxxRotaryEmbedding: runs it (length rules) and records its frequencies and the position
     ids of the forward, then returns cos = 1, sin = 0 so that q and k pass unrotated into the cache."""
 
-    def __init__(self, original: nn.Module, rule, method: str):
+    def __init__(self, original: nn.Module, rule, method: str):  # method: the rule's registered name
         super().__init__()
         self.original, self.rule, self.method = original, rule, method
         self.position_ids: torch.Tensor | None = None
@@ -126,7 +129,7 @@ def rule_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
 def _local_attention(query, key, value, mask, positions, inv_freq, att_scaling, scaling) -> torch.Tensor:
     """A local layer (Gemma 3): plain RoPE inside its window, whose distances stay below it; its cache holds the last
     keys only, so keys sit at last - Tk + 1 .. last (positions offset in the graph: no host sync, traceable)."""
-    from posenc.extensions.attention.kernel import rotate
+    from posenc.attention.kernel import rotate
 
     t_q, t_k = query.shape[-2], key.shape[-2]
     last = positions.amax().to(torch.float64) if positions is not None else float(t_k - 1)
@@ -144,7 +147,7 @@ def _rule_attention(query, key, value, positions, mask, rule, inv_freq, att_scal
                     sliding_window) -> torch.Tensor:
     """A full-attention layer under ``rule``: its input checks (a window no shorter than the input, no padding,
     contiguous positions), then the kernel. Reads positions and mask by value: eager, or inside rule_attention_op."""
-    from posenc.extensions.attention.kernel import rule_attention
+    from posenc.attention.kernel import rule_attention
 
     t_q, t_k = query.shape[-2], key.shape[-2]
     last = int(positions.max()) if positions is not None else t_k - 1
@@ -195,17 +198,6 @@ def _attention_layers(model: nn.Module):
             and any(hasattr(m, p) for p in ("q_proj", "qkv_proj"))]
 
 
-def original_context(model: nn.Module) -> int:
-    """The trained length: the rope config's original_max_position_embeddings, else max_position_embeddings."""
-    config = model.config
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values()):  # per layer type (Gemma 3)
-        rope = next((v for v in rope.values() if isinstance(v, dict) and "original_max_position_embeddings" in v), {})
-    value = (rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None) \
-        or getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
-    return int(value)
-
-
 def check_config(config) -> None:
     """Refuse, before loading, a model type posenc.patch(method=...) does not cover (PosencError naming it)."""
     from posenc.hf.families import SUPPORTED_MODEL_TYPES
@@ -217,27 +209,30 @@ def check_config(config) -> None:
                           f"{model_type!r}")
 
 
-def patch_attention(model: nn.Module, method: str, *, target: int | None = None, **options) -> nn.Module:
-    """Apply attention method ``method`` (with its options, e.g. group_size / window) to ``model``; see the module
-    docstring. target: the length the defaults plan for (default 4x the trained length). Returns ``model``."""
-    from posenc.extensions import ExtensionSpec, attention_rule, get_method
+def patch_attention(model: nn.Module, method, *, target: int | None = None, **options) -> nn.Module:
+    """Apply attention method ``method`` to ``model``: a rule (``posenc.SelfExtend(window=1024)``), or a method
+    name with its options (group_size, window, ...); see the module docstring. target: the length the defaults plan
+    for (default 4x the trained length). Returns ``model``."""
+    from posenc.attention import as_rule, attention_rule
+    from posenc.extensions import ExtensionSpec, method_names
     from posenc.hf.families import check_supported, find_rotary
+    from posenc.rope.contexts import trained_length
 
-    m = get_method(method, "method")
-    if not m.changes_attention:
+    if isinstance(method, str) and method in method_names():
         raise PosencError(f"method: {method!r} rescales RoPE's frequencies; write it into the config instead "
                           f"(posenc extend CONFIG --method {method}); posenc.patch's method= takes "
-                          f"attention methods ({', '.join(n for n in _attention_names())})")
+                          f"attention methods ({', '.join(attention_method_names())})")
+    rule = as_rule(method, **options)    # an unknown name or option is refused before the model is looked at
     check_supported(model)     # (a model posenc has patched already is refused by posenc.patch, which calls this)
     if getattr(model.config, "model_type", None) == "gpt_neox":
         raise PosencError("patch: attention methods need a transformers attention function; GPT-NeoX is not covered")
-    original = original_context(model)
+    original = trained_length(model)
     target = 4 * original if target is None else target
     spec = ExtensionSpec(original=original, factor=max(1.0, target / original), rotary_dim=None, target=int(target))
-    rule = attention_rule(method, spec, **options)
+    rule = attention_rule(rule, spec)
     _register()
     parent, attr, rotary = find_rotary(model)
-    wrapper = RuleRotaryEmbedding(rotary, rule, method)
+    wrapper = RuleRotaryEmbedding(rotary, rule, rule.name)
     layers = _attention_layers(model)
     if not layers:
         raise PosencError(f"patch: found no attention layers in {type(model).__name__}")
@@ -247,12 +242,6 @@ def patch_attention(model: nn.Module, method: str, *, target: int | None = None,
         object.__setattr__(layer, "posenc_rule_rotary", wrapper)
     model.config._attn_implementation = IMPLEMENTATION
     return model
-
-
-def _attention_names():
-    from posenc.extensions import method_names
-
-    return method_names("attention")
 
 
 def unpatch_attention(model: nn.Module) -> bool:

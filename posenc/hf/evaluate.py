@@ -207,17 +207,17 @@ class EvalSettings:
     def options_for(self, method: str | None) -> dict:
         """``method``'s options from method_options ({option: value}); None: check every key ("method.option" for
         an attention method of ``methods`` and one of its options) and return {}."""
-        from posenc.extensions.registry import method_options
+        from posenc.extensions.catalogue import method_options
 
         return method_options(self.method_options, attention_methods(self.methods), method, "method_options")
 
 
 def method_choices() -> tuple[str, ...]:
     """Every name --methods takes: none, the frequency methods a config edit expresses, the attention methods."""
-    from posenc.extensions import method_names
+    from posenc.attention import attention_method_names
     from posenc.hf.lab_bridge import config_methods
 
-    return ("none", *config_methods(), *method_names("attention"))
+    return ("none", *config_methods(), *attention_method_names())
 
 
 def check_method(name) -> str:
@@ -245,11 +245,11 @@ def own_protocols(tasks) -> set[str]:
 
 
 def attention_methods(methods) -> tuple[str, ...]:
-    """The entries of ``methods`` that change attention (kind "attention" in the extension registry): applied to the
-    loaded model by posenc.patch, not written into its config."""
-    from posenc.extensions import METHODS
+    """The entries of ``methods`` that change attention (posenc.attention's registry): applied to the loaded model by
+    posenc.patch, not written into its config."""
+    from posenc.attention import is_attention_method
 
-    return tuple(m for m in methods if m in METHODS and METHODS[m].changes_attention)
+    return tuple(m for m in methods if is_attention_method(m))
 
 
 # ---- checks made before anything is loaded ----------------------------------------------------------------------
@@ -515,6 +515,7 @@ def original_context(config, model_dir=None) -> int | None:
     """The context the model was trained for, as posenc reads the config (None when unknown); for a posenc export
     (``model_dir`` holding posenc_export.json) the training length the export recorded, since an ALiBi (MPT) or
     sinusoidal (GPT-2) export's config holds only its position limit, or the architecture's default."""
+    from posenc.rope.contexts import trained_length
     from posenc.tools.inspect import inspect_config
 
     if model_dir is not None:
@@ -528,7 +529,7 @@ def original_context(config, model_dir=None) -> int | None:
     except (ValueError, KeyError, TypeError):  # e.g. a GPT-NeoX export of a NoPE model (rotary dim 0)
         return fallback
     if report.get("rope"):
-        return report["rope"][0].get("original_context") or fallback
+        return trained_length(config) or fallback
     return report.get("claimed_context") or fallback
 
 

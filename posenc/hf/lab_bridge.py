@@ -186,7 +186,7 @@ def lab_methods() -> tuple[str, ...]:
     from posenc.extensions import METHODS
 
     return tuple(name for name, m in METHODS.items()
-                 if m.kind == "frequency" and m.fit is None and m.train_positions is None and name != "longrope")
+                 if m.fit is None and m.train_positions is None and name != "longrope")
 
 
 def config_methods() -> tuple[str, ...]:
@@ -194,8 +194,7 @@ def config_methods() -> tuple[str, ...]:
     PoSE fine-tuning modes (``train_positions``). longrope is one: ``posenc extend`` writes its unsearched factors."""
     from posenc.extensions import METHODS
 
-    return tuple(name for name, m in METHODS.items()
-                 if m.kind == "frequency" and m.fit is None and m.train_positions is None)
+    return tuple(name for name, m in METHODS.items() if m.fit is None and m.train_positions is None)
 
 
 def check_config_method(name, argument: str, also: tuple[str, ...] = ()) -> str:
@@ -203,13 +202,14 @@ def check_config_method(name, argument: str, also: tuple[str, ...] = ()) -> str:
     instead: a PoSE fine-tuning mode untrained is its base method's config, a searched method needs ``posenc
     search``."""
     from posenc._validate import check_choice
+    from posenc.attention import is_attention_method
     from posenc.extensions import METHODS
 
+    if is_attention_method(name):
+        raise ConfigError(f"{argument}: {name} changes attention, not the config's RoPE: apply it to a loaded "
+                          f"model with posenc.patch(model, method={name!r}, ...) or `posenc eval --methods {name}`")
     if name in METHODS and name not in config_methods():
         m = METHODS[name]
-        if m.changes_attention:
-            raise ConfigError(f"{argument}: {name} changes attention, not the config's RoPE: apply it to a loaded "
-                              f"model with posenc.patch(model, method={name!r}, ...) or `posenc eval --methods {name}`")
         if m.train_positions is not None:
             raise ConfigError(f"{argument}: {name} is a fine-tuning mode (it trains with other positions); without "
                               f"its fine-tuning it is its base method's config: use {name.removeprefix('pose-')}")

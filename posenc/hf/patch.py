@@ -219,12 +219,15 @@ def patched_with(model: nn.Module) -> str | None:
     return None
 
 
-def patch(model: nn.Module, method: str | None = None, **options) -> nn.Module:
+def patch(model: nn.Module, method=None, **options) -> nn.Module:
     """Swap the rotary application of a loaded transformers causal LM for posenc's fused kernel; returns ``model``.
 
-    With ``method`` (an extension method of kind "attention": self-extend, rerope, leaky-rerope, dca, sinks) and its
-    options (group_size, window, leak, chunk_size, local_window, n_sink; ``target`` = the length the defaults plan
-    for), the model's attention runs that method instead (posenc/hf/attention_patch.py).
+    With ``method``, an attention method, the model's attention runs that method instead
+    (posenc/hf/attention_patch.py). ``method`` is a typed rule, ``posenc.patch(model, posenc.SelfExtend(
+    group_size=4, window=1024))``, or a registered name with the rule's fields as options, ``posenc.patch(model,
+    method="self-extend", group_size=4, window=1024)``: the two forms are the same rule (self-extend, rerope,
+    leaky-rerope, dca, sinks; options group_size, window, leak, chunk_size, local_window, n_sink). Fields left out
+    are derived from the model's trained length; ``target`` = the length those defaults plan for.
 
     Supported: the model types in ``SUPPORTED_MODEL_TYPES`` (Llama, Mistral, Mixtral, Qwen2/3 and their MoE
     variants, Phi-3, Gemma 1/2/3-text, GPT-NeoX). Anything else raises PosencError naming the class. Patching a

@@ -34,13 +34,14 @@ def extend_for_factor(config: Mapping[str, Any], method: str, factor: float, *, 
     for the method (dynamic NTK: 1.0).
     """
     from posenc.hf.lab_bridge import lab_config_factor
+    from posenc.attention import is_attention_method
     from posenc.extensions import method_names
     from posenc.tools.extend import extend_config
 
-    if method not in method_names("frequency"):
-        raise ConfigError(f"method must be one of {', '.join(method_names('frequency'))}, got {method!r}"
+    if method not in method_names():
+        raise ConfigError(f"method must be one of {', '.join(method_names())}, got {method!r}"
                           + (" (it changes attention: posenc.patch(model, method=...))"
-                             if method in method_names("attention") else ""))
+                             if is_attention_method(method) else ""))
     if check_float(factor, "factor (target / original context)", min=1.0, error=ConfigError) == 1.0:
         raise ConfigError(f"factor (target / original context) must be > 1, got {factor!r}")
     version = 5 if transformers_major() >= 5 else 4

@@ -51,7 +51,7 @@ class ModelSearchResult:
 def _read_config(model_dir: Path, replace: bool):
     from posenc.hf.evaluate import read_config
     from posenc.rope.config import load_rope_config, rope_layer_types
-    from posenc.tools.contexts import original_context
+    from posenc.rope.contexts import trained_length
     from posenc.tools.inspect import detect_scheme
 
     config = read_config(model_dir)
@@ -70,7 +70,7 @@ def _read_config(model_dir: Path, replace: bool):
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"model {model_dir}: its config already uses rope_type {rc.rope_type!r}; pass replace=True "
                           "(--replace) to search factors for its original context instead")
-    return config, data, rc, original_context(rc)
+    return config, data, rc, trained_length(rc)
 
 
 def _candidate_config(config, data: dict, target: int, long_factor, n_pairs: int, replace: bool):

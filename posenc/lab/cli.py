@@ -158,12 +158,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _registered() -> dict:
-    from posenc.extensions import method_names
+    from posenc.extensions import all_method_names
     from posenc.lab.tasks import task_names
     from posenc.schemes import scheme_names
 
     return {"tasks": ",".join(task_names()), "schemes": ",".join(scheme_names()),
-            "methods": ",".join(method_names())}
+            "methods": ",".join(all_method_names())}
 
 
 def config_from_args(args: argparse.Namespace):

@@ -7,9 +7,9 @@ The tasks' own scoring (perplexity, copy, passkey) lives with each task in posen
 from __future__ import annotations
 
 from posenc.errors import ConfigError
-from posenc.extensions import ExtensionSpec, FitContext, MethodConfig, attention_rule, get_method, method_config
-from posenc.extensions.attention.rules import AttentionRule
-from posenc.extensions.attention.scheme import RuleScheme
+from posenc.attention import AttentionRule, attention_rule, is_attention_method
+from posenc.attention.scheme import RuleScheme
+from posenc.extensions import ExtensionSpec, FitContext, MethodConfig, check_method, get_method, method_config
 from posenc.rope.config import load_rope_config
 from posenc.rope.scaling import frequency_bands
 
@@ -20,20 +20,20 @@ def lab_spec(method: str, scheme, factor: float, train_len: int) -> ExtensionSpe
     if not getattr(scheme, "extendable", False):
         raise ConfigError(f"extensions: the {scheme.name} scheme has no RoPE that an extension method can rescale")
     rc = load_rope_config(scheme.rope_config)
-    m = get_method(method, "extensions")
-    return ExtensionSpec(original=train_len, factor=m.lab_factor or factor, rotary_dim=rc.rotary_dim,
+    lab_factor = None if is_attention_method(check_method(method, "extensions")) else get_method(method).lab_factor
+    return ExtensionSpec(original=train_len, factor=lab_factor or factor, rotary_dim=rc.rotary_dim,
                          theta=rc.theta, head_dim=rc.head_dim)
 
 
 def extension_config(method: str, model, factor: float, train_len: int, fit: FitContext | None = None,
                      options: dict | None = None) -> MethodConfig | AttentionRule:
     """The config ``method`` gives ``model`` (a method with ``fit`` computes it from the model and ``fit``'s data;
-    what it reports besides the scaling goes into the config's ``details``); for a method of kind "attention",
-    its AttentionRule. ``options``: the method's own (--extension-options)."""
+    what it reports besides the scaling goes into the config's ``details``); for an attention method, its
+    AttentionRule. ``options``: the method's own (--extension-options)."""
     spec = lab_spec(method, plain_scheme(model.scheme), factor, train_len)
-    m = get_method(method, "extensions")
-    if m.changes_attention:
+    if is_attention_method(method):
         return attention_rule(method, spec, **(options or {}))
+    m = get_method(method, "extensions")
     if m.fit is not None:
         if fit is None:
             raise ConfigError(f"extension method {method!r} computes its config from the trained model and data; "

@@ -41,13 +41,13 @@ def units_of(cfg) -> list[Unit]:
 
 def registration_modules(cfg) -> dict[str, str]:
     """Module of every registry entry the run uses: {"scheme rope": "posenc.schemes.builtin", ...}."""
-    from posenc.extensions.registry import METHODS
+    from posenc.extensions.catalogue import method_origin
     from posenc.lab.tasks.registry import TASKS
     from posenc.schemes.registry import SCHEMES
 
     found = {f"task {t}": type(TASKS[t]).__module__ for t in cfg.tasks}
     found.update({f"scheme {s}": SCHEMES[s].factory.__module__ for s in set(cfg.schemes) | set(cfg.extended_schemes)})
-    found.update({f"extension method {m}": METHODS[m].write.__module__ for m in cfg.extensions})
+    found.update({f"extension method {m}": method_origin(m) for m in cfg.extensions})
     return found
 
 

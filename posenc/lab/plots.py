@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posenc._atomic import atomic_path
+from posenc.attention import attention_method_names
 from posenc.extensions import method_names
 from posenc.lab.tables import model_label, sort_key
 from posenc.schemes import scheme_names
@@ -31,10 +32,10 @@ def style(row: dict) -> dict:
         return dict(color=_colour(row["scheme"], scheme_names(), SCHEME_PALETTE),
                     linestyle=":" if row["finetuned"] else "-." if row.get("positions") else "-", linewidth=2.2,
                     marker="o")
-    if row["scaling"] in method_names("attention"):
-        return dict(color=_colour(row["scaling"], method_names("attention"), ATTENTION_PALETTE), linestyle="-.",
+    if row["scaling"] in attention_method_names():
+        return dict(color=_colour(row["scaling"], attention_method_names(), ATTENTION_PALETTE), linestyle="-.",
                     linewidth=1.4, marker="^", markersize=4)
-    return dict(color=_colour(row["scaling"], method_names("frequency"), METHOD_PALETTE),
+    return dict(color=_colour(row["scaling"], method_names(), METHOD_PALETTE),
                 linestyle=":" if row["finetuned"] else "--", linewidth=1.4, marker="s", markersize=4)
 
 

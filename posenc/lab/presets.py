@@ -27,7 +27,7 @@ from posenc._memory import physical_memory
 from posenc._settings import check_settings
 from posenc._validate import check_choice, check_distinct, check_float, check_int, even_int, is_int
 from posenc.errors import ConfigError
-from posenc.extensions import get_method
+from posenc.extensions import METHODS, check_method
 from posenc.lab.curriculum import check_length_warmup
 from posenc.lab.distributed import resolve_device
 from posenc.lab.precision import PRECISIONS
@@ -117,7 +117,7 @@ class LabConfig:
         for s in list(self.schemes) + list(self.extended_schemes):
             check_scheme(s, "schemes" if s in self.schemes else "extended_schemes")
         for e in self.extensions:
-            get_method(e, "extensions")
+            check_method(e, "extensions")
         self.method_options(None)
         self.model.validate()
         self._check_scheme_options()
@@ -234,7 +234,7 @@ class LabConfig:
     def method_options(self, method: str | None) -> dict:
         """The options --extension-options gives ``method`` ({option: value}); None: check them all (each key is
         "method.option" for a listed method and one of its options) and return {}."""
-        from posenc.extensions.registry import method_options
+        from posenc.extensions.catalogue import method_options
 
         return method_options(self.extension_options, self.extensions, method, "extension_options")
 
@@ -251,14 +251,14 @@ class LabConfig:
                 self._check_extension_options(scheme)
         if self.extensions and not needs_corpus(self.tasks):
             for e in self.extensions:
-                if get_method(e).needs_corpus:
+                if e in METHODS and METHODS[e].needs_corpus:
                     raise ConfigError(f"extensions: {e} is fitted on the text corpus, which none of the tasks "
                                       f"({', '.join(self.tasks)}) loads; use it with the lm task")
 
     def _check_extension_options(self, scheme) -> None:
         """Each method's --extension-options values, given to its write() on this scheme as the evaluation will
         give them: a bad value is named now, not after every model has trained."""
-        from posenc.extensions.registry import check_option_values
+        from posenc.extensions.catalogue import check_option_values
         from posenc.lab.evaluate import lab_spec
 
         for e in self.extensions:

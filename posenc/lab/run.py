@@ -23,6 +23,7 @@ import torch
 
 from posenc._atomic import atomic_write_json
 from posenc._fingerprint import state_fingerprint
+from posenc.attention import is_attention_method
 from posenc.extensions import FitContext, get_method
 from posenc.lab.context import DIVERGED, Evaluation, Run
 from posenc.lab.curriculum import LengthWarmupSampler
@@ -380,18 +381,19 @@ def evaluate_extensions(run: Run, model: TinyLM, unit: Unit, curves: dict, info:
     for method in cfg.extensions:
         t0, c0 = time.perf_counter(), time.process_time()
         configs[method] = extension_config(method, model, cfg.factor, cfg.train_len, fit, cfg.method_options(method))
-        if get_method(method).fit is not None:
+        m = None if is_attention_method(method) else get_method(method)   # an attention method fits nothing
+        if m is not None and m.fit is not None:
             info.setdefault("fit", {})[method] = {"wall_s": round(time.perf_counter() - t0, 2),
                                                   "cpu_s": round(time.process_time() - c0, 2),
                                                   **configs[method].details}
-        if get_method(method).train_positions is not None:
+        if m is not None and m.train_positions is not None:
             continue  # a fine-tuning mode (PoSE): untrained, it is its base method
         apply_extension(model, configs[method])
         bands = band_counts(model.scheme, seq_len=max(cfg.eval_lens))
         rows += evaluate(run, Evaluation(run, model, task, scheme, method, seed=seed, bands=bands, curves=curves))
     apply_extension(model, None)
     if cfg.finetune_steps:
-        for method in ["none"] + [m for m in cfg.extensions if not get_method(m).changes_attention]:
+        for method in ["none"] + [m for m in cfg.extensions if not is_attention_method(m)]:
             ft_rows, ft_info = finetune(run, model, unit, method, configs.get(method), curves)
             info.setdefault("finetune", {})[method] = ft_info
             rows += ft_rows

@@ -1,12 +1,12 @@
 """How results look: model labels, display order and markdown cells, for the report, the tasks' tables and plots.
 
 The order of schemes and extension methods is the registries' order (built-ins first, plug-ins after); labels
-of methods come from the extension-method registry.
+of methods come from the method registries (frequency and attention).
 """
 
 from __future__ import annotations
 
-from posenc.extensions import method_label, method_names
+from posenc.extensions import all_method_names, method_label
 from posenc.schemes import scheme_names
 
 
@@ -26,7 +26,7 @@ def model_label(row: dict) -> str:
 
 def sort_key(row: dict):
     """Zero-shot before fine-tuned, then schemes and methods in registry order (unknown names last)."""
-    schemes, methods = scheme_names(), ("none",) + method_names()
+    schemes, methods = scheme_names(), ("none",) + all_method_names()
     s = schemes.index(row["scheme"]) if row["scheme"] in schemes else len(schemes)
     c = methods.index(row["scaling"]) if row["scaling"] in methods else len(methods)
     return (row["finetuned"], s, bool(row.get("positions")), c)

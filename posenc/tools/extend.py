@@ -38,7 +38,7 @@ from posenc.extensions import ExtensionSpec, get_method, method_config, method_n
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
-from posenc.tools.contexts import MAX_CONTEXT, original_context
+from posenc.rope.contexts import MAX_CONTEXT, trained_length
 from posenc.tools.inspect import HEAD_DIM_DERIVED_TYPES, detect_scheme
 
 HELP = "Write a config.json extended to a longer context with a RoPE scaling method (linear, ntk, yarn, ...)."
@@ -153,9 +153,9 @@ def _validated(config, target_length, method, transformers_version, factor, repl
     old_warnings = {str(w.message) for w in caught}
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"the config already uses rope_type {rc.rope_type!r} (original context "
-                          f"{original_context(rc)}); pass --replace to swap it for {method!r} computed from that "
+                          f"{trained_length(rc)}); pass --replace to swap it for {method!r} computed from that "
                           "original context")
-    original = original_context(rc)
+    original = trained_length(rc)
     if original is None:
         raise ConfigError("the config has no max_position_embeddings (or original_max_position_embeddings): "
                           "the original context is unknown")
@@ -317,7 +317,7 @@ def format_result(result: ExtendResult, out: str | None) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("config", help="the model's config.json (or a folder holding one), or a .gguf file")
     parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
-    parser.add_argument("--method", choices=[m for m in method_names("frequency") if get_method(m).fit is None], required=True, help="context-extension method")
+    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None], required=True, help="context-extension method")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
                         help="4: write rope_scaling (rope_theta at top level); 5: rope_parameters (default)")
     where = parser.add_mutually_exclusive_group(required=True)

@@ -24,7 +24,7 @@ from typing import Any
 from posenc._validate import check_float, check_int, is_number
 from posenc.errors import ConfigError
 from posenc.tools._io import read_config
-from posenc.tools.contexts import claimed_context, context_length, original_context
+from posenc.rope.contexts import claimed_context, context_length, trained_length
 
 HELP = "Describe the positional encoding of a Hugging Face config.json (RoPE scaling, ALiBi, learned...)."
 
@@ -156,7 +156,7 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, mul
         warnings.simplefilter("always")
         rc = load_rope_config(cfg, layer_type)
         claimed, claimed_from = claimed_context(rc)
-        original = original_context(rc)
+        original = trained_length(rc)
         at = seq_len or claimed or (2 * rc.max_position_embeddings if rc.max_position_embeddings else None)
         inv, attention_scaling = rope_parameters(rc, at)
         bands = frequency_bands(rc, at)

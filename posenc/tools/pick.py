@@ -15,7 +15,8 @@ from typing import Any
 
 from posenc._validate import check_choice, check_int, is_number
 from posenc.errors import PosencError
-from posenc.extensions import ExtensionSpec, get_method, method_config
+from posenc.attention import get_attention_method, is_attention_method
+from posenc.extensions import ExtensionSpec, get_method, method_config, method_label
 from posenc.tools.contexts import MAX_CONTEXT
 
 # the snippet's rope_theta when the existing model's base is not given: visibly not a number to copy
@@ -120,11 +121,11 @@ def attention_alternatives() -> list[dict[str, str]]:
     """The registry's attention-changing methods as zero-shot alternatives, each with what it costs at inference:
     they need no config change but run only where posenc patches the model's attention (docs/attention-extension.md
     has the lab's measurements)."""
-    from posenc.extensions import METHODS, method_names
+    from posenc.attention import ATTENTION_METHODS
 
-    return [_alt(f"{METHODS[n].label} (changes attention: posenc.patch(model, method={n!r}))",
-                 f"not a config edit: the model must run under posenc.patch; costs: {METHODS[n].costs}. "
-                 f"{METHODS[n].note}") for n in method_names("attention")]
+    return [_alt(f"{m.label} (changes attention: posenc.patch(model, method={n!r}))",
+                 f"not a config edit: the model must run under posenc.patch; costs: {m.costs}. {m.note}")
+            for n, m in ATTENTION_METHODS.items()]
 
 
 def _pretrain_theta(context: int) -> tuple[float, str]:
@@ -349,11 +350,11 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     base = next((e for e in zero_shot(study, L, text=FIRST_TEXT) if e["method"] == "none"), None)
 
     def label(method):
-        return "unscaled" if method == "none" else get_method(method).label
+        return "unscaled" if method == "none" else method_label(method)
 
     # a config can carry only a frequency method: the attention methods measured in the study are weighed apart
     everything = table
-    attention = [e for e in table if e["method"] != "none" and get_method(e["method"]).kind == "attention"]
+    attention = [e for e in table if is_attention_method(e["method"])]
     table = [e for e in table if e not in attention]
     # LongRoPE's rows ran with the factors the study searched: only those can be recommended, never unsearched ones
     searched = study.get("search") if isinstance(study.get("search"), dict) else {}
@@ -376,7 +377,7 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
     if keys:
         rec.notes.append(f"passkey retrieval on this model at {T:,} tokens (keys found / trials over the depths "
                          "measured, greedy decoding): " + ", ".join(f"{label(m)} {f}/{n}" for m, (f, n) in keys.items())
-                         + (f"; attention sinks only see the first tokens and a recent window: {get_method('sinks').costs}"
+                         + (f"; attention sinks only see the first tokens and a recent window: {get_attention_method('sinks').costs}"
                             if "sinks" in keys else ""))
     better = [e for e in attention if e["ppl"] < table[0]["ppl"]]
     if better:
@@ -392,7 +393,7 @@ def _real_model_evidence(rec: Recommendation, config, L: int, T: int, theta: flo
             "measured lower still on this model, by changing attention rather than the config: "
             + ", ".join(f"{label(e['method'])} {e['ppl']:.2f}" for e in better)
             + f" (run the model under posenc.patch(model, method='{first['method']}', ...){why}, with the study's "
-            f"options, {study.get('report') or f'docs/results/{path.parent.name}/report.md'}; costs: {get_method(first['method']).costs})")
+            f"options, {study.get('report') or f'docs/results/{path.parent.name}/report.md'}; costs: {get_attention_method(first['method']).costs})")
     best = table[0]["method"]
     if len(table) == 1:
         rec.notes.append(measured + f": the study has no extension method at {T:,} yet, so the recommendation rests "

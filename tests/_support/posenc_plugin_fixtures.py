@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
+from posenc.attention.registry import ATTENTION_METHODS
 from posenc.extensions.registry import METHOD_SETTINGS, METHODS
 from posenc.lab.tasks import TASKS
 from posenc.lab.tasks.registry import TASK_SETTINGS
@@ -20,7 +21,7 @@ from posenc.schemes import SCHEMES
 
 @contextmanager
 def registries_restored():
-    tables = (SCHEMES, METHODS, TASKS, TASK_SETTINGS, METHOD_SETTINGS)
+    tables = (SCHEMES, METHODS, ATTENTION_METHODS, TASKS, TASK_SETTINGS, METHOD_SETTINGS)
     before = [dict(t) for t in tables]
     modules = set(sys.modules)
     try:

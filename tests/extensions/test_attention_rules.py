@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 import pytest
 
 from posenc.errors import ConfigError
-from posenc.extensions import ExtensionSpec, attention_rule, method_config, method_names
-from posenc.extensions.attention import reference
-from posenc.extensions.attention.kernel import rotate, rule_attention
-from posenc.extensions.attention.rules import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
+from posenc.attention import attention_method_names, attention_rule, reference
+from posenc.attention.kernel import rotate, rule_attention
+from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
+from posenc.extensions import ExtensionSpec, method_config, method_names
 from posenc.rope.apply import default_inv_freq
 
 
@@ -137,9 +137,9 @@ def test_far_positions_stay_in_range():
         <= 48
 
 
-def test_registry_kind_and_validation():
-    assert set(method_names("attention")) >= {"self-extend", "rerope", "leaky-rerope", "dca", "sinks"}
-    assert not set(method_names("attention")) & set(method_names("frequency"))
+def test_registry_and_validation():
+    assert set(attention_method_names()) >= {"self-extend", "rerope", "leaky-rerope", "dca", "sinks"}
+    assert not set(attention_method_names()) & set(method_names())
     spec = ExtensionSpec(original=128, factor=4.0, rotary_dim=16)
     rule = attention_rule("self-extend", spec)
     assert rule.reach(128) >= 512 and rule.window == 32
@@ -156,21 +156,75 @@ def test_registry_kind_and_validation():
         attention_rule("rerope", spec, window_size=3)
     with pytest.raises(ConfigError, match="changes attention"):
         method_config("dca", spec)
-    with pytest.raises(ConfigError, match="frequencies"):
+    with pytest.raises(ConfigError, match="method: expected one of self-extend"):
         attention_rule("yarn", spec)
 
 
-def test_a_plugin_attention_method_runs_through_the_kind_alone():
-    """A method registered with kind="attention" whose rule is new (a plain sliding window, one mode) is read by
-    attention_rule and run by the kernel with no name known anywhere: it equals SDPA with a banded causal mask."""
-    from posenc.extensions.attention.rules import AttentionRule, Mode, window_mode
-    from posenc.extensions.registry import METHODS, register_method
+def test_a_typed_rule_is_the_named_method_with_the_same_options():
+    """posenc.SelfExtend(...) and ("self-extend", ...) resolve to the same rule; fields left out are derived from the
+    trained length in both forms, fields given stay."""
+    import posenc
 
+    spec = ExtensionSpec(original=128, factor=4.0, rotary_dim=16)
+    for typed, name, options in [(posenc.SelfExtend(group_size=4, window=16), "self-extend",
+                                  dict(group_size=4, window=16)),
+                                 (posenc.SelfExtend(window=16), "self-extend", dict(window=16)),
+                                 (posenc.ReRoPE(), "rerope", {}), (posenc.LeakyReRoPE(leak=2.0), "leaky-rerope",
+                                                                   dict(leak=2.0)),
+                                 (posenc.DualChunk(chunk_size=64), "dca", dict(chunk_size=64)),
+                                 (posenc.Sinks(n_sink=2), "sinks", dict(n_sink=2))]:
+        assert typed.name == name
+        resolved = attention_rule(typed, spec)
+        assert resolved == attention_rule(name, spec, **options)
+        assert not resolved.unresolved() and all(getattr(resolved, k) == v for k, v in options.items())
+    assert attention_rule(posenc.SelfExtend(), spec) == SelfExtend(group_size=attention_rule("self-extend", spec)
+                                                                   .group_size, window=32)
+
+
+def test_a_typed_rule_refuses_unknown_fields_and_bad_values_at_construction():
+    import posenc
+
+    with pytest.raises(TypeError, match="window_size"):
+        posenc.SelfExtend(window_size=1024)
+    with pytest.raises(TypeError, match="leak"):
+        posenc.ReRoPE(window=8, leak=2.0)
+    with pytest.raises(ConfigError, match=r"^group_size must be") as bad:
+        posenc.SelfExtend(group_size=0, window=1024)
+    assert "\n" not in str(bad.value)
+    with pytest.raises(ConfigError, match=r"^leak "):
+        posenc.LeakyReRoPE(leak=0.5)
+    with pytest.raises(ConfigError, match="local_window must be below chunk_size"):
+        posenc.DualChunk(chunk_size=8, local_window=8)
+    with pytest.raises(ConfigError, match="window"):
+        posenc.Sinks(window="64")
+    with pytest.raises(ConfigError, match="a self-extend rule holds its options"):
+        attention_rule(posenc.SelfExtend(window=4), ExtensionSpec(original=32, factor=2.0, rotary_dim=8), window=8)
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        posenc.SelfExtend(window=4).window = 8
+
+
+def test_the_kernel_refuses_a_rule_whose_derived_fields_are_unset():
+    q, k, v = qkv(8)
+    with pytest.raises(ConfigError, match="^group_size: the self-extend rule has no group_size"):
+        rule_attention(q, k, v, SelfExtend(window=4), default_inv_freq(8))
+
+
+def test_a_plugin_attention_method_runs_through_its_registry_alone():
+    """A rule class registered with register_attention_method whose rule is new (a plain sliding window, one mode)
+    is read by attention_rule (its field derived from the trained length) and run by the kernel with no name known
+    anywhere: it equals SDPA with a banded causal mask."""
+    from dataclasses import dataclass
+
+    from posenc.attention import ATTENTION_METHODS, AttentionRule, Mode, register_attention_method, window_mode
+    from posenc.extensions.catalogue import all_method_names, method_label
+
+    @register_attention_method("test-window", label="window", costs="one pass over the window")
+    @dataclass(frozen=True)
     class Window(AttentionRule):
-        name = "test-window"
+        window: int | None = None
 
-        def __init__(self, window):
-            self.window = window
+        def resolve(self, original, target):
+            return self.with_defaults(window=original // 4)
 
         def modes(self):
             return (window_mode("recent", self.window),)
@@ -180,14 +234,13 @@ def test_a_plugin_attention_method_runs_through_the_kind_alone():
 
         keeps = "last window tokens"
 
-    @register_method("test-window", label="window", kind="attention", costs="one pass over the window")
-    def window(spec, *, window: int = 5):
-        return Window(window)
-
     try:
         spec = ExtensionSpec(original=32, factor=2.0, rotary_dim=8)
+        assert attention_rule("test-window", spec).window == 8
         rule = attention_rule("test-window", spec, window=6)
-        assert "test-window" in method_names("attention") and isinstance(rule.modes()[0], Mode)
+        assert rule == attention_rule(Window(window=6), spec)
+        assert "test-window" in all_method_names() and method_label("test-window") == "window"
+        assert isinstance(rule.modes()[0], Mode)
         q, k, v = qkv(30, dtype=torch.float32)
         inv = default_inv_freq(8)
         pos = torch.arange(30, dtype=torch.float64)
@@ -195,7 +248,11 @@ def test_a_plugin_attention_method_runs_through_the_kind_alone():
         i, j = torch.arange(30)[:, None], torch.arange(30)[None, :]
         want = F.scaled_dot_product_attention(qr, kr, v, attn_mask=(j <= i) & (i - j < 6), enable_gqa=True)
         torch.testing.assert_close(rule_attention(q, k, v, rule, inv, block=8), want, rtol=2e-6, atol=2e-6)
-        with pytest.raises(ConfigError, match="attention method takes no fit"):
-            register_method("test-bad", label="bad", kind="attention", fit=lambda spec, ctx: {})
+        with pytest.raises(ConfigError, match="expected a dataclass subclass of AttentionRule"):
+            register_attention_method("test-bad", label="bad")(lambda spec: None)
+        with pytest.raises(ConfigError, match="already registered as an attention method"):
+            from posenc.extensions import register_method
+
+            register_method("test-window", label="w")(lambda spec: {"rope_type": "linear", "factor": 2.0})
     finally:
-        METHODS.pop("test-window", None)
+        ATTENTION_METHODS.pop("test-window", None)

@@ -77,6 +77,52 @@ def test_gemma3_local_layers_keep_plain_rope_in_their_window():
     close(logits(model, T), logits(reference, T))
 
 
+TYPED = {"self-extend": posenc.SelfExtend, "rerope": posenc.ReRoPE, "leaky-rerope": posenc.LeakyReRoPE,
+         "dca": posenc.DualChunk, "sinks": posenc.Sinks}
+
+
+@pytest.mark.parametrize("method", sorted(REAL))
+@pytest.mark.parametrize("given", ["all", "none"])
+def test_a_typed_rule_gives_the_logits_of_the_string_form(method, given):
+    """posenc.patch(model, posenc.SelfExtend(...)) is posenc.patch(model, method="self-extend", ...), with every
+    option given and with every option derived from the model's trained length (and a target)."""
+    options = REAL[method] if given == "all" else {}
+    reference = build("llama")
+    by_name = logits(posenc.patch(copy.deepcopy(reference), method=method, target=96, **options), T)
+    typed = posenc.patch(copy.deepcopy(reference), TYPED[method](**options), target=96)
+    assert patched_with(typed) == f"the attention method {method!r}"
+    assert torch.equal(logits(typed, T), by_name)
+    assert not torch.equal(by_name, logits(reference, T))
+
+
+def test_a_typed_rule_takes_its_options_in_the_rule():
+    model = build("llama")
+    with pytest.raises(TypeError, match="group_size"):
+        posenc.ReRoPE(group_size=2)
+    with pytest.raises(ConfigError, match="^window: a rerope rule holds its options"):
+        posenc.patch(model, posenc.ReRoPE(), window=8)
+    assert patched_with(model) is None
+
+
+def test_the_defaults_plan_from_the_trained_length_that_every_reader_shares():
+    """patch derives a rule's defaults from posenc.rope.contexts.trained_length, which eval and the config tools read
+    too: original_max_position_embeddings when the rope config states it, else max_position_embeddings (divided by
+    the factor for linear scaling, whose convention stores the extended length there)."""
+    from posenc.rope.config import load_rope_config
+    from posenc.rope.contexts import trained_length
+
+    plain = build("llama")
+    yarn = build("llama", rope={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16})
+    linear = build("llama", rope={"rope_type": "linear", "factor": 2.0})
+    lmax = plain.config.max_position_embeddings
+    for model, want in ((plain, lmax), (yarn, 16), (linear, lmax // 2)):
+        assert trained_length(model) == trained_length(model.config) == trained_length(model.config.to_dict()) \
+            == trained_length(load_rope_config(model.config)) == want
+        posenc.patch(model, method="rerope")
+        assert next(m.rule for m in model.modules() if hasattr(m, "rule")).window == want // 2
+        posenc.unpatch(model)
+
+
 def test_errors_name_the_argument():
     model = build("llama")
     with pytest.raises(ConfigError, match="group_size"):

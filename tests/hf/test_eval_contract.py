@@ -115,11 +115,11 @@ def test_a_plugin_replacing_lm_is_applied_fully(llama, tmp_path, clean_registrie
 # ---- --methods: every method is listed ---------------------------------------------------------------------------
 
 def test_an_unknown_method_lists_every_method(llama, capsys):
-    from posenc.extensions import method_names
+    from posenc.attention import attention_method_names
 
     err = fails(capsys, main, "eval", ["eval", str(llama), "--methods", "bogus", *FAST])
     assert "methods: expected one of" in err and "'bogus'" in err, err
-    for name in ("none", "yarn", *method_names("attention")):
+    for name in ("none", "yarn", *attention_method_names()):
         assert name in err, (name, err)
 
 

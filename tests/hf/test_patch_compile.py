@@ -102,7 +102,8 @@ def test_a_copy_of_an_attention_patched_model_compiles_with_its_own_rule():
 
 def test_rule_attention_op_passes_opcheck():
     """posenc::rule_attention: schema, fake against real output, AOT dispatch with dynamic shapes."""
-    from posenc.extensions import ExtensionSpec, attention_rule
+    from posenc.attention import attention_rule
+    from posenc.extensions import ExtensionSpec
     from posenc.hf import attention_patch
 
     spec = ExtensionSpec(original=32, factor=4.0, rotary_dim=None, target=128)

@@ -8,6 +8,7 @@ import torch
 
 from posenc import rope_parameters
 from posenc.errors import ConfigError
+from posenc.attention import attention_method_names
 from posenc.extensions import METHODS, method_names
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config
 from posenc.nn.model import ModelConfig, TinyLM
@@ -18,7 +19,7 @@ def _model(scheme="rope"):
     return TinyLM(ModelConfig(scheme=scheme, d_model=64, n_layers=1, n_heads=2, max_len=128)).eval()
 
 
-@pytest.mark.parametrize("method", [m for m in method_names("frequency") if m != "longrope" and METHODS[m].fit is None])
+@pytest.mark.parametrize("method", [m for m in method_names() if m != "longrope" and METHODS[m].fit is None])
 def test_extension_configs_use_train_length_as_original(method):
     model = _model()
     written = extension_config(method, model, 8.0, 128)
@@ -57,7 +58,7 @@ def test_band_counts_cover_every_pair():
     assert band_counts(model.scheme)["interpolated"] == 16
 
 
-@pytest.mark.parametrize("method", method_names("attention"))
+@pytest.mark.parametrize("method", attention_method_names())
 def test_attention_methods_wrap_the_scheme_and_restore_it(method):
     """An attention method keeps the plain frequencies and runs its rule: identity at lengths it leaves alone, a
     different forward past them, its KV-cache decode equals the full forward, and None gives the plain model back."""

@@ -15,7 +15,7 @@ from posenc.errors import ConfigError
 from posenc.extensions import METHODS as REGISTRY, method_names
 from posenc.tools.extend import extend_config
 
-METHODS = [m for m in method_names("frequency") if REGISTRY[m].fit is None]  # every config-writing method
+METHODS = [m for m in method_names() if REGISTRY[m].fit is None]  # every config-writing method
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
 QWEN = CONFIGS / "qwen2.5-7b-instruct.json"

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from posenc.extensions import get_method
+from posenc.attention import get_attention_method
 
 from posenc.tools import evidence
 from posenc.tools.extend import extend_config
@@ -54,9 +54,9 @@ def test_an_attention_method_measured_best_is_named_beside_the_best_config(tmp_p
     _study(tmp_path, {"none": 19.0, "linear": 14.0, "yarn": 8.0, attention: 7.5})
     rec = pick(2048, budget="none", config=CONFIG)
     assert rec.method.startswith("yarn") and rec.config_snippet["rope_parameters"]["rope_type"] == "yarn"
-    label = get_method(attention).label
+    label = get_attention_method(attention).label
     note = next(n for n in rec.notes if "measured lower still" in n)
-    assert f"{label} 7.50" in note and f"method='{attention}'" in note and get_method(attention).costs in note
+    assert f"{label} 7.50" in note and f"method='{attention}'" in note and get_attention_method(attention).costs in note
     assert f"{label} 7.50" in rec.reasons[0]
     # measured worse than the best frequency method: cited, not promoted
     (tmp_path / "tiny" / "results.json").unlink()
@@ -201,7 +201,7 @@ def test_passkey_rows_are_counted_and_cited(tmp_path, monkeypatch):
     assert evidence.passkey(doc, 1024) == {}
     rec = pick(2048, budget="none", config=CONFIG)
     note = next(n for n in rec.notes if n.startswith("passkey retrieval"))
-    assert "YaRN 3/4" in note and "attention sinks 2/4" in note and get_method("sinks").costs in note
+    assert "YaRN 3/4" in note and "attention sinks 2/4" in note and get_attention_method("sinks").costs in note
     # a second part at the same method and depth (more trials, other keys) pools with the first, never replaces it
     doc["parts"]["pk2"] = {"passkey_trials": 1}
     doc["rows"] += [{"task": "passkey", "scaling": "yarn", "eval_len": 2048, "depth": 0.1, "value": 0.0,

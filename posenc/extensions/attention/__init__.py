@@ -1,9 +1,9 @@
-"""Extension methods that change attention (kind "attention" in the extension registry): the rules, their
-blocked kernel, the plain-loop oracle, the registrations and the lab's scheme wrapper.
+"""The attention methods' old import path: they live in ``posenc.attention`` (its own package and registry); the
+public names are re-exported here so that ``from posenc.extensions.attention import SelfExtend`` keeps working."""
 
-    rules.py      AttentionRule and the four rules (Self-Extend, ReRoPE / Leaky ReRoPE, Dual Chunk, sinks) as modes
-    kernel.py     rule_attention: blocked causal attention with an online softmax (memory linear in T), GQA aware
-    reference.py  the oracle: one query-key pair at a time in Python floats
-    methods.py    the registrations (defaults derived from the trained length and the target)
-    scheme.py     RuleScheme: a RoPE scheme of the lab's TinyLM under a rule
-"""
+from __future__ import annotations
+
+from posenc.attention import (AttentionRule, DualChunk, LeakyReRoPE, Mode, ReRoPE, SelfExtend, Sinks,  # noqa: F401
+                              window_mode)
+from posenc.attention.kernel import rule_attention  # noqa: F401
+from posenc.attention.scheme import RuleScheme  # noqa: F401

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from posenc.errors import ConfigError
-from posenc.extensions.attention.kernel import rule_attention
-from posenc.extensions.attention.rules import AttentionRule
+from posenc.attention.kernel import rule_attention
+from posenc.attention.rules import AttentionRule
 from posenc.schemes.base import AttentionContext, Scheme
 
 

@@ -17,7 +17,7 @@ import math
 import torch
 
 from posenc.errors import PosencError
-from posenc.extensions.attention.rules import AttentionRule
+from posenc.attention.rules import AttentionRule
 from posenc.rope.apply import apply_rope_table, math_dtype, rope_cos_sin
 
 BLOCK = 256  # query rows per block (times the GQA group): a piece's mask is at most BLOCK x its edge width
@@ -95,6 +95,7 @@ def rule_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Atte
     if q_offset < 0 or q_offset + Tq > Tk:
         raise PosencError(f"q_offset: queries must sit among the keys (0 <= q_offset <= Tk - Tq = {Tk - Tq}), "
                           f"got {q_offset}")
+    rule.check_resolved()
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     g = Hq // Hk
     dev = q.device

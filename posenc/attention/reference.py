@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from posenc import reference as ref
-from posenc.extensions.attention.rules import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
+from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
 
 
 def self_extend_pair(i: int, j: int, group_size: int, window: int):
