@@ -25,7 +25,7 @@ import torch
 import posenc
 from posenc.kernels import rope_dispatch
 from posenc.rope.angles import Angles
-from posenc.rope.apply import _table_for
+from posenc.rope.tables import table_for
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             return lambda *a, **kw: None
 
     q, k, pos = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 1, 128), torch.tensor([1000])
-    entry = _table_for(10000.0, None, None, 1.0, 128, torch.device("cpu"), torch.float32)
+    entry = table_for(10000.0, None, None, 1.0, 128, torch.device("cpu"), torch.float32)
     angles = Angles(pos, entry.inv64, 1.0, entry.packed())
     outs = [torch.empty_like(q), torch.empty_like(k)]
     from posenc.rope import apply as apply_module

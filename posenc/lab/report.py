@@ -70,13 +70,10 @@ def _linked_plots(report: Path) -> set[str]:
 def write_report(doc: dict, out: Path) -> Path:
     """Write report.md and the plots into ``out``."""
     meta = doc["meta"]
-    s = meta["settings"]
-    m, t = s["model"], s["train"]
     earlier = _linked_plots(out / "report.md")
     plots = make_plots(doc, out)
     for name in earlier - set(plots):        # an earlier run's plot (a task this run does not have): not ours now
         (out / name).unlink(missing_ok=True)
-    data = meta.get("data") or {}
     incomplete = meta.get("incomplete")
     lines = [
         f"# posenc lab: preset `{meta['preset']}`",
@@ -91,6 +88,34 @@ def write_report(doc: dict, out: Path) -> Path:
         f"started {meta['started']}; {meta.get('cpu') or meta.get('platform', 'CPU not recorded')}; "
         f"Python {meta['python']}, torch {meta['torch']}.",
         "",
+        *_settings_lines(meta),
+    ]
+    lines += ["", "## Results", "", main_table(doc), "",
+              "Notes: `n/a (table = N)`: a learned position table has no row past its training length, so the model "
+              "cannot run there (nothing is clamped). `bands k/b/i`: rotary pairs kept / blended / interpolated by "
+              "the method at this head dimension; for an attention method (Self-Extend, ReRoPE, Dual Chunk, sinks) the "
+              "cell says which distances it keeps exact and what it does beyond. Dynamic NTK uses transformers' formula with factor 1, i.e. the "
+              "static NTK base for exactly (length / train length) at each length.", ""]
+    for name in plots:
+        lines += [f"![{name}]({name})", ""]
+    steps = criterion_table(meta)
+    if steps:
+        lines += ["## Training to the criterion", "", steps, ""]
+    lines += ["## Timings", "", markdown(["model", "train (s)", "eval (s)", "train tokens/s", "train GFLOP/s", "steps"],
+              [[k, str(v["train"]), str(v["eval"]), str(v.get("tokens_per_s", "-")), str(v.get("gflops", "-")),
+                _steps(v)] for k, v in meta["timings_s"].items()]), ""]
+    costs = extension_costs(meta)
+    if costs:
+        lines += ["## Extension costs", "", costs, ""]
+    return atomic_write_text(out / "report.md", "\n".join(lines))
+
+
+def _settings_lines(meta: dict) -> list[str]:
+    """The report's "Settings" section: model, training, evaluation, extension methods, positions and data."""
+    s = meta["settings"]
+    m, t = s["model"], s["train"]
+    data = meta.get("data") or {}
+    lines = [
         "## Settings (identical for every scheme" + (" but the steps listed per scheme)" if s.get("scheme_step_scale")
                                                        else ")"),
         "",
@@ -131,24 +156,7 @@ def write_report(doc: dict, out: Path) -> Path:
                      f"{data.get('files_sha256')}, Python {data.get('python_version')}), train "
                      f"{data.get('train_bytes')} bytes, validation {data.get('val_bytes')} bytes, split "
                      f"{data.get('split')}")
-    lines += ["", "## Results", "", main_table(doc), "",
-              "Notes: `n/a (table = N)`: a learned position table has no row past its training length, so the model "
-              "cannot run there (nothing is clamped). `bands k/b/i`: rotary pairs kept / blended / interpolated by "
-              "the method at this head dimension; for an attention method (Self-Extend, ReRoPE, Dual Chunk, sinks) the "
-              "cell says which distances it keeps exact and what it does beyond. Dynamic NTK uses transformers' formula with factor 1, i.e. the "
-              "static NTK base for exactly (length / train length) at each length.", ""]
-    for name in plots:
-        lines += [f"![{name}]({name})", ""]
-    steps = criterion_table(meta)
-    if steps:
-        lines += ["## Training to the criterion", "", steps, ""]
-    lines += ["## Timings", "", markdown(["model", "train (s)", "eval (s)", "train tokens/s", "train GFLOP/s", "steps"],
-              [[k, str(v["train"]), str(v["eval"]), str(v.get("tokens_per_s", "-")), str(v.get("gflops", "-")),
-                _steps(v)] for k, v in meta["timings_s"].items()]), ""]
-    costs = extension_costs(meta)
-    if costs:
-        lines += ["## Extension costs", "", costs, ""]
-    return atomic_write_text(out / "report.md", "\n".join(lines))
+    return lines
 
 
 def _steps(timing: dict) -> str:

@@ -158,22 +158,9 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, job: TrainJo
     opt = make_optimizer(model, settings)
     start = 0
     check_choice(precision, "precision", ("fp32", "bf16"), error=ConfigError)
-    train_settings = asdict(settings)
-    if train_settings["bias_lr_scale"] == 1.0:  # absent at its default: older checkpoints still resume
-        del train_settings["bias_lr_scale"]
-    run_settings = {"train": train_settings, **(run_settings or {})}
-    if precision != "fp32":  # absent for fp32, so checkpoints written before the setting existed still resume
-        run_settings["precision"] = precision
-    run_settings = _jsonable(run_settings)
+    run_settings = _checkpoint_settings(settings, run_settings, precision)
     if resume and ckpt_path is not None and Path(ckpt_path).exists():
-        try:
-            meta = load_checkpoint(ckpt_path, model, opt)
-        except CheckpointError as exc:
-            raise CheckpointError(f"{exc}. {restart_hint(ckpt_path)}") from None
-        if meta["settings"] != run_settings:
-            raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; use a new out folder, "
-                                  f"or {restart_hint(ckpt_path, lower=True)}")
-        start = meta["step"]
+        start = _resume(ckpt_path, model, opt, run_settings)
     net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
     if world_size > 1:
         check_batch_size(sampler.batch_size, world_size)
@@ -210,6 +197,31 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, job: TrainJo
     model.eval()
     return {"step": end, "losses": [float(x) for x in losses], "wall_s": time.perf_counter() - t0,
             "resumed_from": start, "criterion_met": met}
+
+
+def _checkpoint_settings(settings: TrainSettings, run_settings: dict | None, precision: str) -> dict:
+    """The settings a checkpoint records and a resume must match: ``settings`` under "train", the caller's
+    ``run_settings`` beside it, the precision when it is not fp32; as plain JSON values."""
+    train_settings = asdict(settings)
+    if train_settings["bias_lr_scale"] == 1.0:  # absent at its default: older checkpoints still resume
+        del train_settings["bias_lr_scale"]
+    run_settings = {"train": train_settings, **(run_settings or {})}
+    if precision != "fp32":  # absent for fp32, so checkpoints written before the setting existed still resume
+        run_settings["precision"] = precision
+    return _jsonable(run_settings)
+
+
+def _resume(ckpt_path, model: torch.nn.Module, opt: torch.optim.Optimizer, run_settings: dict) -> int:
+    """Load the checkpoint at ``ckpt_path`` into ``model`` and ``opt`` -> its step; CheckpointError (with how to
+    start over) when it cannot be read or was written with other settings."""
+    try:
+        meta = load_checkpoint(ckpt_path, model, opt)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}. {restart_hint(ckpt_path)}") from None
+    if meta["settings"] != run_settings:
+        raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; use a new out folder, "
+                              f"or {restart_hint(ckpt_path, lower=True)}")
+    return meta["step"]
 
 
 def _criterion(model: torch.nn.Module, until: Callable[[], bool], world_size: int) -> bool:

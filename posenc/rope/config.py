@@ -27,7 +27,8 @@ Forms accepted (all seen in real config.json files):
     ('llama3', 128, 8.0)
 
 Each family-specific rule above is read the way that family's transformers config class reads it (the tests build
-the transformers config or model and compare). Validation uses the metadata each rope type registers in
+the transformers config or model and compare); the per-family facts (default bases, partial rotary factors, local /
+global keys, M-RoPE sections, vision towers) are tables in ``posenc.rope.families``. Validation uses the metadata each rope type registers in
 ``posenc.rope.registry``: missing keys raise ``ConfigError`` naming them and the type; suspicious values warn with
 the reason.
 """
@@ -46,78 +47,22 @@ from typing import Any
 from posenc._validate import check_float, check_int, heads_divide, is_int, is_number
 from posenc.errors import ConfigError
 from posenc.rope.registry import MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, rope_type_function
+# the per-family facts are re-exported here, where users and posenc.tools import them
+from posenc.rope.families import (AXIAL_VISION_TYPES, BASE_KEY_TYPES, CONFIG_DEFAULTS,  # noqa: F401 (re-exported)
+                                  DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE, DEFAULT_THETA_BY_MODEL_TYPE, EMBED_DIM_HEADS,
+                                  KEY_ALIASES, LOCAL_GLOBAL_THETA, MROPE_FAMILIES, TEXT_MODEL_TYPE, VISION_TOWER_OF,
+                                  config_value, model_type_of)
 
 # keys of the scaling dict that become RopeConfig fields rather than entries of ``params``
 _FIELD_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
 # legacy rope_type names -> current ones: transformers renamed Phi-3's "su" to "longrope"; Qwen2-VL's "mrope"
 # is default frequencies split into sections by the model (mrope_section), which transformers also reads as default
 _ALIASES = {"su": "longrope", "mrope": "default"}
-# GPT-J / CodeGen spell three config keys the GPT-2 way (transformers' attribute_map); the usual name wins if both
-KEY_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
 DEFAULT_THETA = 10000.0
 # per-head widths past this are no model's (the largest published is 512): refused before arange(head_dim) overflows
 MAX_HEAD_DIM = 1 << 16
 # the largest base float32 holds: transformers (and posenc) raise theta to a power in float32
 MAX_THETA = 3.4028234663852886e38
-
-# rope_theta that transformers' config class assumes when a config.json gives none, where it is not 10000
-# (tests/rope/test_config.py checks every entry against the transformers config classes). Local / global pairs
-# are (global, local): the theta of full-attention and of sliding-attention layers.
-DEFAULT_THETA_BY_MODEL_TYPE: dict[str, float | tuple[float, float]] = {
-    "llama4": 5e5, "llama4_text": 5e5, "smollm3": 2e6, "cohere": 5e5, "exaone": 5e5, "olmo3": (5e5, 5e5),
-    "helium": 1e5,
-    "gpt_oss": 1.5e5, "qwen2_vl": 1e6, "qwen2_vl_text": 1e6, "qwen2_5_vl": 1e6, "qwen2_5_vl_text": 1e6,
-    "qwen3_vl_text": 5e5, "qwen3_vl_moe_text": 5e5, "ernie4_5": 5e5, "bitnet": 5e5,
-    "gemma3_text": (1e6, 1e4), "gemma3n_text": (1e6, 1e4), "modernbert": (160_000.0, 1e4),
-    "modernbert-decoder": (160_000.0, 1e4),
-}
-# partial_rotary_factor that transformers' config class assumes when a config.json gives none, where it is not 1
-# (also checked against transformers): GLM rotates half of each head, GPT-NeoX and StableLM a quarter.
-DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE = {
-    "glm": 0.5, "glm4": 0.5, "glm4_moe": 0.5, "phi": 0.5, "persimmon": 0.5, "nemotron": 0.5,
-    "recurrent_gemma": 0.5, "stablelm": 0.25, "gpt_neox": 0.25, "qwen3_next": 0.25, "qwen3_5_text": 0.25,
-}
-# Families with a second RoPE base for sliding-window (local) layers, in transformers 4.x's flat form:
-# model_type -> (global theta key, local theta key, whether rope_scaling also applies to local layers).
-# Gemma 3 scales its global layers only (linear x8 on gemma-3-4b+); ModernBERT applies rope_scaling to both.
-# OLMo 3 has no local key: its config class gives sliding layers the default base whatever rope_theta says.
-LOCAL_GLOBAL_THETA = {
-    "olmo3": ("rope_theta", None, False),
-    "gemma3_text": ("rope_theta", "rope_local_base_freq", False),
-    "gemma3n_text": ("rope_theta", "rope_local_base_freq", False),
-    "modernbert": ("global_rope_theta", "local_rope_theta", True),
-    "modernbert-decoder": ("global_rope_theta", "local_rope_theta", True),
-}
-# Text models whose rotary splits the pairs by M-RoPE sections whatever the config says: transformers' default
-# mrope_section when the config gives none, and the order their rotary hard-codes (True: Qwen3-VL's interleaved
-# t, h, w cycling; False: contiguous sections). Checked against those rotary classes in the tests.
-MROPE_FAMILIES = {
-    "qwen2_vl": ((16, 24, 24), False), "qwen2_vl_text": ((16, 24, 24), False),
-    "qwen2_5_vl": ((16, 24, 24), False), "qwen2_5_vl_text": ((16, 24, 24), False),
-    "qwen3_vl": ((24, 20, 20), True), "qwen3_vl_text": ((24, 20, 20), True),
-    "qwen3_5": ((11, 11, 10), True), "qwen3_5_text": ((11, 11, 10), True),
-    "glm4v": ((8, 12, 12), False), "glm4v_text": ((8, 12, 12), False),
-}
-# Vision towers whose 2-D RoPE transformers calls "axial" (their config classes default to it), and the posenc
-# type that reproduces their frequencies; old checkpoints name the vision part after the parent model.
-AXIAL_VISION_TYPES = {
-    "qwen2_vl_vision": "axial", "qwen2_5_vl_vision": "axial", "qwen3_vl_vision": "axial",
-    "qwen3_vl_moe_vision": "axial", "glm4v_vision": "axial", "glm4v_moe_vision": "axial",
-    "paddleocr_vl_vision": "axial", "pixtral": "axial_pixtral",
-    "llama4_vision_model": "axial",   # interleaved pairs (rope_layout); positions: llama4_vision_position_ids
-}
-# model types whose transformers config class reads the base from another key before a top-level rope_theta
-# (GPTNeoXConfig: rotary_emb_base)
-BASE_KEY_TYPES = {"gpt_neox": "rotary_emb_base", "gpt_neox_japanese": "rotary_emb_base"}
-# parent model_type -> model_type of its vision tower (read when the vision_config does not say)
-VISION_TOWER_OF = {
-    "qwen2_vl": "qwen2_vl_vision", "qwen2_5_vl": "qwen2_5_vl_vision", "qwen3_vl": "qwen3_vl_vision",
-    "qwen3_vl_moe": "qwen3_vl_moe_vision", "glm4v": "glm4v_vision", "glm4v_moe": "glm4v_moe_vision",
-    "paddleocr_vl": "paddleocr_vl_vision", "llama4": "llama4_vision_model",
-}
-# model types whose vision config sizes heads by embed_dim (Qwen2-VL's hidden_size is the merger's output width)
-_EMBED_DIM_HEADS = {"qwen2_vl_vision"}
-
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -283,14 +228,9 @@ def rope_section(config: Mapping) -> Mapping:
         parent = model_type_of(config)
         if text.get("model_type") is None and parent is not None:
             # transformers builds the text config class of the parent model: take its family rules along
-            text = {**text, "model_type": _TEXT_MODEL_TYPE.get(parent, parent)}
+            text = {**text, "model_type": TEXT_MODEL_TYPE.get(parent, parent)}
         return text
     return config
-
-
-# parent model_type -> its text config's model_type, where family rules (local/global theta) key on the latter
-_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text",
-                    "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
 
 
 def _normalised_scaling(scaling: Mapping, cfg: Mapping) -> dict:
@@ -341,12 +281,6 @@ def _nested_entries(scaling: Mapping) -> dict[str, dict | None]:
             raise ConfigError(f"per-layer-type RoPE parameters: entry {key!r} must be a JSON object of RoPE "
                               f"parameters or null (a layer type without RoPE), got {_short(value)}")
     return {k: (None if v is None else dict(v)) for k, v in scaling.items()}
-
-
-def model_type_of(cfg: Mapping) -> str | None:
-    """cfg["model_type"] when it is a string (junk values read as absent), else None."""
-    model_type = cfg.get("model_type")
-    return model_type if isinstance(model_type, str) else None
 
 
 def _family(cfg: Mapping) -> str | None:
@@ -430,27 +364,6 @@ def _select_entry(cfg: Mapping, layer_type: str | None) -> tuple[dict, bool]:
     return dict(_scaling_of(cfg)), False
 
 
-# what the transformers config classes (5.x) put in place of an absent key (an explicit null stays null): Llama 4
-# chunks its RoPE layers' attention by default, the local/global families have a window, the Qwen family's window
-# is off unless use_sliding_window says otherwise, and Falcon's context is 2048 (Falcon-7B/40B's files omit it)
-_QWEN_WINDOW_OFF = {"use_sliding_window": False}
-CONFIG_DEFAULTS = {"llama4": {"attention_chunk_size": 8192}, "llama4_text": {"attention_chunk_size": 8192},
-                   "gemma2": {"sliding_window": 4096}, "gemma3": {"sliding_window": 4096},
-                   "gemma3_text": {"sliding_window": 4096}, "gemma3n": {"sliding_window": 512},
-                   "gemma3n_text": {"sliding_window": 512}, "cohere2": {"sliding_window": 4096},
-                   "olmo3": {"sliding_window": 4096}, "mistral": {"sliding_window": 4096},
-                   "gpt_oss": {"sliding_window": 128}, "falcon": {"max_position_embeddings": 2048},
-                   **{t: _QWEN_WINDOW_OFF for t in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen3",
-                                                    "qwen3_moe", "smollm3")}}
-
-
-def config_value(cfg: Mapping, key: str):
-    """cfg[key], or the model family's default when the key is absent (``CONFIG_DEFAULTS``), else None."""
-    if key in cfg:
-        return cfg[key]
-    return CONFIG_DEFAULTS.get(model_type_of(cfg), {}).get(key)
-
-
 def _get(cfg: Mapping, key: str):
     """cfg[key], or its GPT-J alias (n_embd, n_head, n_positions) when the usual key is absent or null."""
     value = cfg.get(key)
@@ -467,7 +380,7 @@ def _head_dim(cfg: Mapping) -> int:
     head_dim = cfg.get("head_dim")
     if head_dim:  # 0 / null fall back to the ratio, as in transformers (`head_dim or hidden // heads`)
         return check_int(head_dim, "head_dim", min=1, error=ConfigError)
-    hidden_key = "embed_dim" if model_type_of(cfg) in _EMBED_DIM_HEADS else "hidden_size"
+    hidden_key = "embed_dim" if model_type_of(cfg) in EMBED_DIM_HEADS else "hidden_size"
     hidden = cfg.get(hidden_key) if hidden_key == "embed_dim" else _get(cfg, "hidden_size")
     heads = _get(cfg, "num_attention_heads")
     if heads is None:

@@ -230,7 +230,7 @@ def test_public_cuda_route_through_the_interpreter(interpret, monkeypatch, case)
     monkeypatch.setattr(apply_module, "KERNEL_ANGLE_DEVICES", frozenset({"cuda", "cpu"}))
     # (CPU tensors stand in for CUDA ones here: the CPU-only decode fast path must not take the calls)
     cpu_rope.PLANS.clear()
-    monkeypatch.setattr(apply_module, "_remember", lambda *args: None)
+    monkeypatch.setattr(apply_module, "remember", lambda *args: None)
     monkeypatch.setattr(rope_dispatch, "backend_for", lambda x: rope_dispatch._triton_backend)
     sources, rope_into = [], triton_rope.rope_into
 
@@ -406,10 +406,10 @@ def test_gpu_positions_that_require_grad_get_their_gradient():
 def test_gpu_frequencies_are_the_cpu_ones():
     # the cause of an fp32 GPU/CPU mismatch that grew with the position (6.6e-4 at position ~5300 on an H200):
     # inv_freq computed by CUDA's float32 pow, 1-2 ulp off the CPU's (and transformers') values
-    from posenc.rope.apply import _table_for  # the table cache is the subject of this test
+    from posenc.rope.tables import table_for  # the table cache is the subject of this test
 
     for dim, base in [(96, 10000.0), (128, 500000.0), (64, 1e6)]:
-        cuda = _table_for(base, None, dim, 1.0, dim, torch.device("cuda"), torch.float32).inv64
-        cpu = _table_for(base, None, dim, 1.0, dim, torch.device("cpu"), torch.float32).inv64
+        cuda = table_for(base, None, dim, 1.0, dim, torch.device("cuda"), torch.float32).inv64
+        cpu = table_for(base, None, dim, 1.0, dim, torch.device("cpu"), torch.float32).inv64
         assert torch.equal(cuda.cpu(), cpu)
         assert torch.equal(posenc.default_inv_freq(dim, base, device="cuda").cpu(), posenc.default_inv_freq(dim, base))

@@ -302,8 +302,8 @@ def test_nonsense_frequencies_are_refused(kwargs, match):
 
 def _cached_rows(inv_freq=None, base=10000.0, scaling=1.0, dim=8, dtype=torch.float32):
     """The table apply_rope keeps for these frequencies (looked up the way apply_rope does)."""
-    from posenc.rope.apply import _table_for
-    return _table_for(base, inv_freq, None, scaling, dim, torch.device("cpu"), dtype)
+    from posenc.rope.tables import table_for
+    return table_for(base, inv_freq, None, scaling, dim, torch.device("cpu"), dtype)
 
 
 def test_changed_frequencies_or_scaling_give_fresh_correct_results():
@@ -347,7 +347,7 @@ def test_table_grows_on_demand_keeping_earlier_rows_bit_identical():
 
 def test_tables_are_keyed_by_dtype_and_bounded():
     from posenc.rope.angles import angles_cos_sin
-    from posenc.rope.apply import RopeTableCache, _Table
+    from posenc.rope.tables import RopeTableCache, _Table
     x64 = torch.randn(2, 4, 8, dtype=torch.float64)
     pos = torch.arange(4) + 50_000
     got = apply_rope(x64, pos, base=321.0)                             # float64 activations: a float64 table

@@ -72,15 +72,15 @@ def fresh_memory():
 
 @pytest.fixture
 def hits(monkeypatch):
-    """How many apply_rope_qk calls the fast path finished (a spy on apply._run_known)."""
+    """How many apply_rope_qk calls the fast path finished (a spy on posenc.rope.apply.run_known)."""
     counter = {"n": 0}
-    run = apply_mod._run_known
+    run = apply_mod.run_known
 
     def spy(*args):
         result = run(*args)
         counter["n"] += result is not None
         return result
-    monkeypatch.setattr(apply_mod, "_run_known", spy)
+    monkeypatch.setattr(apply_mod, "run_known", spy)
     return counter
 
 

@@ -299,11 +299,11 @@ def test_the_copy_cpu_count_is_read_from_the_results():
     count here), never a typed-in number."""
     import json
 
-    from posenc.tools.pick import _evidence
+    from posenc.tools.pick_rules import evidence
 
     doc = json.loads((Path(__file__).resolve().parents[2] / "docs/results/copy-cpu/results.json").read_text())
     per_model = [v for r in doc["results"] if r["metric"] == "exact_match" and r["eval_len"] == 128
                  for v in r["values"]]
     n_pass = sum(v >= 0.95 for v in per_model)
     assert len(per_model) == 33 and n_pass == 32          # xPos seed 1 at 93.0% (docs/lab.md)
-    assert f"; {n_pass} of {len(per_model)} models >= 95% exact at 1x" in _evidence("lab_copy")
+    assert f"; {n_pass} of {len(per_model)} models >= 95% exact at 1x" in evidence("lab_copy")
