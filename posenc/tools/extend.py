@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from posenc._outputs import check_output
 from posenc._validate import check_choice, check_float, check_int
+from posenc.attention.registry import attention_method_names
 from posenc.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
@@ -315,13 +316,18 @@ def format_result(result: ExtendResult, out: str | None) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("config", help="the model's config.json (or a folder holding one), or a .gguf file")
+    parser.add_argument("config", help="the model's config.json (or a folder holding one), or a .gguf file (with "
+                                       "--out NEW.gguf: a new GGUF file for llama.cpp, every tensor copied)")
     parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
-    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None], required=True, help="context-extension method")
+    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None]
+                        + list(attention_method_names()), required=True,
+                        help="context-extension method (an attention method only for --out NEW.gguf, where "
+                             "self-extend prints llama.cpp's group-attention flags)")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
                         help="4: write rope_scaling (rope_theta at top level); 5: rope_parameters (default)")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", help="file to write the new config.json to ('-' prints it)")
+    where.add_argument("--out", help="file to write the new config.json to ('-' prints it); for a .gguf input, a "
+                                     "new .gguf name writes a GGUF file for llama.cpp")
     where.add_argument("--in-place", action="store_true", help="overwrite the input config (atomically)")
     parser.add_argument("--factor", type=float, default=None,
                         help="scaling factor (default target / original context); > 1, or >= 1 for dynamic")
@@ -348,6 +354,18 @@ def longrope_factors(path: str | os.PathLike) -> tuple[list, list]:
                       "search's rope_scaling.json), or a config whose rope_scaling/rope_parameters holds one")
 
 
+def _factor_files(args) -> None:
+    """Check the longrope factor options against --method, and read --longrope FILE into ``args.short_factor`` /
+    ``args.long_factor``."""
+    if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(
+            args.method).options:
+        raise ConfigError("--short-factor/--long-factor/--longrope only apply to --method longrope")
+    if args.longrope:
+        if args.short_factor or args.long_factor:
+            raise ConfigError("--longrope gives both factor lists: drop --short-factor/--long-factor")
+        args.short_factor, args.long_factor = longrope_factors(args.longrope)
+
+
 def run(args) -> int:
     from posenc.gguf import is_gguf
 
@@ -363,13 +381,11 @@ def run(args) -> int:
         check_output(args.out, f"--out {args.out}", inputs=[
             ("--short-factor file", args.short_factor), ("--long-factor file", args.long_factor),
             ("--longrope file", args.longrope)])
-    if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(
-            args.method).options:
-        raise ConfigError("--short-factor/--long-factor/--longrope only apply to --method longrope")
-    if args.longrope:
-        if args.short_factor or args.long_factor:
-            raise ConfigError("--longrope gives both factor lists: drop --short-factor/--long-factor")
-        args.short_factor, args.long_factor = longrope_factors(args.longrope)
+    if not args.in_place and is_gguf(src) and is_gguf(args.out):
+        from posenc.tools import extend_gguf
+
+        return extend_gguf.run(args)   # a GGUF for llama.cpp (it reads the factor files through _factor_files)
+    _factor_files(args)
     result = extend_config(src, args.target_length, args.method, transformers_version=args.transformers_version,
                            factor=args.factor, short_factor=args.short_factor, long_factor=args.long_factor,
                            replace=args.replace)
