@@ -19,10 +19,11 @@ and every tensor of the input (tensor data copied byte for byte, never re-quanti
 Which architecture reads what is llama.cpp's (src/llama-model.cpp's common hyper-parameter loader reads the
 rope.scaling keys for every architecture; src/models/<arch>.cpp decides whether per-frequency factor tensors reach
 ``ggml_rope_ext``): only the llama graph passes them (``model.get_rope_factors``), so llama3 and longrope are
-refused for qwen2 and gemma3, where the tensors would be ignored. Dynamic NTK (llama.cpp has none), and every
-attention method but Self-Extend, are refused with the reason; Self-Extend is llama.cpp's run-time group attention,
-so its flags are printed and no file is written. The write is atomic (posenc._atomic.atomic_path): an interrupted
-write leaves no file under the output name.
+refused for qwen2 and gemma3, where the tensors would be ignored. Gemma 3's scaling reaches only its
+full-attention layers in llama.cpp (as in transformers), so its numbers are those of those layers' RoPE. Dynamic
+NTK (llama.cpp has none), and every attention method but Self-Extend, are refused with the reason; Self-Extend is
+llama.cpp's run-time group attention, so its flags are printed and no file is written. The write is atomic
+(posenc._atomic.atomic_path): an interrupted write leaves no file under the output name.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ ARCHITECTURES = ("llama", "qwen2", "gemma3")
 # model.get_rope_factors; src/models/qwen2.cpp and gemma3.cpp pass none)
 FACTOR_TENSOR_ARCHITECTURES = ("llama",)
 FACTOR_TENSOR_METHODS = ("llama3", "longrope")
+# the architectures whose sliding-window layers llama.cpp runs with their own base and scale 1 whatever the file's
+# rope.scaling keys say (src/llama-model.cpp, gemma3: rope_freq_base_train_swa 10000, rope_freq_scale_train_swa 1)
+GLOBAL_LAYERS_ONLY = ("gemma3",)
 # why llama.cpp cannot run a frequency method as posenc means it
 REFUSED = {
     "dynamic": "llama.cpp has no dynamic NTK (its rope scaling types are none, linear, yarn and longrope): the base "
@@ -114,7 +118,13 @@ def plan_gguf_extension(path: str | os.PathLike, target_length: int, method: str
     arch = model.architecture
     check_method(method, arch)
     check_unscaled(model)
-    result = extend_config(path, target_length, method, transformers_version=5, factor=factor,
+    source = path
+    if arch in GLOBAL_LAYERS_ONLY:
+        # llama.cpp scales only the full-attention layers here (the sliding-window ones keep their own base and
+        # scale 1), as transformers scales only Gemma 3's full_attention entry: the numbers are those of the
+        # full-attention layers' RoPE, a plain RoPE config without the family's per-layer-type reading
+        source = {k: v for k, v in model.config.items() if k != "model_type"}
+    result = extend_config(source, target_length, method, transformers_version=5, factor=factor,
                            short_factor=short_factor, long_factor=long_factor)
     rope = result.config["rope_parameters"]
     build = _FORMS[rope["rope_type"] if method != "ntk" else "ntk"]
@@ -129,7 +139,8 @@ def _linear(arch, rope, result):
     from gguf import GGUFValueType as T, Keys
 
     s = float(rope["factor"])
-    meta = {_key(arch, Keys.Rope.SCALING_TYPE): ("linear", T.STRING), _key(arch, Keys.Rope.SCALING_FACTOR): (s, T.FLOAT32)}
+    meta = {_key(arch, Keys.Rope.SCALING_TYPE): ("linear", T.STRING),
+            _key(arch, Keys.Rope.SCALING_FACTOR): (s, T.FLOAT32)}
     return meta, {}, ["--rope-scaling", "linear", "--rope-scale", f"{s:g}"], []
 
 
@@ -157,9 +168,13 @@ def _yarn(arch, rope, result):
 def _ntk(arch, rope, result):
     from gguf import GGUFValueType as T, Keys
 
-    theta = float(rope["rope_theta"])
+    import numpy as np
+
+    # GGUF holds the base as float32 (llama.cpp's too): the flag gives the same float32 value as the file
+    theta = float(np.float32(rope["rope_theta"]))
     return ({_key(arch, Keys.Rope.FREQ_BASE): (theta, T.FLOAT32)}, {}, ["--rope-freq-base", f"{theta:.9g}"],
-            [f"static NTK is a new base ({arch}.rope.freq_base {theta:.9g}); llama.cpp stores it as float32"])
+            [f"static NTK is a new base: {arch}.rope.freq_base {float(rope['rope_theta']):.9g} (float32 "
+             f"{theta:.9g})"])
 
 
 def _divisors(result, seq_len: int):
