@@ -382,9 +382,7 @@ def run(args) -> int:
             ("--short-factor file", args.short_factor), ("--long-factor file", args.long_factor),
             ("--longrope file", args.longrope)])
     if not args.in_place and is_gguf(src) and is_gguf(args.out):
-        from posenc.tools import extend_gguf
-
-        return extend_gguf.run(args)   # a GGUF for llama.cpp (it reads the factor files through _factor_files)
+        return _run_gguf(args)
     _factor_files(args)
     result = extend_config(src, args.target_length, args.method, transformers_version=args.transformers_version,
                            factor=args.factor, short_factor=args.short_factor, long_factor=args.long_factor,
@@ -397,4 +395,39 @@ def run(args) -> int:
     out = src_file if args.in_place else Path(args.out)
     write_json_atomic(out, result.config)
     print(format_result(result, str(out)))
+    return 0
+
+
+# ---- a GGUF file for llama.cpp (posenc.tools.extend_gguf says how llama.cpp reads each number) -------------------
+
+def plan_gguf_extension(path: str | os.PathLike, target_length: int, method: str, *, factor: float | None = None,
+                        short_factor=None, long_factor=None):
+    """What ``posenc extend MODEL.gguf --out NEW.gguf`` writes (a posenc.tools.extend_gguf.GGUFExtension): the
+    numbers ``extend_config`` computes for the file and method, in llama.cpp's keys and tensors. ConfigError for
+    a method or architecture llama.cpp cannot run as posenc means it."""
+    from posenc.gguf import read_gguf
+    from posenc.tools import extend_gguf
+
+    model = read_gguf(path)
+    source = extend_gguf.extend_source(model, method)
+    result = extend_config(source, target_length, method, transformers_version=5, factor=factor,
+                           short_factor=short_factor, long_factor=long_factor)
+    return extend_gguf.llama_cpp_form(model, result)
+
+
+def _run_gguf(args) -> int:
+    """``posenc extend MODEL.gguf --out NEW.gguf`` (--out already checked by run)."""
+    from posenc.gguf import read_gguf
+    from posenc.tools import extend_gguf
+
+    src, out = args.config, args.out
+    extend_gguf.check_method(args.method, read_gguf(src).architecture)
+    if args.method == extend_gguf.SELF_EXTEND:
+        extend_gguf.print_self_extend(src, args.target_length)
+        return 0
+    _factor_files(args)
+    plan = plan_gguf_extension(src, args.target_length, args.method, factor=args.factor,
+                               short_factor=args.short_factor, long_factor=args.long_factor)
+    extend_gguf.write_gguf_extension(src, out, plan)
+    print(extend_gguf.format_plan(plan, str(src), str(out)))
     return 0

@@ -107,27 +107,26 @@ def check_unscaled(model) -> None:
                           "scaling for an unscaled GGUF only (two scalings would stack)")
 
 
-def plan_gguf_extension(path: str | os.PathLike, target_length: int, method: str, *, factor: float | None = None,
-                        short_factor=None, long_factor=None) -> GGUFExtension:
-    """What to write for ``method`` at ``target_length`` into a copy of the GGUF file ``path`` (see the module
-    docstring); ConfigError for a method or architecture llama.cpp cannot run as posenc means it."""
-    from posenc.gguf import read_gguf
-    from posenc.tools.extend import extend_config
-
-    model = read_gguf(path)
-    arch = model.architecture
-    check_method(method, arch)
+def extend_source(model, method: str):
+    """What ``posenc.tools.extend.extend_config`` computes the numbers from for the GGUF file ``model`` (a
+    posenc.gguf.GGUFModel): its path, or for Gemma 3 its full-attention layers' RoPE as a plain config. ConfigError
+    first for a method or architecture llama.cpp cannot run as posenc means it, or a file already scaled."""
+    check_method(method, model.architecture)
     check_unscaled(model)
-    source = path
-    if arch in GLOBAL_LAYERS_ONLY:
+    if model.architecture in GLOBAL_LAYERS_ONLY:
         # llama.cpp scales only the full-attention layers here (the sliding-window ones keep their own base and
         # scale 1), as transformers scales only Gemma 3's full_attention entry: the numbers are those of the
         # full-attention layers' RoPE, a plain RoPE config without the family's per-layer-type reading
-        source = {k: v for k, v in model.config.items() if k != "model_type"}
-    result = extend_config(source, target_length, method, transformers_version=5, factor=factor,
-                           short_factor=short_factor, long_factor=long_factor)
+        return {k: v for k, v in model.config.items() if k != "model_type"}
+    return model.path
+
+
+def llama_cpp_form(model, result) -> GGUFExtension:
+    """What to write into a copy of the GGUF file ``model`` for ``result`` (the ExtendResult, transformers 5.x
+    form, that ``extend_config`` gave for ``extend_source(model, method)``); see the module docstring."""
+    arch = model.architecture
     rope = result.config["rope_parameters"]
-    build = _FORMS[rope["rope_type"] if method != "ntk" else "ntk"]
+    build = _FORMS[rope["rope_type"] if result.method != "ntk" else "ntk"]
     metadata, tensors, flags, notes = build(arch, rope, result)
     # (type None: the file's own type for the entry is kept)
     metadata = {f"{arch}.context_length": (result.config["max_position_embeddings"], None), **metadata}
@@ -312,24 +311,9 @@ def _shown(value) -> str:
     return f"{value:.9g}" if isinstance(value, float) else str(value)
 
 
-def run(args) -> int:
-    """``posenc extend MODEL.gguf --out NEW.gguf``: posenc.tools.extend.run hands the call here once it has checked
-    --out (posenc._outputs.check_output) and read the longrope factor files into ``args``."""
-    from posenc.gguf import read_gguf
-
-    src, out = args.config, args.out
-    check_method(args.method, read_gguf(src).architecture)
-    if args.method == SELF_EXTEND:
-        flags, rule = self_extend_flags(src, args.target_length)
-        print(f"extend: no file written: llama.cpp runs Self-Extend at run time as group attention (G "
-              f"{rule.group_size}, W {rule.window} from posenc's rule), not from GGUF metadata; its llama-completion "
-              f"and llama-passkey tools take: llama-completion -m {src} {' '.join(flags)}")
-        return 0
-    from posenc.tools.extend import _factor_files
-
-    _factor_files(args)
-    plan = plan_gguf_extension(src, args.target_length, args.method, factor=args.factor,
-                               short_factor=args.short_factor, long_factor=args.long_factor)
-    write_gguf_extension(src, out, plan)
-    print(format_plan(plan, str(src), str(out)))
-    return 0
+def print_self_extend(src: str, target_length: int) -> None:
+    """What ``posenc extend MODEL.gguf --method self-extend --out NEW.gguf`` prints (it writes no file)."""
+    flags, rule = self_extend_flags(src, target_length)
+    print(f"extend: no file written: llama.cpp runs Self-Extend at run time as group attention (G {rule.group_size}, "
+          f"W {rule.window} from posenc's rule), not from GGUF metadata; its llama-completion and llama-passkey "
+          f"tools take: llama-completion -m {src} {' '.join(flags)}")

@@ -203,7 +203,8 @@ def test_self_extend_prints_llama_cpp_group_attention_flags_and_writes_nothing(t
 # ---- interrupted writes ----------------------------------------------------------------------------------------
 
 def test_an_exception_mid_write_leaves_no_file(tmp_path, monkeypatch):
-    from posenc.tools.extend_gguf import plan_gguf_extension, write_gguf_extension
+    from posenc.tools.extend import plan_gguf_extension
+    from posenc.tools.extend_gguf import write_gguf_extension
 
     src = tiny_llama_gguf(tmp_path / "m.gguf")
     plan = plan_gguf_extension(src, TARGET, "llama3")
