@@ -254,7 +254,7 @@ def yarn_mscale(s: float, m: float = 1.0) -> float:
     return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
 
 
-def _yarn_betas(cfg: RopeConfig) -> tuple[float, float]:
+def yarn_betas(cfg: RopeConfig) -> tuple[float, float]:
     """(beta_fast, beta_slow), rotations over L0; transformers treats 0 / null as the defaults 32 and 1."""
     def beta(key: str, default: float) -> float:
         value = cfg.params.get(key)
@@ -274,7 +274,7 @@ def _yarn_ramp(cfg: RopeConfig) -> torch.Tensor:
     d = cfg.rotary_dim
     if cfg.theta <= 1:
         raise ConfigError(f"rope_type 'yarn' needs rope_theta > 1, got {cfg.theta}")
-    beta_fast, beta_slow = _yarn_betas(cfg)
+    beta_fast, beta_slow = yarn_betas(cfg)
     orig = cfg.original_max_position_embeddings
 
     def dim_for(rotations):  # dimension index whose wavelength fits `rotations` times into L0
@@ -291,7 +291,7 @@ def _yarn_ramp(cfg: RopeConfig) -> torch.Tensor:
 
 def _yarn_check(cfg: RopeConfig) -> list[str]:
     reasons = []
-    fast, slow = _yarn_betas(cfg)
+    fast, slow = yarn_betas(cfg)
     if fast < slow:
         reasons.append(f"beta_fast ({fast}) should be >= beta_slow ({slow}): the ramp runs backwards")
     factor, lmax, orig = cfg.params.get("factor"), cfg.max_position_embeddings, cfg.original_max_position_embeddings

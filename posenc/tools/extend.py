@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from posenc._outputs import check_output
 from posenc._validate import check_choice, check_float, check_int
+from posenc.attention.registry import attention_method_names
 from posenc.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
@@ -315,13 +316,18 @@ def format_result(result: ExtendResult, out: str | None) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("config", help="the model's config.json (or a folder holding one), or a .gguf file")
+    parser.add_argument("config", help="the model's config.json (or a folder holding one), or a .gguf file (with "
+                                       "--out NEW.gguf: a new GGUF file for llama.cpp, every tensor copied)")
     parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
-    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None], required=True, help="context-extension method")
+    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None]
+                        + list(attention_method_names()), required=True,
+                        help="context-extension method (an attention method only for --out NEW.gguf, where "
+                             "self-extend prints llama.cpp's group-attention flags)")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
                         help="4: write rope_scaling (rope_theta at top level); 5: rope_parameters (default)")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", help="file to write the new config.json to ('-' prints it)")
+    where.add_argument("--out", help="file to write the new config.json to ('-' prints it); for a .gguf input, a "
+                                     "new .gguf name writes a GGUF file for llama.cpp")
     where.add_argument("--in-place", action="store_true", help="overwrite the input config (atomically)")
     parser.add_argument("--factor", type=float, default=None,
                         help="scaling factor (default target / original context); > 1, or >= 1 for dynamic")
@@ -348,6 +354,18 @@ def longrope_factors(path: str | os.PathLike) -> tuple[list, list]:
                       "search's rope_scaling.json), or a config whose rope_scaling/rope_parameters holds one")
 
 
+def _factor_files(args) -> None:
+    """Check the longrope factor options against --method, and read --longrope FILE into ``args.short_factor`` /
+    ``args.long_factor``."""
+    if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(
+            args.method).options:
+        raise ConfigError("--short-factor/--long-factor/--longrope only apply to --method longrope")
+    if args.longrope:
+        if args.short_factor or args.long_factor:
+            raise ConfigError("--longrope gives both factor lists: drop --short-factor/--long-factor")
+        args.short_factor, args.long_factor = longrope_factors(args.longrope)
+
+
 def run(args) -> int:
     from posenc.gguf import is_gguf
 
@@ -363,13 +381,9 @@ def run(args) -> int:
         check_output(args.out, f"--out {args.out}", inputs=[
             ("--short-factor file", args.short_factor), ("--long-factor file", args.long_factor),
             ("--longrope file", args.longrope)])
-    if (args.short_factor or args.long_factor or args.longrope) and "short_factor" not in get_method(
-            args.method).options:
-        raise ConfigError("--short-factor/--long-factor/--longrope only apply to --method longrope")
-    if args.longrope:
-        if args.short_factor or args.long_factor:
-            raise ConfigError("--longrope gives both factor lists: drop --short-factor/--long-factor")
-        args.short_factor, args.long_factor = longrope_factors(args.longrope)
+    if not args.in_place and is_gguf(src) and is_gguf(args.out):
+        return _run_gguf(args)
+    _factor_files(args)
     result = extend_config(src, args.target_length, args.method, transformers_version=args.transformers_version,
                            factor=args.factor, short_factor=args.short_factor, long_factor=args.long_factor,
                            replace=args.replace)
@@ -381,4 +395,39 @@ def run(args) -> int:
     out = src_file if args.in_place else Path(args.out)
     write_json_atomic(out, result.config)
     print(format_result(result, str(out)))
+    return 0
+
+
+# ---- a GGUF file for llama.cpp (posenc.tools.extend_gguf says how llama.cpp reads each number) -------------------
+
+def plan_gguf_extension(path: str | os.PathLike, target_length: int, method: str, *, factor: float | None = None,
+                        short_factor=None, long_factor=None):
+    """What ``posenc extend MODEL.gguf --out NEW.gguf`` writes (a posenc.tools.extend_gguf.GGUFExtension): the
+    numbers ``extend_config`` computes for the file and method, in llama.cpp's keys and tensors. ConfigError for
+    a method or architecture llama.cpp cannot run as posenc means it."""
+    from posenc.gguf import read_gguf
+    from posenc.tools import extend_gguf
+
+    model = read_gguf(path)
+    source = extend_gguf.extend_source(model, method)
+    result = extend_config(source, target_length, method, transformers_version=5, factor=factor,
+                           short_factor=short_factor, long_factor=long_factor)
+    return extend_gguf.llama_cpp_form(model, result)
+
+
+def _run_gguf(args) -> int:
+    """``posenc extend MODEL.gguf --out NEW.gguf`` (--out already checked by run)."""
+    from posenc.gguf import read_gguf
+    from posenc.tools import extend_gguf
+
+    src, out = args.config, args.out
+    extend_gguf.check_method(args.method, read_gguf(src).architecture)
+    if args.method == extend_gguf.SELF_EXTEND:
+        extend_gguf.print_self_extend(src, args.target_length)
+        return 0
+    _factor_files(args)
+    plan = plan_gguf_extension(src, args.target_length, args.method, factor=args.factor,
+                               short_factor=args.short_factor, long_factor=args.long_factor)
+    extend_gguf.write_gguf_extension(src, out, plan)
+    print(extend_gguf.format_plan(plan, str(src), str(out)))
     return 0
