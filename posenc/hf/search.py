@@ -49,10 +49,10 @@ class ModelSearchResult:
 
 
 def _read_config(model_dir: Path, replace: bool):
-    from posenc.hf.evaluate import read_config
+    from posenc.hf.loading import read_config
     from posenc.rope.config import load_rope_config, rope_layer_types
-    from posenc.tools.contexts import original_context
-    from posenc.tools.inspect import detect_scheme
+    from posenc.rope.contexts import trained_length
+    from posenc.rope.describe import detect_scheme
 
     config = read_config(model_dir)
     data = config.to_dict()
@@ -70,7 +70,7 @@ def _read_config(model_dir: Path, replace: bool):
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"model {model_dir}: its config already uses rope_type {rc.rope_type!r}; pass replace=True "
                           "(--replace) to search factors for its original context instead")
-    return config, data, rc, original_context(rc)
+    return config, data, rc, trained_length(rc)
 
 
 def _candidate_config(config, data: dict, target: int, long_factor, n_pairs: int, replace: bool):
@@ -87,7 +87,7 @@ def _candidate_config(config, data: dict, target: int, long_factor, n_pairs: int
 
 
 def _token_splits(tokenizer, data: str | None, target: int, windows: int, heldout_windows: int):
-    from posenc.hf.evaluate import token_stream
+    from posenc.hf.eval.adapter import token_stream
     from posenc.hf.lab_bridge import training_bytes
 
     raw, meta = training_bytes(data)
@@ -119,8 +119,9 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     from posenc._validate import check_choice, check_int, positive_int
     from posenc._atomic import check_writable_folder
     from posenc._outputs import check_output
-    from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device,
-                                    check_model_files, load_causal_lm, load_tokenizer, model_files)
+    from posenc.devices import check_device
+    from posenc.hf.loading import (DTYPES, check_attn_implementation, check_model_files, load_causal_lm,
+                                   load_tokenizer, model_files)
     from posenc.hf.families import find_rotary
     from posenc.search.fitness import perplexity_fitness
     from posenc._fingerprint import file_fingerprint, tensor_fingerprint
@@ -267,7 +268,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from posenc.hf.evaluate import check_threads
+    from posenc.hf.eval.settings import check_threads
     from posenc.search.longrope import LongRopeSettings
 
     threads = check_threads(args.threads)

@@ -38,7 +38,7 @@ from posenc.extensions import ExtensionSpec, get_method, method_config, method_n
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
-from posenc.tools.contexts import MAX_CONTEXT, original_context
+from posenc.rope.contexts import MAX_CONTEXT, trained_length
 from posenc.tools.inspect import HEAD_DIM_DERIVED_TYPES, detect_scheme
 
 HELP = "Write a config.json extended to a longer context with a RoPE scaling method (linear, ntk, yarn, ...)."
@@ -153,9 +153,9 @@ def _validated(config, target_length, method, transformers_version, factor, repl
     old_warnings = {str(w.message) for w in caught}
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"the config already uses rope_type {rc.rope_type!r} (original context "
-                          f"{original_context(rc)}); pass --replace to swap it for {method!r} computed from that "
+                          f"{trained_length(rc)}); pass --replace to swap it for {method!r} computed from that "
                           "original context")
-    original = original_context(rc)
+    original = trained_length(rc)
     if original is None:
         raise ConfigError("the config has no max_position_embeddings (or original_max_position_embeddings): "
                           "the original context is unknown")

@@ -28,7 +28,7 @@ from posenc._outputs import check_output
 from posenc._validate import check_float, check_int, even_int, positive_float
 from posenc.errors import ConfigError, PosencError
 from posenc.extensions import METHODS
-from posenc.tools.contexts import MAX_CONTEXT, claimed_context, original_context
+from posenc.rope.contexts import MAX_CONTEXT, claimed_context, trained_length
 
 HELP = "Draw positional-encoding plots: sinusoidal, rope, scaling, alibi, decay."
 
@@ -273,7 +273,7 @@ def plot_rope(out, config=None, *, head_dim: int | None = None, theta: float | N
                             original=original, max_position_embeddings=max_position_embeddings)
     rc = load_rope_config(mapping)
     claimed, _ = claimed_context(rc)
-    l0 = original_context(rc)
+    l0 = trained_length(rc)
     if seq_len is not None:
         _positive_int(seq_len, "seq_len", MAX_CONTEXT)
     at = seq_len or claimed or (2 * l0 if l0 else None)
@@ -407,7 +407,7 @@ def plot_scaling(out, config=None, *, head_dim: int | None = None, theta: float 
             raise PosencError(f"--head-dim {head_dim} gives {int(head_dim * partial) // 2} frequency pairs, but the "
                               f"config's LongRoPE factors are for {rc.rotary_dim // 2}: drop --head-dim or --config")
         theta = rc.theta if theta is None else theta
-        original = (original_context(rc) or DEFAULT_ORIGINAL) if original is None else original
+        original = (trained_length(rc) or DEFAULT_ORIGINAL) if original is None else original
         claimed, _ = claimed_context(rc)
         if factor is None and claimed and claimed > original:
             factor = claimed / original
