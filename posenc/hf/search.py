@@ -202,10 +202,8 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
                "dtype": dtype, "batch_size": batch_size, "attn_implementation": attn_implementation,
                "replace": replace}
     dev = model.get_input_embeddings().weight.device
-    fitness = perplexity_fitness(forward, search_tokens, target_length, set_factors, batch_size=batch_size,
-                                 device=dev)
-    heldout = perplexity_fitness(forward, heldout_tokens, target_length, set_factors, batch_size=batch_size,
-                                 device=dev)
+    fitness, heldout = (perplexity_fitness(forward, tokens, target_length, set_factors, batch_size=batch_size,
+                                           device=dev) for tokens in (search_tokens, heldout_tokens))
     try:
         result = longrope_search(fitness, heldout=heldout, rotary_dim=rc.rotary_dim, theta=rc.theta,
                                  original_length=original, target_length=target_length, settings=settings,

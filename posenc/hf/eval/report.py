@@ -53,32 +53,25 @@ def report_tables(doc: dict) -> str:
 
 
 def side_by_side(doc: dict) -> str:
-    """Markdown tables: perplexity per protocol (rows = method, columns = eval length), then passkey."""
-    rows = doc["results"]
+    """Markdown tables, one per task and metric: rows = method and protocol (rows with a depth: the mean over the
+    depths), columns = eval length; a bounded metric (an accuracy) with 2 decimals, others with 3."""
+    from posenc.lab.tasks.checks import value_range
+    from posenc.lab.tasks.registry import TASKS
+
     out = []
-    for task, metric, key in (("lm", "ppl", "protocol"), ("passkey", "exact_match", "depth")):
-        sel = [r for r in rows if r["task"] == task and r["metric"] == metric]
-        if not sel:
-            continue
+    for task, metric in dict.fromkeys((r["task"], r["metric"]) for r in doc["results"]):
+        sel = [r for r in doc["results"] if r["task"] == task and r["metric"] == metric]
         lens = sorted({r["eval_len"] for r in sel})
         groups: dict = {}
         for r in sel:
-            groups.setdefault((r["scaling"], r[key] if task == "lm" else "mean over depths"), {}).setdefault(
-                r["eval_len"], []).append(r["value"])
-        title = "perplexity" if task == "lm" else "passkey exact match"
-        out.append(f"{title}\n\n| method | {'protocol' if task == 'lm' else ''} | "
-                   + " | ".join(str(L) for L in lens) + " |\n|---|---|" + "---|" * len(lens))
+            sub = r.get("protocol") or ("mean over depths" if r.get("depth") is not None else "")
+            groups.setdefault((r["scaling"], sub), {}).setdefault(r["eval_len"], []).append(r["value"])
+        spec = ".2f" if value_range(TASKS.get(task), metric) else ".3f"
+        out.append(f"{task} {metric}\n\n| method | protocol | " + " | ".join(str(L) for L in lens)
+                   + " |\n|---|---|" + "---|" * len(lens))
         for (method, sub), by_len in groups.items():
-            cells = []
-            for L in lens:
-                vals = by_len.get(L)
-                if not vals:
-                    cells.append("-")
-                elif any(v is None for v in vals):
-                    cells.append("n/a")
-                else:
-                    v = sum(vals) / len(vals)
-                    cells.append(f"{v:.3f}" if task == "lm" else f"{v:.2f}")
+            cells = ["-" if not by_len.get(L) else "n/a" if None in by_len[L]
+                     else format(sum(by_len[L]) / len(by_len[L]), spec) for L in lens]
             out.append(f"| {method} | {sub} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
@@ -121,6 +114,18 @@ def _data_line(meta: dict) -> str:
             f"token {meta['settings'].get('eval_offset') or 0} (--eval-offset)")
 
 
+def _task_setting_lines(s: dict) -> list[str]:
+    """report.md's line per task that declares settings: their values as run (and the seed)."""
+    from posenc.lab.tasks.registry import TASKS
+
+    lines = []
+    for name in s["tasks"]:
+        declared = [d.name for d in getattr(TASKS.get(name), "settings", ()) if d.name in s]
+        if declared:
+            lines.append(f"- {name}: " + ", ".join(f"{k} {s[k]}" for k in declared) + f"; seed {s['seed']}")
+    return lines
+
+
 def report_markdown(doc: dict, plots: list[str] = ()) -> str:
     """report.md: what was measured, on what, how long; the lab's tables and plots."""
     meta, s = doc["meta"], doc["meta"]["settings"]
@@ -136,9 +141,7 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
              f"({s.get('sliding_tokens') or s['eval_tokens']} per sliding length); "
              f"sliding stride {s['sliding_stride']} "
              f"(-1: half the length, 0: off) on {s['sliding_lens'] or [max(s['eval_lens'])]}"]
-    if "passkey_depths" in s:     # (absent when a plug-in replaced the passkey task)
-        lines.append(f"- passkey: depths {s['passkey_depths']}, {s['passkey_trials']} trials per cell, seed "
-                     f"{s['seed']}")
+    lines += _task_setting_lines(s)
     if data:
         lines.append(_data_line(meta))
     for method, m in meta["methods"].items():
