@@ -112,8 +112,8 @@ _EXPORTS = {
     "unpatch": "posenc.hf.patch",
     "is_patched": "posenc.hf.patch",
     "export_lab_model": "posenc.hf.export",
-    "evaluate_model": "posenc.hf.evaluate",
-    "EvalSettings": "posenc.hf.evaluate",
+    "evaluate_model": "posenc.hf.eval.loop",
+    "EvalSettings": "posenc.hf.eval.settings",
     "search_model": "posenc.hf.search",
 }
 

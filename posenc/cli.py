@@ -23,7 +23,7 @@ COMMANDS = {
     "search": "posenc.hf.search_command",
     "pick": "posenc.tools.pick",
     "export": "posenc.hf.export",
-    "eval": "posenc.hf.evaluate",
+    "eval": "posenc.hf.eval.command",
     "convert": "posenc.hf.gguf",
 }
 

@@ -274,27 +274,13 @@ def _check(folder: Path, lab_model, length: int) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
-def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, scheme: str | None = None,
-                     task: str = "lm", seed: int | None = None, rope_scaling: str | None = None,
-                     factor: float | None = None, max_positions: int | None = None, overwrite: bool = False,
-                     check: bool = True) -> ExportResult:
-    """Write the lab model in ``source`` as a transformers model folder ``out_dir``; see the module docstring.
-
-    source: a lab checkpoint (.safetensors) or a ``posenc lab`` run folder (then ``scheme`` picks
-    ``checkpoints/TASK-SCHEME-seedN``; seed None = the lowest). rope_scaling: an extension method (linear, ntk,
-    dynamic, yarn, llama3, longrope) written into config.json at ``factor`` x the training length (RoPE only).
-    max_positions: the longest input of the sinusoidal (GPT-2 table) and ALiBi (MPT) exports (default 16 x the
-    training length). overwrite: replace a non-empty ``out_dir``. check: load the written folder with transformers
-    and compare logits with the lab model (relative 1e-4), before moving it into place.
-    Raises ConfigError / CheckpointError (ValueErrors) naming the reason for schemes transformers cannot express.
-    """
+def _check_arguments(rope_scaling, factor, max_positions) -> None:
+    """ConfigError naming the argument for an extension method the export cannot write, a factor without one (or
+    out of range), or a max_positions out of range."""
     from posenc._validate import check_float, check_int
-    from posenc.hf.lab_bridge import (absolute_table, anatomy, check_config_method, checkpoint_progress, lab_methods,
-                                      load_lab_model, set_lab_extension, set_lab_scaling)
-    from posenc.hf.tokenizer import save_byte_tokenizer
-    from posenc.tools.contexts import MAX_CONTEXT
+    from posenc.hf.lab_bridge import check_config_method
+    from posenc.rope.contexts import MAX_CONTEXT
 
-    # the arguments first: nothing is read or written before they pass
     if max_positions is not None:
         check_int(max_positions, "max_positions", min=1, max=MAX_CONTEXT, error=ConfigError)
     if rope_scaling is not None:
@@ -306,27 +292,13 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
                           "--factor needs --rope-scaling METHOD (e.g. --rope-scaling yarn --factor 4)")
     if factor is not None:
         check_float(factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)
-    path = _resolve_source(source, scheme, task, seed)
-    out_dir = Path(out_dir)
-    _prepare_out(out_dir, overwrite, [Path(source), path])
-    model, settings = load_lab_model(path)
-    a = anatomy(model)
-    if scheme is not None and scheme != a.scheme:
-        raise ConfigError(f"scheme {scheme!r} given, but checkpoint {path} holds a {a.scheme!r} model")
-    if a.scheme in REFUSED:
-        raise ConfigError(f"scheme {a.scheme}: cannot export: {REFUSED[a.scheme]}")
-    if a.scheme not in ARCHITECTURES:
-        raise ConfigError(f"scheme {a.scheme}: no transformers architecture expresses it; exportable schemes: "
-                          f"{', '.join(ARCHITECTURES)}")
-    if rope_scaling is not None and a.scheme != "rope":
-        raise ConfigError(f"rope_scaling: only a RoPE model takes an extension method; this one is {a.scheme}")
-    notes: list[str] = []
-    progress = checkpoint_progress(path)
-    if progress["step"] < progress["steps"] and not progress["stopped_by_criterion"]:
-        partial = (f"checkpoint {path} holds step {progress['step']} of {progress['steps']}: an interrupted run's "
-                   "model, exported as it is (finish it with posenc lab --resume first)")
-        warnings.warn(partial, stacklevel=2)
-        notes.append(partial)
+
+
+def _architecture(a, model, max_positions, notes: list[str]):
+    """-> (the transformers config, the state dict, the position limit or None) of the architecture that expresses
+    the lab model's scheme (GPT-NeoX, GPT-2 or MPT); what the export notes goes into ``notes``."""
+    from posenc.hf.lab_bridge import absolute_table
+
     limit = max_positions or 16 * a.max_len
     if a.scheme in ("rope", "nope"):
         config, sd = _neox(a, rotary=a.scheme == "rope")
@@ -352,26 +324,77 @@ def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, s
         _check_position_memory(limit, a)
         config, sd = _mpt(a, limit)
         notes.append(f"MPT builds its ALiBi bias for max_seq_len = {limit} positions; longer inputs raise")
+    return config, sd, limit
 
-    written_scaling = None
-    if rope_scaling is not None:
-        from posenc.hf.scaling import extend_for_factor
 
-        # the factor asked for is the factor written, as posenc extend writes it (dynamic NTK: --factor 4 writes
-        # 4, where the lab evaluates dynamic with 1.0 at every length)
-        result = extend_for_factor(config.to_dict(), rope_scaling, factor, as_given=True)
-        config = type(config).from_dict(result.config)
-        written_scaling = dict(result.config.get("rope_parameters") or result.config.get("rope_scaling") or {})
-        notes += [f"config: {c}" for c in result.changes]
-        from posenc.hf.lab_bridge import lab_config_factor
+def _write_scaling(config, model, a, rope_scaling, factor, notes: list[str]):
+    """-> (the config with ``rope_scaling`` at ``factor`` written into it, the scaling written or None); the lab
+    model is set to run the same scaling, so the export check compares like with like."""
+    if rope_scaling is None:
+        return config, None
+    from posenc.hf.lab_bridge import lab_methods, set_lab_extension, set_lab_scaling
+    from posenc.hf.scaling import extend_for_factor
 
-        same_as_lab = lab_config_factor(rope_scaling, factor, a.max_len) == float(factor)
-        if rope_scaling in lab_methods() and same_as_lab:  # the check compares with the lab's meaning of the method
-            set_lab_extension(model, rope_scaling, factor)
-        else:  # a method the lab does not evaluate (longrope): the lab model runs the scaling that was written
-            set_lab_scaling(model, {k: v for k, v in written_scaling.items()
-                                    if k not in ("rope_theta", "partial_rotary_factor")},
-                            result.config["max_position_embeddings"])
+    # the factor asked for is the factor written, as posenc extend writes it (dynamic NTK: --factor 4 writes
+    # 4, where the lab evaluates dynamic with 1.0 at every length)
+    result = extend_for_factor(config.to_dict(), rope_scaling, factor, as_given=True)
+    config = type(config).from_dict(result.config)
+    written_scaling = dict(result.config.get("rope_parameters") or result.config.get("rope_scaling") or {})
+    notes += [f"config: {c}" for c in result.changes]
+    from posenc.hf.lab_bridge import lab_config_factor
+
+    same_as_lab = lab_config_factor(rope_scaling, factor, a.max_len) == float(factor)
+    if rope_scaling in lab_methods() and same_as_lab:  # the check compares with the lab's meaning of the method
+        set_lab_extension(model, rope_scaling, factor)
+    else:  # a method the lab does not evaluate (longrope): the lab model runs the scaling that was written
+        set_lab_scaling(model, {k: v for k, v in written_scaling.items()
+                                if k not in ("rope_theta", "partial_rotary_factor")},
+                        result.config["max_position_embeddings"])
+    return config, written_scaling
+
+
+def export_lab_model(source: str | os.PathLike, out_dir: str | os.PathLike, *, scheme: str | None = None,
+                     task: str = "lm", seed: int | None = None, rope_scaling: str | None = None,
+                     factor: float | None = None, max_positions: int | None = None, overwrite: bool = False,
+                     check: bool = True) -> ExportResult:
+    """Write the lab model in ``source`` as a transformers model folder ``out_dir``; see the module docstring.
+
+    source: a lab checkpoint (.safetensors) or a ``posenc lab`` run folder (then ``scheme`` picks
+    ``checkpoints/TASK-SCHEME-seedN``; seed None = the lowest). rope_scaling: an extension method (linear, ntk,
+    dynamic, yarn, llama3, longrope) written into config.json at ``factor`` x the training length (RoPE only).
+    max_positions: the longest input of the sinusoidal (GPT-2 table) and ALiBi (MPT) exports (default 16 x the
+    training length). overwrite: replace a non-empty ``out_dir``. check: load the written folder with transformers
+    and compare logits with the lab model (relative 1e-4), before moving it into place.
+    Raises ConfigError / CheckpointError (ValueErrors) naming the reason for schemes transformers cannot express.
+    """
+    from posenc.hf.lab_bridge import anatomy, checkpoint_progress, load_lab_model
+    from posenc.hf.tokenizer import save_byte_tokenizer
+
+    _check_arguments(rope_scaling, factor, max_positions)   # nothing is read or written before they pass
+    path = _resolve_source(source, scheme, task, seed)
+    out_dir = Path(out_dir)
+    _prepare_out(out_dir, overwrite, [Path(source), path])
+    model, settings = load_lab_model(path)
+    a = anatomy(model)
+    if scheme is not None and scheme != a.scheme:
+        raise ConfigError(f"scheme {scheme!r} given, but checkpoint {path} holds a {a.scheme!r} model")
+    if a.scheme in REFUSED:
+        raise ConfigError(f"scheme {a.scheme}: cannot export: {REFUSED[a.scheme]}")
+    if a.scheme not in ARCHITECTURES:
+        raise ConfigError(f"scheme {a.scheme}: no transformers architecture expresses it; exportable schemes: "
+                          f"{', '.join(ARCHITECTURES)}")
+    if rope_scaling is not None and a.scheme != "rope":
+        raise ConfigError(f"rope_scaling: only a RoPE model takes an extension method; this one is {a.scheme}")
+    notes: list[str] = []
+    progress = checkpoint_progress(path)
+    if progress["step"] < progress["steps"] and not progress["stopped_by_criterion"]:
+        partial = (f"checkpoint {path} holds step {progress['step']} of {progress['steps']}: an interrupted run's "
+                   "model, exported as it is (finish it with posenc lab --resume first)")
+        warnings.warn(partial, stacklevel=2)
+        notes.append(partial)
+    config, sd, limit = _architecture(a, model, max_positions, notes)
+
+    config, written_scaling = _write_scaling(config, model, a, rope_scaling, factor, notes)
     if a.vocab_size != 256:
         notes.append(f"no tokenizer written: the model's vocabulary is {a.vocab_size} tokens, not the 256 bytes")
 

@@ -282,10 +282,11 @@ def passkey_prompt(length: int, depth: float, key: str) -> tuple[str, str]:
     return passkey_example(length, depth, key)
 
 
-def passkey_key_digits() -> int:
-    from posenc.lab.tasks.passkey import KEY_DIGITS
+def passkey_episode_chars(encode, n_tokens: int) -> int | None:
+    """The lab passkey task's ``episode_chars``: the longest episode ``encode`` fits into ``n_tokens``."""
+    from posenc.lab.tasks.passkey import episode_chars
 
-    return KEY_DIGITS
+    return episode_chars(encode, n_tokens)
 
 
 def training_bytes(data: str | None = None) -> tuple[torch.Tensor, dict]:

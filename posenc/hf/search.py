@@ -49,10 +49,10 @@ class ModelSearchResult:
 
 
 def _read_config(model_dir: Path, replace: bool):
-    from posenc.hf.evaluate import read_config
+    from posenc.hf.loading import read_config
     from posenc.rope.config import load_rope_config, rope_layer_types
     from posenc.rope.contexts import trained_length
-    from posenc.tools.inspect import detect_scheme
+    from posenc.rope.describe import detect_scheme
 
     config = read_config(model_dir)
     data = config.to_dict()
@@ -87,7 +87,7 @@ def _candidate_config(config, data: dict, target: int, long_factor, n_pairs: int
 
 
 def _token_splits(tokenizer, data: str | None, target: int, windows: int, heldout_windows: int):
-    from posenc.hf.evaluate import token_stream
+    from posenc.hf.eval.adapter import token_stream
     from posenc.hf.lab_bridge import training_bytes
 
     raw, meta = training_bytes(data)
@@ -99,46 +99,13 @@ def _token_splits(tokenizer, data: str | None, target: int, windows: int, heldou
     return stream[:n_search], stream[n_search:n_search + n_heldout], byte_level, meta
 
 
-def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=None, data: str | None = None,
-                 windows: int = 4, heldout_windows: int = 4, batch_size: int = 1, device: str = "cpu",
-                 dtype: str = "float32", attn_implementation: str | None = None,
-                 out_config: str | os.PathLike | None = None, checkpoint: str | os.PathLike | None = None,
-                 resume: bool = True, overwrite: bool = False, replace: bool = False,
-                 progress: bool = True) -> ModelSearchResult:
-    """Search LongRoPE long factors for extending the transformers model in ``model_dir`` to ``target_length``
-    tokens and write them as a new config beside it; see the module docstring.
-
-    settings: ``posenc.search.longrope.LongRopeSettings`` (default: the paper's population 64, 40 generations;
-    n_hat_choices must be (0,)). windows / heldout_windows: windows of target_length tokens in the search and
-    held-out fitness. batch_size: windows per forward. out_config: where the config goes (default
-    MODEL_DIR/config.longrope-TARGET.json; never MODEL_DIR/config.json); overwrite: replace an existing out_config.
-    checkpoint: the search state (default: longrope-search-TARGET.json beside out_config); resume=False restarts it.
-    replace: search a model whose config already has a rope scaling (from its original context).
-    """
-    from posenc._atomic import atomic_write_json
-    from posenc._validate import check_choice, check_int, positive_int
+def _output_paths(folder: Path, target_length: int, data, out_config, checkpoint, overwrite: bool):
+    """-> (the config file to write, the search record), checked before anything is loaded: never a model's file
+    or an input, not a folder, an existing config only with ``overwrite``, two distinct files in writable folders."""
     from posenc._atomic import check_writable_folder
     from posenc._outputs import check_output
-    from posenc.hf.evaluate import (DTYPES, check_attn_implementation, check_device,
-                                    check_model_files, load_causal_lm, load_tokenizer, model_files)
-    from posenc.hf.families import find_rotary
-    from posenc.search.fitness import perplexity_fitness
-    from posenc._fingerprint import file_fingerprint, tensor_fingerprint
-    from posenc.search.longrope import LongRopeSettings, is_search_checkpoint, longrope_search
+    from posenc.search.longrope import is_search_checkpoint
 
-    folder = Path(model_dir)
-    settings = settings or LongRopeSettings()
-    if tuple(settings.n_hat_choices) != (0,):
-        raise ConfigError(f"n_hat_choices: transformers' longrope has no n_hat (leading positions left unscaled); "
-                          f"expected (0,), got {settings.n_hat_choices}")
-    config, data_dict, rc, original = _read_config(folder, replace)
-    check_model_files(folder, config)  # weights and tokenizer are there too
-    check_int(target_length, "target_length", min=original + 1, error=ConfigError)
-    for name, value in (("windows", windows), ("heldout_windows", heldout_windows), ("batch_size", batch_size)):
-        positive_int(value, name, error=ConfigError)
-    check_choice(dtype, "dtype", DTYPES, error=ConfigError)
-    check_device(device)
-    check_attn_implementation(attn_implementation)
     from posenc.gguf import is_gguf
 
     # a .gguf model's config goes beside the file (it loads with from_pretrained(folder, gguf_file=..., config=...))
@@ -168,6 +135,49 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
                           "LongRoPE search record; choose another path")
     check_output(ckpt, f"checkpoint {ckpt} (--checkpoint)", inputs=inputs)
     check_writable_folder(ckpt.parent, f"checkpoint {ckpt} (--checkpoint)")
+    return out, ckpt
+
+
+def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=None, data: str | None = None,
+                 windows: int = 4, heldout_windows: int = 4, batch_size: int = 1, device: str = "cpu",
+                 dtype: str = "float32", attn_implementation: str | None = None,
+                 out_config: str | os.PathLike | None = None, checkpoint: str | os.PathLike | None = None,
+                 resume: bool = True, overwrite: bool = False, replace: bool = False,
+                 progress: bool = True) -> ModelSearchResult:
+    """Search LongRoPE long factors for extending the transformers model in ``model_dir`` to ``target_length``
+    tokens and write them as a new config beside it; see the module docstring.
+
+    settings: ``posenc.search.longrope.LongRopeSettings`` (default: the paper's population 64, 40 generations;
+    n_hat_choices must be (0,)). windows / heldout_windows: windows of target_length tokens in the search and
+    held-out fitness. batch_size: windows per forward. out_config: where the config goes (default
+    MODEL_DIR/config.longrope-TARGET.json; never MODEL_DIR/config.json); overwrite: replace an existing out_config.
+    checkpoint: the search state (default: longrope-search-TARGET.json beside out_config); resume=False restarts it.
+    replace: search a model whose config already has a rope scaling (from its original context).
+    """
+    from posenc._atomic import atomic_write_json
+    from posenc._validate import check_choice, check_int, positive_int
+    from posenc.devices import check_device
+    from posenc.hf.loading import (DTYPES, check_attn_implementation, check_model_files, load_causal_lm,
+                                   load_tokenizer, model_files)
+    from posenc.hf.families import find_rotary
+    from posenc.search.fitness import perplexity_fitness
+    from posenc._fingerprint import file_fingerprint, tensor_fingerprint
+    from posenc.search.longrope import LongRopeSettings, longrope_search
+
+    folder = Path(model_dir)
+    settings = settings or LongRopeSettings()
+    if tuple(settings.n_hat_choices) != (0,):
+        raise ConfigError(f"n_hat_choices: transformers' longrope has no n_hat (leading positions left unscaled); "
+                          f"expected (0,), got {settings.n_hat_choices}")
+    config, data_dict, rc, original = _read_config(folder, replace)
+    check_model_files(folder, config)  # weights and tokenizer are there too
+    check_int(target_length, "target_length", min=original + 1, error=ConfigError)
+    for name, value in (("windows", windows), ("heldout_windows", heldout_windows), ("batch_size", batch_size)):
+        positive_int(value, name, error=ConfigError)
+    check_choice(dtype, "dtype", DTYPES, error=ConfigError)
+    check_device(device)
+    check_attn_implementation(attn_implementation)
+    out, ckpt = _output_paths(folder, target_length, data, out_config, checkpoint, overwrite)
     _candidate_config(config, data_dict, target_length, [1.0] * (rc.rotary_dim // 2), rc.rotary_dim // 2,
                       replace)  # refuses early what extend refuses
 
@@ -177,8 +187,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     model, _, _ = load_causal_lm(str(folder), device=device, dtype=dtype, attn_implementation=attn_implementation,
                                  progress=progress)
     parent, attr, original_rotary = find_rotary(model, "search")
-    rotary_device = next(iter(original_rotary.buffers())).device
-    n_pairs = rc.rotary_dim // 2
+    rotary_device, n_pairs = next(iter(original_rotary.buffers())).device, rc.rotary_dim // 2
 
     def set_factors(rescale: torch.Tensor, n_hat: int) -> None:
         _, cand = _candidate_config(config, data_dict, target_length, rescale.tolist(), n_pairs, replace)
@@ -193,10 +202,8 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
                "dtype": dtype, "batch_size": batch_size, "attn_implementation": attn_implementation,
                "replace": replace}
     dev = model.get_input_embeddings().weight.device
-    fitness = perplexity_fitness(forward, search_tokens, target_length, set_factors, batch_size=batch_size,
-                                 device=dev)
-    heldout = perplexity_fitness(forward, heldout_tokens, target_length, set_factors, batch_size=batch_size,
-                                 device=dev)
+    fitness, heldout = (perplexity_fitness(forward, tokens, target_length, set_factors, batch_size=batch_size,
+                                           device=dev) for tokens in (search_tokens, heldout_tokens))
     try:
         result = longrope_search(fitness, heldout=heldout, rotary_dim=rc.rotary_dim, theta=rc.theta,
                                  original_length=original, target_length=target_length, settings=settings,
@@ -267,7 +274,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from posenc.hf.evaluate import check_threads
+    from posenc.hf.eval.settings import check_threads
     from posenc.search.longrope import LongRopeSettings
 
     threads = check_threads(args.threads)

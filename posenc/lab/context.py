@@ -2,7 +2,8 @@
 
     Run         one ``posenc lab`` run: settings, corpus, device, out folder, resume/progress, log
     Evaluation  one trained model being scored: the run, the model, its labels (task, scheme, scaling method,
-                fine-tuned, seed) and where results go (rows, per-position curves)
+                fine-tuned, seed), where results go (rows, per-position curves) and the model's text codec
+                (``encode``/``decode``: bytes in the lab, the model's tokenizer in ``posenc eval``)
 
 Tasks (posenc/lab/tasks/) receive a Run when building samplers and an Evaluation when scoring.
 """
@@ -10,6 +11,8 @@ Tasks (posenc/lab/tasks/) receive a Run when building samplers and an Evaluation
 from __future__ import annotations
 
 import math
+import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -44,6 +47,25 @@ class Run:
                     bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
 
+def byte_encode(text: str) -> list[int]:
+    """The lab's tokens of ``text``: its UTF-8 bytes."""
+    return list(text.encode("utf-8"))
+
+
+def byte_decode(ids: Sequence[int]) -> str:
+    """Text of the lab's byte tokens (invalid UTF-8 becomes U+FFFD)."""
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class Meter:
+    """What ``Evaluation.measure`` yields: ``cost(result)`` is the extra fields of the row scored inside it. The lab
+    records no per-length cost (its timings are per model, in meta); ``posenc eval`` records wall and CPU time,
+    tokens/s and FLOP/s (``posenc.hf.eval.context``)."""
+
+    def cost(self, result) -> dict:
+        return {}
+
+
 def supports_length(model, length: int) -> bool:
     """False when the model has no encoding for some position < length (a learned table too short)."""
     max_len = model.scheme.max_len
@@ -64,6 +86,11 @@ class Evaluation:
     bands: dict | None = None
     curves: dict = field(default_factory=dict)
     positions: str | None = None  # None: plain training positions; "randomized N=1024" (Ruoss et al. 2023)
+    # the model's text codec: text -> the token ids the model reads, and back (a tokenizer-aware task, such as a
+    # retrieval task, builds its prompts with them and so runs on a lab model and on a real model alike)
+    encode: Callable[[str], list[int]] = byte_encode
+    decode: Callable[[Sequence[int]], str] = byte_decode
+    batch_tokens: int | None = None  # tokens per forward pass; None: the task's own default
 
     @property
     def cfg(self):
@@ -102,10 +129,16 @@ class Evaluation:
         if self.positions:
             row["positions"] = self.positions
         if value is None:
-            row["note"] = self.unsupported_note
+            row.setdefault("note", self.unsupported_note)
         elif self.diverged or not math.isfinite(value):
             row["value"], row["note"] = None, DIVERGED
         return row
+
+    @contextlib.contextmanager
+    def measure(self, length: int, stride: int | None = None):
+        """Around the scoring of one length (``stride``: its sliding stride, None for non-overlapping windows):
+        yields a ``Meter`` whose ``cost(result)`` is the row's cost fields (none in the lab)."""
+        yield Meter()
 
     def add_curve(self, values) -> None:
         """Record this model's per-position curve (rounded); a non-finite point is stored as None (diverged)."""

@@ -9,19 +9,8 @@ from typing import Any, Mapping
 
 from posenc.errors import ConfigError
 from posenc._atomic import atomic_write_json
-from posenc.rope.config import read_config_file
-
-
-def read_config(config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
-    """Return a config as a plain dict: a mapping is deep-copied; a path (a config.json or a folder holding one) is
-    read with ``posenc.rope.config.read_config_file`` (ConfigError naming the file when missing, unreadable, not
-    JSON or not a JSON object).
-    """
-    if isinstance(config, Mapping):
-        return json.loads(json.dumps(config))  # a deep copy that also rejects non-JSON values early
-    if not isinstance(config, (str, os.PathLike)):
-        raise ConfigError(f"config must be a path to a config.json or a mapping, got {type(config).__name__}")
-    return read_config_file(config)
+# (owned by posenc.rope.describe, below the tools; the tools import it from here)
+from posenc.rope.describe import read_config  # noqa: F401
 
 
 def write_json_atomic(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:

@@ -308,7 +308,8 @@ def test_standalone_entry_points_return_the_usage_status(capsys):
 def test_an_interrupted_eval_keeps_the_methods_it_finished(model_dir, tmp_path, monkeypatch, capsys):
     """--out gets each method's rows as soon as it finishes: Ctrl-C during the second method leaves the first's
     rows in results.json, marked incomplete (exit 130); a full run replaces them with everything."""
-    from posenc.hf import evaluate as E
+    from posenc.hf.eval import loop as E
+    from posenc.hf.evaluate import eval_main
 
     real = E.load_causal_lm
     calls = []
@@ -323,13 +324,13 @@ def test_an_interrupted_eval_keeps_the_methods_it_finished(model_dir, tmp_path, 
     out = tmp_path / "out"
     argv = [str(model_dir), "--eval-lens", "32", "--eval-tokens", "64", "--sliding-stride", "0", "--methods",
             "none,linear", "--factor", "2", "--out", str(out), "--no-progress"]
-    assert E.eval_main(argv) == 130
+    assert eval_main(argv) == 130
     doc = json.loads((out / "results.json").read_text())
     assert doc["meta"]["incomplete"] == "methods still to run: linear"
-    assert "an interrupted eval: --resume continues it" in fails(capsys, E.eval_main, argv)
+    assert "an interrupted eval: --resume continues it" in fails(capsys, eval_main, argv)
     assert {r["scaling"] for r in doc["results"]} == {"none"} and all(r["value"] for r in doc["results"])
     monkeypatch.setattr(E, "load_causal_lm", real)
-    assert E.eval_main([*argv, "--overwrite"]) == 0
+    assert eval_main([*argv, "--overwrite"]) == 0
     doc = json.loads((out / "results.json").read_text())
     assert "incomplete" not in doc["meta"] and {r["scaling"] for r in doc["results"]} == {"none", "linear"}
 
@@ -410,7 +411,7 @@ def _interrupted_eval(E, model_dir, out, monkeypatch, extra=()):
     argv = [str(model_dir), "--eval-lens", "32", "--eval-tokens", "64", "--sliding-stride", "0", "--methods",
             "none,linear", "--factor", "2", "--out", str(out), "--no-progress", *extra]
     monkeypatch.setattr(E, "load_causal_lm", interrupt_linear)
-    assert E.eval_main(argv) == 130
+    assert eval_main(argv) == 130
     monkeypatch.setattr(E, "load_causal_lm", real)
     return argv
 
@@ -418,7 +419,8 @@ def _interrupted_eval(E, model_dir, out, monkeypatch, extra=()):
 def test_resume_runs_only_the_methods_an_interrupted_eval_had_left(model_dir, tmp_path, monkeypatch, capsys):
     """--resume keeps the finished methods' rows (their models are not loaded again) and runs the rest: the
     results equal an uninterrupted run's, and the report says it was resumed."""
-    from posenc.hf import evaluate as E
+    from posenc.hf.eval import loop as E
+    from posenc.hf.evaluate import eval_main
 
     out = tmp_path / "out"
     argv = _interrupted_eval(E, model_dir, out, monkeypatch)
@@ -430,36 +432,37 @@ def test_resume_runs_only_the_methods_an_interrupted_eval_had_left(model_dir, tm
         return real(*args, **kwargs)
 
     monkeypatch.setattr(E, "load_causal_lm", counting)
-    assert E.eval_main([*argv, "--resume"]) == 0
+    assert eval_main([*argv, "--resume"]) == 0
     assert loaded == ["linear"]
     doc = json.loads((out / "results.json").read_text())
     assert "incomplete" not in doc["meta"] and doc["meta"]["resumed"][0]["kept"] == ["none"]
     assert [r for r in doc["results"] if r["scaling"] == "none"] == kept
     whole = tmp_path / "whole"
-    assert E.eval_main([a if a != str(out) else str(whole) for a in argv]) == 0
+    assert eval_main([a if a != str(out) else str(whole) for a in argv]) == 0
     expected = json.loads((whole / "results.json").read_text())
     assert [(r["scaling"], r["eval_len"], r["value"]) for r in doc["results"]] == \
         [(r["scaling"], r["eval_len"], r["value"]) for r in expected["results"]]
     assert (out / "report.md").is_file()
-    assert "complete; nothing to resume" in fails(capsys, E.eval_main, [*argv, "--resume"])
+    assert "complete; nothing to resume" in fails(capsys, eval_main, [*argv, "--resume"])
 
 
 def test_resume_refuses_what_would_mix_two_evaluations(model_dir, tmp_path, monkeypatch, capsys):
-    from posenc.hf import evaluate as E
+    from posenc.hf.eval import loop as E
+    from posenc.hf.evaluate import eval_main
 
     out = tmp_path / "out"
     argv = _interrupted_eval(E, model_dir, out, monkeypatch)
     other = [a if a != "64" else "96" for a in argv]                    # --eval-tokens 96
-    assert "--eval-tokens: 64 then, 96 now" in fails(capsys, E.eval_main, [*other, "--resume"])
-    assert "contradict" in fails(capsys, E.eval_main, [*argv, "--resume", "--overwrite"])
+    assert "--eval-tokens: 64 then, 96 now" in fails(capsys, eval_main, [*other, "--resume"])
+    assert "contradict" in fails(capsys, eval_main, [*argv, "--resume", "--overwrite"])
     no_out = argv[:argv.index("--out")] + argv[argv.index("--out") + 2:]
-    assert "pass --out DIR" in fails(capsys, E.eval_main, [*no_out, "--resume"])
+    assert "pass --out DIR" in fails(capsys, eval_main, [*no_out, "--resume"])
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "holds no results.json" in fails(capsys, E.eval_main,
+    assert "holds no results.json" in fails(capsys, eval_main,
                                             [a if a != str(out) else str(empty) for a in argv] + ["--resume"])
     changed = tmp_path / "changed"
     shutil.copytree(model_dir, changed)
     argv_changed = _interrupted_eval(E, changed, tmp_path / "out2", monkeypatch)
     (changed / "config.json").write_text((changed / "config.json").read_text() + "\n")     # another file now
-    assert "model's files" in fails(capsys, E.eval_main, [*argv_changed, "--resume"])
+    assert "model's files" in fails(capsys, eval_main, [*argv_changed, "--resume"])

@@ -96,23 +96,37 @@ class LanguageModelling(Task):
 
     def evaluate(self, ev) -> list[dict]:
         cfg, model, val = ev.cfg, ev.model, ev.run.corpus.val
+        batch_tokens = ev.batch_tokens or EVAL_BATCH_TOKENS
+
+        def score(L, stride=None):
+            n_tokens = cfg.eval_tokens if stride is None else cfg.sliding_tokens
+            with ev.measure(L, stride) as meter:
+                r = lm_eval(model, val, L, n_tokens=n_tokens, stride=stride, device=ev.device,
+                            batch_tokens=batch_tokens)
+            return r, meter.cost(r)
+
         rows = []
-        results = ev.map(lambda L: lm_eval(model, val, L, n_tokens=cfg.eval_tokens, device=ev.device),
-                         cfg.eval_lens, cost=lambda L: L)
-        for L, r in zip(cfg.eval_lens, results):
-            rows.append(ev.row(L, "ppl", r and r["ppl"], protocol="non-overlapping"))
+        for L, (r, cost) in zip(cfg.eval_lens, ev.map(score, cfg.eval_lens, cost=lambda L: L)):
+            rows.append(ev.row(L, "ppl", r and r["ppl"], protocol="non-overlapping", **cost))
             if r is not None and L == max(cfg.eval_lens):
                 ev.add_curve(r["per_position"])
         if cfg.sliding_stride:
             lens = cfg.sliding_lens or [max(cfg.eval_lens)]
-
-            def sliding(L):
-                stride = sliding_stride(cfg.sliding_stride, L)
-                return stride, lm_eval(model, val, L, n_tokens=cfg.sliding_tokens, stride=stride, device=ev.device)
-
-            for L, (stride, r) in zip(lens, ev.map(sliding, lens, cost=lambda L: L)):
-                rows.append(ev.row(L, "ppl", r and r["ppl"], protocol=f"sliding (stride {stride})"))
+            strides = {L: sliding_stride(cfg.sliding_stride, L) for L in lens}
+            scored = ev.map(lambda L: score(L, strides[L]), lens, cost=lambda L: L)
+            for L, (r, cost) in zip(lens, scored):
+                rows.append(ev.row(L, "ppl", r and r["ppl"], protocol=f"sliding (stride {strides[L]})", **cost))
         return rows
+
+    def text_needed(self, cfg) -> list[tuple[int, int, int | None]]:
+        """(tokens, length, stride or None) for each perplexity measurement: ``lm_eval`` reads its whole windows of
+        the eval_tokens budget (non-overlapping) or the sliding_tokens budget itself, and the last window's next
+        token."""
+        jobs = [(L, None) for L in cfg.eval_lens]
+        if cfg.sliding_stride:
+            jobs += [(L, sliding_stride(cfg.sliding_stride, L)) for L in cfg.sliding_lens or [max(cfg.eval_lens)]]
+        return [((scored_tokens(cfg.eval_tokens, L) if stride is None else max(cfg.sliding_tokens, L)) + 1, L, stride)
+                for L, stride in jobs]
 
     def report(self, results: list[dict]) -> str:
         rows = [r for r in results if r["task"] == self.name]

@@ -70,12 +70,37 @@ class PasskeySampler:
         return torch.tensor(inputs[rank::world_size]), torch.tensor(targets[rank::world_size])
 
 
+def episode_chars(encode, n_tokens: int) -> int | None:
+    """Characters of the longest passkey episode whose text ``encode`` (the model's tokenizer; the lab's bytes)
+    makes at most ``n_tokens`` tokens; None when no episode fits. For bytes it is ``n_tokens`` itself."""
+    def count(chars):
+        prompt, answer = passkey_example(chars, 0.5, "0" * KEY_DIGITS)
+        return len(encode(prompt + answer))
+
+    try:
+        chars = n_tokens
+        for _ in range(4):  # proportional steps, then walk down to the largest that fits
+            chars = max(1, int(chars * n_tokens / count(chars)))
+        while count(chars) > n_tokens:
+            chars -= max(1, (count(chars) - n_tokens) * 2)
+        return chars
+    except ValueError:  # passkey_example: too short for the key sentence and question
+        return None
+
+
 @torch.no_grad()
 def passkey_eval(model, length: int, depth: float, *, n_trials: int, seed: int, device="cpu") -> float | None:
     """Exact-match rate of greedy decoding (KV cache) of the pass key, in episodes of ``length`` characters with
     the key sentence at ``depth`` (0..1). None when the model cannot encode ``length`` positions."""
     if not supports_length(model, length):
         return None
+    return key_rate(model, length, depth, n_trials=n_trials, seed=seed, device=device)
+
+
+@torch.no_grad()
+def key_rate(model, length: int, depth: float, *, n_trials: int, seed: int, device="cpu") -> float:
+    """``passkey_eval`` without the length check: ``length`` counts the episode's characters, which the caller has
+    fitted to the model's positions (``episode_chars``)."""
     rng = random.Random(seed * 104729 + length * 1009 + round(depth * 1000))
     keys = ["".join(rng.choice("0123456789") for _ in range(KEY_DIGITS)) for _ in range(n_trials)]
     prompts = torch.tensor([encode(passkey_example(length, depth, k)[0]) for k in keys], device=device)
@@ -98,6 +123,10 @@ class Passkey(Task):
     )
 
     def check(self, cfg) -> None:
+        if not cfg.options["passkey_depths"]:
+            raise ConfigError("passkey_depths: expected at least one entry, got none")
+        if getattr(cfg, "scores_only", False):
+            return   # an evaluation of a given model: a length no episode fits is an n/a row (evaluate)
         shortest = min([cfg.train_len] + list(cfg.eval_lens))
         if shortest < passkey_min_len():
             raise ConfigError(f"train_len/eval_lens: passkey episodes need at least {passkey_min_len()} tokens, "
@@ -115,11 +144,25 @@ class Passkey(Task):
         return sum(rates) / len(rates)
 
     def evaluate(self, ev) -> list[dict]:
+        """Each length's episodes hold as many characters as ``ev.encode`` fits into it (the length itself for the
+        lab's bytes; rows record it as ``chars``); a length no episode fits is an n/a row."""
         cfg = ev.cfg
+        chars = {L: episode_chars(ev.encode, L) for L in cfg.eval_lens}
         grid = [(L, depth) for L in cfg.eval_lens for depth in cfg.options["passkey_depths"]]
-        values = ev.map(lambda item: passkey_eval(ev.model, item[0], item[1], n_trials=cfg.options["passkey_trials"],
-                                                  seed=ev.seed, device=ev.device), grid, cost=lambda item: item[0])
-        return [ev.row(L, "exact_match", v, depth=depth) for (L, depth), v in zip(grid, values)]
+
+        def rate(item):
+            L, depth = item
+            if chars[L] is None or not ev.supports(L):
+                return None
+            return key_rate(ev.model, chars[L], depth, n_trials=cfg.options["passkey_trials"], seed=ev.seed,
+                            device=ev.device)
+
+        rows = []
+        for (L, depth), v in zip(grid, ev.map(rate, grid, cost=lambda item: item[0])):
+            extra = ({"note": "n/a (too short for the passkey episode)"} if chars[L] is None
+                     else {"chars": chars[L]})
+            rows.append(ev.row(L, "exact_match", v, depth=depth, **extra))
+        return rows
 
     def report(self, results: list[dict]) -> str:
         rows = [r for r in results if r["task"] == self.name]

@@ -51,6 +51,12 @@ class Task:
         """Score ``ev.model`` (a ``posenc.lab.context.Evaluation``) -> result rows built with ``ev.row``."""
         raise NotImplementedError
 
+    def text_needed(self, cfg) -> list[tuple[int, int, int | None]]:
+        """(tokens, length, sliding stride or None) of the scored text (``run.corpus.val``) each of its
+        measurements reads, for a task that reads the corpus: a command refuses a text too short for them before
+        any model runs (default: none)."""
+        return []
+
     def criterion(self, run, model, seed: int) -> float:
         """The training criterion for ``--train-until``: a score in [0, 1] of ``model`` (eval mode, no grad) at
         the training length, on held-out episodes that are not the test ones (optional; a task without it
