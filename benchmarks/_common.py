@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 import torch.utils.benchmark as benchmark
 
-from posenc._atomic import atomic_write_json
+from posenc._internal.atomic import atomic_write_json
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

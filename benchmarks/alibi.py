@@ -57,7 +57,7 @@ from posenc.alibi import MAX_BIAS_ELEMENTS, alibi_bias, alibi_slopes  # noqa: E4
 from posenc.kernels.alibi_attention import _flex as alibi_flex  # noqa: E402
 from posenc.kernels.alibi_attention import _cpu_schedule as cpu_schedule  # noqa: E402
 from posenc.kernels.alibi_attention import causal_blocks, split_causal_attention  # noqa: E402
-from posenc.machine import busy_jiffies  # noqa: E402
+from posenc._internal.machine import busy_jiffies  # noqa: E402
 
 BASE_VARIANTS = ("sdpa_no_bias", "sdpa_prebuilt", "posenc")
 OPTIONAL_VARIANTS = ("sdpa_rebuilt", "flex", "flex_static", "no_bands")

@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     presets = ["smoke"] if args.quick else [s for s in args.presets.split(",") if s]
-    from posenc.errors import ConfigError
+    from posenc._internal.errors import ConfigError
     from posenc.schemes import check_scheme
     try:
         SCHEME[0] = check_scheme(args.scheme, "--scheme")

@@ -10,7 +10,14 @@ Public names are loaded lazily so that ``import posenc`` stays cheap (no matplot
 
 from __future__ import annotations
 
-from posenc._lazy import lazy_exports
+import sys
+
+from posenc._internal import errors as _errors
+from posenc._internal.lazy import lazy_exports
+
+# the error classes users and plug-ins catch keep their documented path, `from posenc.errors import PosencError`
+# (the module lives with the rest of the plumbing in posenc._internal; errors.py imports nothing)
+sys.modules.setdefault("posenc.errors", _errors)
 
 __version__ = "0.1.0"
 
@@ -107,6 +114,11 @@ _EXPORTS = {
     "KVCache": "posenc.nn.attention",
     "ModelConfig": "posenc.nn.model",
     "TinyLM": "posenc.nn.model",
+    # errors: every bad input raises a PosencError (a ValueError); a bad setting a ConfigError
+    "PosencError": "posenc._internal.errors",
+    "ConfigError": "posenc._internal.errors",
+    "load_plugin": "posenc._internal.plugins",
+    "Setting": "posenc._internal.settings",   # a task's or scheme's declared setting (plug-ins declare theirs)
     # Hugging Face models: patch, export, evaluate, search
     "patch": "posenc.hf.patch",
     "unpatch": "posenc.hf.patch",

@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from posenc._validate import check_int, positive_int
-from posenc.errors import PosencError
+from posenc._internal.validate import check_int, positive_int
+from posenc._internal.errors import PosencError
 
 # Far beyond any published model (BLOOM-176B: 112 heads; the widest MPT: 64), and small enough that the slope list
 # is built in milliseconds: without a bound, alibi_slopes(10**9) grows a Python list until the OOM killer ends it.

@@ -2,7 +2,7 @@
 
 Each subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 Bad input surfaces as a one-line ``posenc COMMAND: error: ...`` and exit status 2, never a traceback; the whole
-policy (bugs, closed pipes, OS errors) is ``posenc.faults``.
+policy (bugs, closed pipes, OS errors) is ``posenc._internal.faults``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from posenc.faults import Parser, flag_names, run_reporting_faults
+from posenc._internal.faults import Parser, flag_names, run_reporting_faults
 
 # subcommand -> module implementing it
 COMMANDS = {
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if plugins and argv[0] in COMMANDS:
         # imported before the parser is built, so that the settings a plug-in's tasks and methods declare get
         # their own flags (--repeat-rows), as built-in ones do; the command imports them again at no cost
-        from posenc.plugins import load_plugins
+        from posenc._internal.plugins import load_plugins
 
         def load() -> int:
             load_plugins(plugins)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 SUFFIX = ".gguf"
 
@@ -227,9 +227,9 @@ def metadata_names(path: str | os.PathLike) -> dict[str, str]:
 def errors_name_metadata(path: str | os.PathLike):
     """Inside this block, a bad-input message that names a config key read from the GGUF file at ``path`` names the
     file and its metadata key instead ("max_position_embeddings" -> "model.gguf: ... llama.context_length"): the
-    user of a .gguf file has no config.json to look in. posenc.faults.to_flags does the renaming."""
-    from posenc.errors import PosencError
-    from posenc.faults import to_flags
+    user of a .gguf file has no config.json to look in. posenc._internal.faults.to_flags does the renaming."""
+    from posenc._internal.errors import PosencError
+    from posenc._internal.faults import to_flags
 
     try:
         yield

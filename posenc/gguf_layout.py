@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)                   # the GGUF versions with 64-bit counts (what the gguf package reads too)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc._validate import check_float, positive_int
-from posenc.errors import PosencError
+from posenc._internal.validate import check_float, positive_int
+from posenc._internal.errors import PosencError
 from posenc.positions import as_positions
 from posenc.temperature import attention_temperature  # noqa: F401 (re-exported; the formula's owner)
 

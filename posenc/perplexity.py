@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from posenc._validate import check_int, positive_int
-from posenc.errors import DataError, PosencError
+from posenc._internal.validate import check_int, positive_int
+from posenc._internal.errors import DataError, PosencError
 
 
 def _check_stream(tokens) -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import check_int, positive_int
-from posenc.errors import PosencError
+from posenc._internal.validate import check_int, positive_int
+from posenc._internal.errors import PosencError
 
 MAX_TARGET = 2**30  # = posenc.tools.contexts.MAX_CONTEXT (not imported: that module pulls in the scaling registry)
 

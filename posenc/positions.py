@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 INT_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 FLOAT_POSITIONS = frozenset({torch.float32, torch.float64})

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import positive_int
-from posenc.errors import PosencError
+from posenc._internal.validate import positive_int
+from posenc._internal.errors import PosencError
 
 
 def randomized_positions(seq_len: int, max_position: int, *, generator: torch.Generator | None = None,

@@ -194,8 +194,8 @@ ROW_KEYS = ("task", "scaling", "eval_len", "value")
 def read_part(part: str) -> dict | None:
     """The part's results.json (None before it has run), or a DataError naming the file: not JSON, or without the
     objects run and collect read (meta with methods and timings_s, results rows with ROW_KEYS)."""
-    from posenc import _json
-    from posenc.errors import DataError
+    from posenc._internal import json_io as _json
+    from posenc._internal.errors import DataError
 
     path = OUT / "parts" / part / "results.json"
     if not path.is_file():
@@ -223,7 +223,7 @@ def run(args) -> int:
     docs = {part: read_part(part) for part in args.parts}          # every check before the first part runs
     for part in args.parts:
         if LONGROPE_CONFIG in PARTS[part] and not (ROOT / LONGROPE_CONFIG).is_file():
-            from posenc.errors import DataError
+            from posenc._internal.errors import DataError
             raise DataError(f"part {part} needs {LONGROPE_CONFIG}: run `python scripts/smollm2_study.py search` "
                             "first")
     for part in args.parts:
@@ -294,7 +294,7 @@ def collect(_args) -> int:
     searched = search_record()
     if searched:
         study["search"] = searched
-    from posenc._atomic import atomic_write_json, atomic_write_text
+    from posenc._internal.atomic import atomic_write_json, atomic_write_text
 
     atomic_write_json(OUT / "results.json", study)
     from posenc.tools.evidence import SHIPPED, write_extracts
@@ -896,9 +896,9 @@ def plot_passkey(study: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Bad input (an unknown part, a damaged part file) ends in one line and exit 2, before any part runs; so does
-    a file the system refuses (posenc.faults' policy)."""
-    from posenc.errors import PosencError
-    from posenc.faults import EXIT_USER, Parser, describe_os_error
+    a file the system refuses (posenc._internal.faults' policy)."""
+    from posenc._internal.errors import PosencError
+    from posenc._internal.faults import EXIT_USER, Parser, describe_os_error
 
     p = Parser(prog="smollm2_study.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)

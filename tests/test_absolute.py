@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc import reference
 from posenc.absolute import LearnedPositionalEmbedding, NoPE, SinusoidalPositionalEncoding, sinusoidal, sinusoidal_at
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 @settings(max_examples=30, deadline=None)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from posenc import reference
 from posenc.alibi import MAX_BIAS_ELEMENTS, MAX_HEADS, alibi_bias, alibi_slopes
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def test_published_slopes():

@@ -1,4 +1,4 @@
-"""posenc._atomic: writes replace a regular file whole, follow symlinks, and refuse nodes that are not files."""
+"""posenc._internal.atomic: writes replace a regular file whole, follow symlinks, and refuse nodes that are not files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from posenc._atomic import atomic_write_json, atomic_write_text
+from posenc._internal.atomic import atomic_write_json, atomic_write_text
 from posenc.cli import main
 
 
@@ -64,7 +64,7 @@ def test_a_write_gets_the_mode_a_plain_open_would_give(tmp_path):
 
 
 def test_a_folder_write_lands_whole_or_not_at_all(tmp_path):
-    from posenc._atomic import atomic_folder
+    from posenc._internal.atomic import atomic_folder
 
     out = tmp_path / "model"
     out.mkdir()
@@ -88,12 +88,12 @@ def test_a_folder_write_lands_whole_or_not_at_all(tmp_path):
 
 
 def test_temporaries_in_progress_are_registered_and_a_killed_writers_are_removed(tmp_path):
-    """What posenc.faults' watcher deletes before it ends a process stuck in a C call; and a folder left by a
+    """What posenc._internal.faults' watcher deletes before it ends a process stuck in a C call; and a folder left by a
     SIGKILLed writer (its pid gone) is removed by the next write to the same path."""
     import subprocess
     import sys
 
-    from posenc._atomic import atomic_folder, pending_temporaries, remove_pending_temporaries
+    from posenc._internal.atomic import atomic_folder, pending_temporaries, remove_pending_temporaries
 
     with pytest.raises(FileNotFoundError):
         with atomic_folder(tmp_path / "out") as tmp:

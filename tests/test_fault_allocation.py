@@ -15,7 +15,7 @@ import pytest
 ])
 def test_an_allocation_failure_is_one_line_out_of_memory(exc, shown, capsys):
     """torch's allocators raise RuntimeError, not MemoryError: still one line, never "a bug in posenc"."""
-    from posenc.faults import run_reporting_faults
+    from posenc._internal.faults import run_reporting_faults
 
     def fail():
         raise exc
@@ -29,7 +29,7 @@ def test_an_allocation_failure_is_one_line_out_of_memory(exc, shown, capsys):
 def test_a_real_impossible_allocation_is_out_of_memory(capsys):
     import torch
 
-    from posenc.faults import run_reporting_faults
+    from posenc._internal.faults import run_reporting_faults
 
     assert run_reporting_faults("lab", lambda: torch.empty(2**62, dtype=torch.uint8)) == 1
     err = capsys.readouterr().err.strip()

@@ -1,4 +1,4 @@
-"""posenc.faults' flag naming: a bad-input message from the library names settings ("eval_tokens"); on the command
+"""posenc._internal.faults' flag naming: a bad-input message from the library names settings ("eval_tokens"); on the command
 line it names the flags that set them ("--eval-tokens"), without touching ordinary words, paths or identifiers."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posenc.faults import Parser, flag_names, to_flags
+from posenc._internal.faults import Parser, flag_names, to_flags
 
 
 def parser() -> Parser:

@@ -77,7 +77,7 @@ def test_a_signal_ends_one_long_c_call_within_the_grace(tmp_path, signum, status
     proc = _start(f"""
         import signal, torch
         from pathlib import Path
-        from posenc.faults import signals_stop_c_calls, sigterm_raises
+        from posenc._internal.faults import signals_stop_c_calls, sigterm_raises
         with signals_stop_c_calls("posenc test", grace_s=0.5), sigterm_raises():
             Path("started").write_text("x")
             {LONG_CALL}
@@ -98,7 +98,7 @@ def test_a_signal_between_steps_still_cleans_up_in_python(tmp_path):
     proc = _start("""
         import time
         from pathlib import Path
-        from posenc.faults import signals_stop_c_calls
+        from posenc._internal.faults import signals_stop_c_calls
         try:
             with signals_stop_c_calls("posenc test", grace_s=0.5):
                 Path("started").write_text("x")
@@ -130,7 +130,7 @@ def test_ctrl_c_stops_a_posenc_command_stuck_in_a_plugins_c_call(tmp_path):
 
 def test_every_size_limit_names_its_setting():
     """The class: each bounded lab setting one past its bound is refused, naming the setting (no run starts)."""
-    from posenc.errors import ConfigError
+    from posenc._internal.errors import ConfigError
     from posenc.lab.presets import SIZE_LIMITS, get_preset
 
     list_settings = {"eval_lens", "sliding_lens"}

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.rope.layers import TemperatureTuning
 from posenc.irope import AttentionTemperature, apply_attention_temperature, attention_temperature, irope_rope_layers
 

@@ -9,9 +9,9 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from posenc._json import MAX_DEPTH, loads
+from posenc._internal.json_io import MAX_DEPTH, loads
 from posenc.cli import main
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 HOSTILE = {
     "deep list": "[" * 200_000 + "]" * 200_000,
@@ -59,7 +59,7 @@ def test_every_command_that_reads_a_json_file_names_it(tmp_path, capsys, name):
 
 
 def test_a_tampered_search_checkpoint_is_a_checkpoint_error(tmp_path):
-    from posenc.errors import CheckpointError
+    from posenc._internal.errors import CheckpointError
     from posenc.search.longrope import is_search_checkpoint
 
     for name, text in HOSTILE.items():

@@ -1,4 +1,4 @@
-"""posenc.machine's CPU probes against the operating system's own accounts."""
+"""posenc._internal.machine's CPU probes against the operating system's own accounts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.machine import cpu_cores, cpu_model
+from posenc._internal.machine import cpu_cores, cpu_model
 
 
 def test_cpu_cores_is_the_affinity_mask():

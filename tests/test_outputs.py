@@ -1,4 +1,4 @@
-"""posenc._outputs.check_output, the one rule for what a command may write: never a model's file (weights,
+"""posenc._internal.outputs.check_output, the one rule for what a command may write: never a model's file (weights,
 tokenizer, a model folder's config), never one of its inputs, never a folder it replaces that holds an input, never
 a path through a loop of symbolic links; a new path inside an input folder is fine. The commands' own use of it is
 tested in tests/hf/test_output_guard.py (convert, export, eval, search) and here (extend, plot, lab)."""
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from posenc._outputs import check_output, model_file
+from posenc._internal.outputs import check_output, model_file
 from posenc.cli import main
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 CONFIG = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 4096,
           "rope_theta": 10000.0}

@@ -11,7 +11,7 @@ from posenc_plugin_fixtures import registries_restored
 import torch
 
 from posenc.cli import main
-from posenc.plugins import PluginError, load_plugin
+from posenc._internal.plugins import PluginError, load_plugin
 from posenc.schemes import SCHEMES
 
 ROOT = Path(__file__).resolve().parents[1]

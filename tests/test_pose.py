@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import pose_chunks, pose_position_ids
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 @st.composite

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.randomized import randomized_positions
 
 

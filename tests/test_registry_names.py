@@ -8,8 +8,8 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from posenc._registry import NAME_PATTERN, check_name, path_under
-from posenc.errors import ConfigError
+from posenc._internal.registry import NAME_PATTERN, check_name, path_under
+from posenc._internal.errors import ConfigError
 from posenc.extensions import METHODS, register_method
 from posenc.lab.run import checkpoint_path
 from posenc.lab.tasks import TASKS, Task, register_task

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import posenc
 from posenc.cli import main
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.errors import ConfigError, PosencError
 from posenc.lab.presets import get_preset
 from posenc.schemes import make_scheme
 

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.attention.rules import AttentionRule
 from posenc.rope.apply import apply_rope_table, math_dtype, rope_cos_sin
 

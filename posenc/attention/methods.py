@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc._validate import check_float, check_int
+from posenc._internal.validate import check_float, check_int
 from posenc.attention.registry import register_attention_method
 from posenc.attention.rules import AttentionRule, Mode, constant, same, zeros, window_mode
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 TWO_SCORE_PASSES = "two score passes per far pair region (normal and remapped), one softmax; keys cached unrotated"
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
 
-from posenc._registry import check_new_name, origin_of
-from posenc._validate import check_choice, check_int
+from posenc._internal.registry import check_new_name, origin_of
+from posenc._internal.validate import check_choice, check_int
 from posenc.attention.rules import AttentionRule
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 IntFn = Callable[[torch.Tensor], torch.Tensor]
 

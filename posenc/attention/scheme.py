@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.attention.kernel import rule_attention
 from posenc.attention.rules import AttentionRule
 from posenc.schemes.base import AttentionContext, Scheme

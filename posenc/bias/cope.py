@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc._validate import positive_int
-from posenc.errors import PosencError
+from posenc._internal.validate import positive_int
+from posenc._internal.errors import PosencError
 
 
 def cope_bias(query: torch.Tensor, logits: torch.Tensor, pos_emb: torch.Tensor, *,

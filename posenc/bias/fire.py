@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc._validate import check_float, positive_int
+from posenc._internal.validate import check_float, positive_int
 from posenc.bias.parametrize import inverse_softplus
 from posenc.bias.positions import check_positions, relative_positions
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def fire_inputs(query_positions, key_positions, *, c: torch.Tensor | float,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import check_int, positive_int
-from posenc.errors import PosencError
+from posenc._internal.validate import check_int, positive_int
+from posenc._internal.errors import PosencError
 from posenc.positions import as_positions
 
 

@@ -17,9 +17,9 @@ import math
 import torch
 from torch import nn
 
-from posenc._validate import check_bool, check_int, positive_int
+from posenc._internal.validate import check_bool, check_int, positive_int
 from posenc.bias.positions import check_positions, relative_positions
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def t5_relative_bucket(relative_position: torch.Tensor, *, bidirectional: bool, num_buckets: int = 32,

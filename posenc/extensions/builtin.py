@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from posenc._validate import check_float
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float
+from posenc._internal.errors import ConfigError
 from posenc.extensions.registry import METHODS, ExtensionSpec, register_method
 from posenc.rope.apply import default_inv_freq
 from posenc.rope.scaling import ntk_theta, rope_parameters
@@ -88,7 +88,7 @@ def load_factor_list(value, name: str, n_pairs: int) -> list[float]:
         path = Path(value)
         if not path.exists():
             raise FileNotFoundError(f"{name} file not found: {path}")
-        from posenc._json import loads
+        from posenc._internal.json_io import loads
 
         value = loads(path.read_text(encoding="utf-8"), f"{name} file {path}")
     if not isinstance(value, (list, tuple)):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from posenc._validate import check_choice
+from posenc._internal.validate import check_choice
 from posenc.attention.registry import ATTENTION_METHODS, attention_rule, is_attention_method
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.extensions.registry import METHODS, ExtensionSpec, method_config
 
 

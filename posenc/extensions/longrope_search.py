@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from posenc._validate import check_int
-from posenc.errors import ConfigError, DataError
-from posenc._settings import Setting
+from posenc._internal.validate import check_int
+from posenc._internal.errors import ConfigError, DataError
+from posenc._internal.settings import Setting
 from posenc.extensions.registry import ExtensionSpec, FitContext, register_method
 from posenc.search.fitness import perplexity_fitness
-from posenc._fingerprint import state_fingerprint, tensor_fingerprint
+from posenc._internal.fingerprint import state_fingerprint, tensor_fingerprint
 from posenc.search.longrope import LongRopeResult, LongRopeSettings, longrope_search
 from posenc.search.longrope_space import longrope_scaling
 

@@ -20,11 +20,11 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from posenc._registry import check_new_name, origin_of
-from posenc._settings import declare
-from posenc._validate import check_bool, check_choice, check_float, check_int, even_int
+from posenc._internal.registry import check_new_name, origin_of
+from posenc._internal.settings import declare
+from posenc._internal.validate import check_bool, check_choice, check_float, check_int, even_int
 from posenc.attention.registry import ATTENTION_METHODS
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 @dataclass(frozen=True)
 class ExtensionSpec:
@@ -107,7 +107,7 @@ class ExtensionMethod:
     needs_corpus: bool = False
     options: tuple[str, ...] = ()
     origin: str = ""
-    settings: tuple = ()        # posenc._settings.Setting: the lab's settings of a fit (its flags, validation)
+    settings: tuple = ()        # posenc._internal.settings.Setting: the lab's settings of a fit (its flags, validation)
 
 
 # name -> method, in registration order (built-ins first: linear, ntk, dynamic, yarn, llama3, longrope)
@@ -134,7 +134,7 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     length with these position ids (PoSE); the lab fine-tunes it at L0 and has no zero-shot row for it (its
     zero-shot model is the plain scaling's). needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so
     the lab refuses the method before training unless a task loads it. settings: the lab settings ``fit`` reads
-    from ``ctx.settings`` (``posenc._settings.Setting`` declarations: ``posenc lab`` makes their flags and checks
+    from ``ctx.settings`` (``posenc._internal.settings.Setting`` declarations: ``posenc lab`` makes their flags and checks
     them). Options: the write function's keyword-only arguments (e.g. longrope's factor lists). A method that
     changes attention instead of the frequencies registers with ``posenc.attention.register_attention_method``.
     """

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.attention.registry import attention_method_names
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 IMPLEMENTATION = "posenc_rule"
 

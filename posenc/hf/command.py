@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from posenc.faults import Parser, flag_names, run_reporting_faults
+from posenc._internal.faults import Parser, flag_names, run_reporting_faults
 
 
 def run_command(name: str, add_arguments: Callable, run: Callable, argv: list[str] | None = None,

@@ -41,7 +41,7 @@ extension method) on a byte sequence; a relative difference above 1e-4 aborts th
 
 The output: ``--out`` is replaced as a whole (with ``--overwrite`` when it is not empty), so it may not be the
 source run or checkpoint nor a folder holding them, nor a model file (paths resolved, symlinks followed; a new
-folder inside the run, e.g. RUN/exported, is fine: posenc._outputs owns the rule). The arguments, that rule and the
+folder inside the run, e.g. RUN/exported, is fine: posenc._internal.outputs owns the rule). The arguments, that rule and the
 writability of --out's folder are checked before anything is loaded; max_positions is at most 2^30
 (posenc.tools.contexts.MAX_CONTEXT) and must fit in memory.
 """
@@ -58,10 +58,10 @@ from pathlib import Path
 
 import torch
 
-from posenc._atomic import atomic_folder, check_writable_folder
-from posenc._outputs import check_output
-from posenc._memory import available_memory
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.atomic import atomic_folder, check_writable_folder
+from posenc._internal.outputs import check_output
+from posenc._internal.memory import available_memory
+from posenc._internal.errors import ConfigError, PosencError
 
 HELP = "Write a lab model (posenc lab checkpoint) as a transformers model folder with a byte tokenizer."
 
@@ -208,7 +208,7 @@ def _resolve_source(source, scheme, task, seed) -> Path:
 
 def _prepare_out(out_dir: Path, overwrite: bool, sources: list[Path]) -> None:
     """``out_dir`` checked before anything loads: replaced as a whole, it may not be a source (the run folder or
-    checkpoint) nor hold one, nor be a model file (posenc._outputs; a new folder inside the run is fine)."""
+    checkpoint) nor hold one, nor be a model file (posenc._internal.outputs; a new folder inside the run is fine)."""
     check_output(out_dir, f"out {out_dir} (--out)", inputs=[("source", s) for s in sources], replaces_folder=True)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"out {out_dir}: exists and is not a folder")
@@ -277,7 +277,7 @@ def _check(folder: Path, lab_model, length: int) -> float:
 def _check_arguments(rope_scaling, factor, max_positions) -> None:
     """ConfigError naming the argument for an extension method the export cannot write, a factor without one (or
     out of range), or a max_positions out of range."""
-    from posenc._validate import check_float, check_int
+    from posenc._internal.validate import check_float, check_int
     from posenc.hf.lab_bridge import check_config_method
     from posenc.rope.contexts import MAX_CONTEXT
 

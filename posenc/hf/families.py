@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 # model_type -> families whose attention calls the modelling file's apply_rotary_pos_emb(q, k, cos, sin) with
 # cos/sin from model.rotary_emb (transformers 5). Others are refused: their rotary code differs (interleaved

@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.hf.remote_code import NO_REMOTE_CODE
 
 # the weight dtypes convert writes (torch's names)
@@ -152,10 +152,10 @@ def plain_copy(model):
 
 def check_convert_out(path: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """``out`` checked as convert's output before anything loads (ConfigError naming --out): not the GGUF file nor
-    a folder holding it, no model file (posenc._outputs), empty unless ``overwrite``, its parent a folder where
+    a folder holding it, no model file (posenc._internal.outputs), empty unless ``overwrite``, its parent a folder where
     files can be created."""
-    from posenc._atomic import check_writable_folder
-    from posenc._outputs import check_output
+    from posenc._internal.atomic import check_writable_folder
+    from posenc._internal.outputs import check_output
 
     out = check_output(out, f"out {out} (--out)", inputs=[("input GGUF file", path)], replaces_folder=True)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
@@ -169,10 +169,10 @@ def check_convert_out(path: str | os.PathLike, out: str | os.PathLike, overwrite
 def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
                  overwrite: bool = False, log=print, progress: bool = True) -> list[Path]:
     """Write the GGUF model at ``path`` as a transformers folder ``out`` (weights in ``dtype``) -> the files written.
-    The folder is built beside ``out`` and moved into place at the end (posenc._atomic.atomic_folder), so an
+    The folder is built beside ``out`` and moved into place at the end (posenc._internal.atomic.atomic_folder), so an
     interrupted convert leaves no half folder; an existing non-empty ``out`` is replaced only with ``overwrite``,
     and never when it is the GGUF file, holds it or is a model file (``check_convert_out``)."""
-    from posenc._atomic import atomic_folder
+    from posenc._internal.atomic import atomic_folder
 
     if dtype not in DTYPE_NAMES:
         raise ConfigError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")

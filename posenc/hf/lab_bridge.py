@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from posenc.errors import CheckpointError, ConfigError
+from posenc._internal.errors import CheckpointError, ConfigError
 
 
 # ---- checkpoints and the lab model ----------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def check_config_method(name, argument: str, also: tuple[str, ...] = ()) -> str:
     """``name`` if it is one of ``also`` or ``config_methods``, else a ConfigError naming ``argument`` and what to use
     instead: a PoSE fine-tuning mode untrained is its base method's config, a searched method needs ``posenc
     search``."""
-    from posenc._validate import check_choice
+    from posenc._internal.validate import check_choice
     from posenc.attention import is_attention_method
     from posenc.extensions import METHODS
 

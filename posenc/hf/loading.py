@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from posenc._outputs import TOKENIZER_FILES, WEIGHT_FILES
-from posenc._validate import is_int
-from posenc.devices import check_device
-from posenc.errors import ConfigError
+from posenc._internal.outputs import TOKENIZER_FILES, WEIGHT_FILES
+from posenc._internal.validate import is_int
+from posenc._internal.devices import check_device
+from posenc._internal.errors import ConfigError
 from posenc.hf.quiet import quiet_transformers
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -99,7 +99,7 @@ def read_config(model_dir: str | os.PathLike, config_file: str | os.PathLike | N
         path, label = Path(config_file), f"config {config_file} (--config)"
         if not path.is_file():
             raise FileNotFoundError(f"config {config_file}: no such config file")
-    from posenc._json import loads
+    from posenc._internal.json_io import loads
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -266,7 +266,7 @@ def position_limit(config) -> int | None:
 def exported_train_len(model_dir) -> int | None:
     """The training length ``posenc export`` recorded in the folder's posenc_export.json (None when the folder is
     not a posenc export, or the record lacks it): an MPT or GPT-2 config holds only the position limit."""
-    from posenc._json import loads
+    from posenc._internal.json_io import loads
 
     path = Path(model_dir) / "posenc_export.json"
     try:

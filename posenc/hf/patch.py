@@ -38,7 +38,7 @@ import weakref
 import torch
 from torch import nn
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.hf.families import SUPPORTED_MODEL_TYPES, check_supported, find_rotary  # noqa: F401 (re-exported)
 
 _lock = threading.Lock()

@@ -9,7 +9,7 @@ whose model_type transformers knows loads with transformers' own code, whatever 
 
 from __future__ import annotations
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 # keyword arguments for every from_pretrained / from_config posenc calls
 NO_REMOTE_CODE = {"trust_remote_code": False}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from posenc._validate import check_float
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float
+from posenc._internal.errors import ConfigError
 
 # a target longer than any real context: used once to ask extend_config for the config's original context
 _PROBE_TARGET = 1 << 30

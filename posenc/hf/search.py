@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from posenc.errors import ConfigError, DataError
+from posenc._internal.errors import ConfigError, DataError
 
 HELP = "LongRoPE's evolutionary search of RoPE rescale factors on a local transformers model; writes a new config."
 
@@ -102,8 +102,8 @@ def _token_splits(tokenizer, data: str | None, target: int, windows: int, heldou
 def _output_paths(folder: Path, target_length: int, data, out_config, checkpoint, overwrite: bool):
     """-> (the config file to write, the search record), checked before anything is loaded: never a model's file
     or an input, not a folder, an existing config only with ``overwrite``, two distinct files in writable folders."""
-    from posenc._atomic import check_writable_folder
-    from posenc._outputs import check_output
+    from posenc._internal.atomic import check_writable_folder
+    from posenc._internal.outputs import check_output
     from posenc.search.longrope import is_search_checkpoint
 
     from posenc.gguf import is_gguf
@@ -154,14 +154,14 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     checkpoint: the search state (default: longrope-search-TARGET.json beside out_config); resume=False restarts it.
     replace: search a model whose config already has a rope scaling (from its original context).
     """
-    from posenc._atomic import atomic_write_json
-    from posenc._validate import check_choice, check_int, positive_int
-    from posenc.devices import check_device
+    from posenc._internal.atomic import atomic_write_json
+    from posenc._internal.validate import check_choice, check_int, positive_int
+    from posenc._internal.devices import check_device
     from posenc.hf.loading import (DTYPES, check_attn_implementation, check_model_files, load_causal_lm,
                                    load_tokenizer, model_files)
     from posenc.hf.families import find_rotary
     from posenc.search.fitness import perplexity_fitness
-    from posenc._fingerprint import file_fingerprint, tensor_fingerprint
+    from posenc._internal.fingerprint import file_fingerprint, tensor_fingerprint
     from posenc.search.longrope import LongRopeSettings, longrope_search
 
     folder = Path(model_dir)

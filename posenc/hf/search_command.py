@@ -87,7 +87,7 @@ def _reserved(source: Path, given: int | None) -> int:
     settings = LabConfig().to_dict()
     results = source / "results.json" if source.is_dir() else source.parent.parent / "results.json"
     if results.exists():
-        from posenc._json import loads
+        from posenc._internal.json_io import loads
 
         doc = loads(results.read_text(encoding="utf-8"), f"run results {results}")
         meta = doc.get("meta") if isinstance(doc, dict) else None
@@ -107,7 +107,7 @@ def run(args) -> int:
         add, go = hf_search.add_arguments, hf_search.run
     else:
         add, go = lab_arguments, run_lab_search
-    from posenc.faults import Parser, errors_name_flags, flag_names
+    from posenc._internal.faults import Parser, errors_name_flags, flag_names
 
     parser = Parser(prog="posenc search", description=HELP)
     add(parser)
@@ -127,13 +127,13 @@ _FLAGS = {"search_population": "--population", "search_generations": "--generati
 def run_lab_search(args) -> int:
     import torch
 
-    from posenc._validate import check_int
-    from posenc.errors import ConfigError, PosencError
+    from posenc._internal.validate import check_int
+    from posenc._internal.errors import ConfigError, PosencError
     from posenc.extensions import ExtensionSpec
     from posenc.extensions.longrope_search import SearchBudget, search_lab_model
     from posenc.hf.lab_bridge import find_run_checkpoint, load_lab_model, validation_bytes
-    from posenc._fingerprint import file_fingerprint
-    from posenc._outputs import check_output
+    from posenc._internal.fingerprint import file_fingerprint
+    from posenc._internal.outputs import check_output
     from posenc.rope.config import load_rope_config
     from posenc.tools._io import write_json_atomic
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 
 def _text(exc, limit: int) -> str:

@@ -12,7 +12,7 @@ Submodules load lazily so that importing posenc never imports triton or builds a
 
 from __future__ import annotations
 
-from posenc._lazy import lazy_exports
+from posenc._internal.lazy import lazy_exports
 
 _EXPORTS = {
     "rope": "posenc.kernels.rope_dispatch",

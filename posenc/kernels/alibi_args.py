@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import check_bool, check_choice, check_float, check_int
+from posenc._internal.validate import check_bool, check_choice, check_float, check_int
 from posenc.alibi import alibi_slopes, check_slopes
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 BACKENDS = ("auto", "chunked", "flex")
 

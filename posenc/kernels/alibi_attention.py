@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.kernels import alibi_args, alibi_band
 from posenc.kernels.alibi_view import hankel_view
 

@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.kernels import rope_args, rope_backends, rope_checks
 from posenc.angles import Angles
 

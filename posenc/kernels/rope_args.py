@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._validate import even_int
-from posenc.errors import PosencError
+from posenc._internal.validate import even_int
+from posenc._internal.errors import PosencError
 from posenc.kernels.rope_checks import TableIndexError
 from posenc.positions import INT_DTYPES, as_positions
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 _MAX_INTERVALS = 1 << 22     # rows enumerated by the exact overlap test; beyond it "may overlap" is assumed
 

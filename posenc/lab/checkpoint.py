@@ -9,7 +9,7 @@ Layout of one file:
 
 Loading never unpickles: safetensors holds only tensors and strings. Any unreadable file, foreign format, payload
 that does not match its checksum, invalid metadata (a step outside 0..the run's steps) or mismatch with the model
-raises posenc.errors.CheckpointError naming the file.
+raises posenc._internal.errors.CheckpointError naming the file.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from posenc.errors import CheckpointError
-from posenc._atomic import atomic_path
-from posenc._json import loads
+from posenc._internal.errors import CheckpointError
+from posenc._internal.atomic import atomic_path
+from posenc._internal.json_io import loads
 
 FORMAT = "posenc-lab-checkpoint/1"
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 
-from posenc._settings import add_setting_flags, parse_options
-from posenc.argtypes import ints, items, yes_no
-from posenc.errors import ConfigError
-from posenc.faults import errors_name_flags
+from posenc._internal.settings import add_setting_flags, parse_options
+from posenc._internal.argtypes import ints, items, yes_no
+from posenc._internal.errors import ConfigError
+from posenc._internal.faults import errors_name_flags
 
 HELP = "train tiny transformers per positional scheme and measure length extrapolation"
 
@@ -123,7 +123,7 @@ ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", 
 
 
 def lab_flags() -> dict[str, str]:
-    """Setting name -> this command's flag, for posenc.faults.to_flags ("d_model" -> "--d-model"); the settings
+    """Setting name -> this command's flag, for posenc._internal.faults.to_flags ("d_model" -> "--d-model"); the settings
     tasks and methods declare (plug-ins' too, once loaded) have their generated flags."""
     from posenc.lab.presets import declared
 
@@ -145,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     names = _registered()
     for flag, dest, typ, text in FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=text.format(**names))
-    # the settings registered tasks and extension methods declare (posenc._settings): one flag each
+    # the settings registered tasks and extension methods declare (posenc._internal.settings): one flag each
     from posenc.lab.presets import declared
 
     add_setting_flags(parser, declared())
@@ -200,9 +200,9 @@ def check_processes(cfg, nproc: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from posenc.lab import distributed, launch
     from posenc.lab.data import load_corpus
-    from posenc._outputs import check_output
+    from posenc._internal.outputs import check_output
     from posenc.lab.run import out_dir, run_lab
-    from posenc.plugins import load_plugins
+    from posenc._internal.plugins import load_plugins
 
     with errors_name_flags(lab_flags()):
         # everything that can be checked is checked here, before --nproc N re-launches: a bad flag is one line
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         status = launch.relaunch(args)  # --nproc N: run this same command under torchrun instead
         if status is not None:
             return status
-        # (a SIGTERM unwinds as Ctrl-C does, posenc.faults: the finished results are written first)
+        # (a SIGTERM unwinds as Ctrl-C does, posenc._internal.faults: the finished results are written first)
         with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
             run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
     return 0

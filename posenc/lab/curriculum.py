@@ -15,8 +15,8 @@ uniformly over ~100 keys passes the one useful token at 1/100 strength. In short
 
 from __future__ import annotations
 
-from posenc._validate import check_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_int
+from posenc._internal.errors import ConfigError
 
 
 def check_length_warmup(phases, *, train_len: int, batch_size: int, steps: int) -> list[list[int]]:

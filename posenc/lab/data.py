@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from posenc.errors import DataError
+from posenc._internal.errors import DataError
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 VAL_HASH_THRESHOLD = 26  # first sha256 byte < 26 -> validation (~10.2%)

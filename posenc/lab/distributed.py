@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from posenc._validate import check_float
-from posenc.devices import check_device
-from posenc.errors import CheckpointError, ConfigError, DataError, PosencError
+from posenc._internal.validate import check_float
+from posenc._internal.devices import check_device
+from posenc._internal.errors import CheckpointError, ConfigError, DataError, PosencError
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT_ENV = "POSENC_DIST_TIMEOUT"  # seconds a rank may be silent (or a collective wait) before the job ends

@@ -6,7 +6,7 @@ The tasks' own scoring (perplexity, copy, passkey) lives with each task in posen
 
 from __future__ import annotations
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.attention import AttentionRule, attention_rule, is_attention_method
 from posenc.attention.scheme import RuleScheme
 from posenc.extensions import ExtensionSpec, FitContext, MethodConfig, check_method, get_method, method_config

@@ -19,8 +19,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from posenc._validate import check_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_int
+from posenc._internal.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def registration_modules(cfg) -> dict[str, str]:
 def worker_plugins(cfg) -> list[str] | str:
     """The plug-in specs a fresh process must load to know the run's names, or (a str) why it cannot: a name
     registered in this process by code other than posenc or a ``--plugin``."""
-    from posenc.plugins import LOADED
+    from posenc._internal.plugins import LOADED
 
     specs: list[str] = []
     for what, module in registration_modules(cfg).items():
@@ -175,11 +175,11 @@ def _worker(settings: dict, unit: Unit) -> dict:
     """One unit in a worker process (module-level: spawn pickles it by name)."""
     import warnings
 
-    from posenc.faults import one_line_warnings
+    from posenc._internal.faults import one_line_warnings
     from posenc.lab.context import Run
     from posenc.lab.data import load_corpus
     from posenc.lab.tasks import needs_corpus
-    from posenc.plugins import load_plugins
+    from posenc._internal.plugins import load_plugins
 
     warnings.showwarning = one_line_warnings("posenc lab")      # as the parent shows them: one line each
     torch.set_num_threads(settings["threads"])
@@ -191,7 +191,7 @@ def _worker(settings: dict, unit: Unit) -> dict:
     try:
         return settings["run_unit"](run, unit, [], {})
     except (Exception, SystemExit) as exc:   # a plug-in's fault is named here, where its frames are: the parent
-        from posenc.plugins import PluginError, plugin_fault     # gets the exception without them
+        from posenc._internal.plugins import PluginError, plugin_fault     # gets the exception without them
 
         blamed = plugin_fault(exc)
         if blamed is not None:

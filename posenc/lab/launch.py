@@ -12,8 +12,8 @@ import subprocess
 import sys
 from typing import Sequence
 
-from posenc.errors import ConfigError
-from posenc.faults import Terminated
+from posenc._internal.errors import ConfigError
+from posenc._internal.faults import Terminated
 from posenc.lab.distributed import env_int, under_torchrun
 
 
@@ -57,7 +57,7 @@ def worker_env(nproc: int, env: dict | None = None) -> dict:
     """Environment for the workers: the CPU's cores shared out (OMP_NUM_THREADS), unless the user set it."""
     env = dict(os.environ if env is None else env)
     if "OMP_NUM_THREADS" not in env:
-        from posenc.machine import cpu_cores
+        from posenc._internal.machine import cpu_cores
 
         env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // int(nproc)))
     return env

@@ -16,8 +16,8 @@ import os
 import socket
 from pathlib import Path
 
-from posenc._atomic import pid_alive
-from posenc.errors import PosencError
+from posenc._internal.atomic import pid_alive
+from posenc._internal.errors import PosencError
 
 LOCK_NAME = ".posenc-lock"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posenc._atomic import atomic_path
+from posenc._internal.atomic import atomic_path
 from posenc.attention import attention_method_names
 from posenc.extensions import method_names
 from posenc.lab.tables import model_label, sort_key

@@ -18,8 +18,8 @@ import functools
 
 import torch
 
-from posenc._validate import check_choice
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_choice
+from posenc._internal.errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "auto")
 

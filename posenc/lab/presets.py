@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from posenc._memory import physical_memory
-from posenc._settings import check_settings
-from posenc._validate import check_choice, check_distinct, check_float, check_int, even_int, is_int
-from posenc.errors import ConfigError
+from posenc._internal.memory import physical_memory
+from posenc._internal.settings import check_settings
+from posenc._internal.validate import check_choice, check_distinct, check_float, check_int, even_int, is_int
+from posenc._internal.errors import ConfigError
 from posenc.extensions import METHODS, check_method
 from posenc.lab.curriculum import check_length_warmup
 from posenc.lab.distributed import resolve_device
@@ -358,7 +358,7 @@ SECTIONS = {**{f.name: "model" for f in fields(ModelConfig) if f.name not in ("s
 
 
 def declared() -> dict:
-    """Setting name -> declaration (posenc._settings.Setting) of every registered task and extension method."""
+    """Setting name -> declaration (posenc._internal.settings.Setting) of every registered task and extension method."""
     from posenc.extensions.registry import METHOD_SETTINGS
     from posenc.lab.tasks.registry import TASK_SETTINGS
 

@@ -7,7 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
-from posenc._atomic import atomic_write_text
+from posenc._internal.atomic import atomic_write_text
 from posenc.lab.presets import scaled_steps
 from posenc.lab.tables import markdown
 from posenc.lab.tasks import TASKS

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from posenc._atomic import atomic_write_json
-from posenc._fingerprint import state_fingerprint
+from posenc._internal.atomic import atomic_write_json
+from posenc._internal.fingerprint import state_fingerprint
 from posenc.attention import is_attention_method
 from posenc.extensions import FitContext, get_method
 from posenc.lab.context import DIVERGED, Evaluation, Run
@@ -38,7 +38,7 @@ from posenc.lab.report import main_table, write_report
 from posenc.lab.tables import model_label
 from posenc.lab.tasks import get_task, needs_corpus
 from posenc.lab.train import TrainJob, TrainSettings, checkpoint_step, train
-from posenc.machine import busy_cores, busy_jiffies, cpu_cores, cpu_model  # noqa: F401 (their owner)
+from posenc._internal.machine import busy_cores, busy_jiffies, cpu_cores, cpu_model  # noqa: F401 (their owner)
 from posenc.nn.model import TinyLM
 from posenc.randomized import randomized_positions
 
@@ -253,7 +253,7 @@ def finite_json(obj) -> tuple[object, int]:
 def checkpoint_path(out: Path, task: str, scheme: str, seed: int, tag: str = "") -> Path:
     """out/checkpoints/TASK-SCHEME[TAG]-seedN.safetensors; ConfigError if the names would make it leave ``out``
     (the registries refuse such names; a plug-in may still write its table directly)."""
-    from posenc._registry import path_under
+    from posenc._internal.registry import path_under
 
     return path_under(out, "checkpoints", f"{task}-{scheme}{tag}-seed{seed}.safetensors", what="checkpoint")
 

@@ -16,8 +16,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from posenc._validate import check_choice, check_int
-from posenc.errors import CheckpointError, ConfigError
+from posenc._internal.validate import check_choice, check_int
+from posenc._internal.errors import CheckpointError, ConfigError
 from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from posenc.lab.data import IGNORE
 from posenc.lab.distributed import check_batch_size, current, ddp_wrap, is_main_process, sharded_lm_loss

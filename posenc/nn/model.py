@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc._validate import check_bool, check_choice, check_int, heads_divide
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_bool, check_choice, check_int, heads_divide
+from posenc._internal.errors import ConfigError
 from posenc.nn.attention import CausalSelfAttention, KVCache
 from posenc.rope.apply import LAYOUTS
 from posenc.rope.config import check_theta

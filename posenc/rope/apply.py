@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._validate import check_bool, check_float, even_int
+from posenc._internal.validate import check_bool, check_float, even_int
 from posenc.angles import Angles, angles_cos_sin
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.kernels.rope_args import LAYOUTS, check_table, index_error  # noqa: F401 (LAYOUTS re-exported)
 from posenc.kernels.rope_args import check_broadcast as _check_broadcast, check_layout as _check_layout
 from posenc.kernels.rope_args import check_out as _check_out, check_qk, check_rotary_dim as _check_rotary_dim

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc._validate import check_float, check_int, heads_divide, is_int, is_number
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float, check_int, heads_divide, is_int, is_number
+from posenc._internal.errors import ConfigError
 from posenc.rope.registry import MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, rope_type_function
 # the per-family facts are re-exported here, where users and posenc.tools import them
 from posenc.rope.families import (AXIAL_VISION_TYPES, BASE_KEY_TYPES, CONFIG_DEFAULTS,  # noqa: F401 (re-exported)
@@ -134,7 +134,7 @@ def check_theta(theta, name: str = "rope_theta") -> float:
     A base <= 1 only warns: the frequencies theta^(-2j/d) then stop decreasing with j (they grow for theta < 1),
     so no pair keeps long-range position; published models use 1e4 and above.
     """
-    from posenc._validate import check_base
+    from posenc._internal.validate import check_base
 
     return check_base(theta, name, error=ConfigError)   # the one rule for a base (posenc.absolute's too)
 
@@ -199,7 +199,7 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raise ConfigError(f"config file not found: {str(path)!r}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
-    from posenc._json import loads
+    from posenc._internal.json_io import loads
 
     data = loads(text, f"config file {str(path)!r}")
     if not isinstance(data, dict):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import warnings
 
-from posenc._validate import check_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_int
+from posenc._internal.errors import ConfigError
 from posenc.rope.scaling import rope_parameters
 
 # The longest context the tools accept (2^30 tokens, ~100x the longest published context windows): past it, a

@@ -25,8 +25,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from posenc._validate import check_float, check_int, is_number
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float, check_int, is_number
+from posenc._internal.errors import ConfigError
 from posenc.rope.contexts import claimed_context, context_length, trained_length
 
 

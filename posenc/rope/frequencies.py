@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import check_float, even_int
+from posenc._internal.validate import check_float, even_int
 from posenc.angles import angles_cos_sin
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.positions import INT_DTYPES, as_positions, check_position_dtype
 
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc._validate import check_float, check_int, is_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float, check_int, is_int
+from posenc._internal.errors import ConfigError
 from posenc.rope.config import (CONFIG_DEFAULTS, RopeConfig, as_mapping, config_value,  # noqa: F401 (re-exported)
                                 layer_type_parameters, load_rope_config, model_type_of, rope_section)
 from posenc.rope.scaling import yarn_mscale

@@ -26,8 +26,8 @@ import math
 
 import torch
 
-from posenc._validate import check_choice, check_float, check_int, is_number
-from posenc.errors import PosencError
+from posenc._internal.validate import check_choice, check_float, check_int, is_number
+from posenc._internal.errors import PosencError
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 

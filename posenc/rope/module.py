@@ -27,9 +27,9 @@ import weakref
 
 import torch
 
-from posenc._fp32 import Float32Buffers
-from posenc._validate import check_int
-from posenc.errors import PosencError
+from posenc._internal.fp32 import Float32Buffers
+from posenc._internal.validate import check_int
+from posenc._internal.errors import PosencError
 from posenc.angles import Angles, angles_cos_sin, pack_frequencies
 from posenc.kernels.cpu_rope import PLANS, plain_cpu, qk_plan, run_fresh_qk
 from posenc.kernels.ops import rope_traced

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._validate import check_bool, check_int
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.validate import check_bool, check_int
+from posenc._internal.errors import ConfigError, PosencError
 from posenc.rope.apply import apply_rope_table, as_positions, default_inv_freq, math_dtype, rope_cos_sin
 from posenc.rope.config import RopeConfig, load_rope_config
 from posenc.rope.registry import rope_type_function

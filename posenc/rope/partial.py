@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import check_float, even_int
-from posenc.errors import PosencError
+from posenc._internal.validate import check_float, even_int
+from posenc._internal.errors import PosencError
 from posenc.rope.config import RopeConfig
 from posenc.rope.module import Rotary
 from posenc.rope.scaling import proportional_pairs, rope_parameters

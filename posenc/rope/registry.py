@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from posenc._registry import check_new_name, origin_of
-from posenc.errors import ConfigError
+from posenc._internal.registry import check_new_name, origin_of
+from posenc._internal.errors import ConfigError
 
 if TYPE_CHECKING:  # type names only: config imports this module
     import torch

@@ -32,8 +32,8 @@ import math
 
 import torch
 
-from posenc._validate import check_float, check_int, even_int, is_number
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float, check_int, even_int, is_number
+from posenc._internal.errors import ConfigError
 from posenc.rope.apply import base_powers, default_inv_freq
 from posenc.rope.config import MAX_THETA, RopeConfig, load_rope_config
 from posenc.rope.registry import (  # noqa: F401  (re-exported: the registry's public names live here too)

@@ -13,9 +13,9 @@ from collections import OrderedDict
 
 import torch
 
-from posenc._validate import check_float, even_int
+from posenc._internal.validate import check_float, even_int
 from posenc.angles import angles_cos_sin, pack_frequencies
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.positions import FLOAT_POSITIONS
 from posenc.rope.frequencies import checked_inv_freq, default_inv_freq
 

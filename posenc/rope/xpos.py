@@ -23,9 +23,9 @@ import math
 
 import torch
 
-from posenc._fp32 import Float32Buffers
-from posenc._validate import check_choice, check_float, even_int
-from posenc.errors import PosencError
+from posenc._internal.fp32 import Float32Buffers
+from posenc._internal.validate import check_choice, check_float, even_int
+from posenc._internal.errors import PosencError
 from posenc.rope.apply import (
     LAYOUTS,
     apply_rope_table,

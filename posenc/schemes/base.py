@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc._fp32 import Float32Buffers
+from posenc._internal.fp32 import Float32Buffers
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from typing import Mapping
 
 import torch
 
-from posenc._validate import check_choice, even_int, positive_int
+from posenc._internal.validate import check_choice, even_int, positive_int
 from posenc.absolute import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from posenc.alibi import alibi_bias, alibi_slopes
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.rope.apply import LAYOUTS, apply_rope_table, math_dtype
 from posenc.rope.module import Rotary
 from posenc.schemes.base import AttentionContext, NoPEScheme, Scheme

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from posenc._validate import check_int
+from posenc._internal.validate import check_int
 
 MAX_NPOS = 2**17
 from posenc.bias.cope import CoPE
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.schemes.base import AttentionContext, Scheme
 from posenc.schemes.registry import register_scheme
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc._validate import check_int, positive_float
+from posenc._internal.validate import check_int, positive_float
 from posenc.bias.fire import FIREBias
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.schemes.base import AttentionContext, Scheme
 from posenc.schemes.registry import register_scheme
 

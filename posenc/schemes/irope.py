@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from posenc._validate import check_float, check_int, positive_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float, check_int, positive_int
+from posenc._internal.errors import ConfigError
 from posenc.irope import apply_attention_temperature, irope_rope_layers
 from posenc.schemes.base import AttentionContext, Scheme
 from posenc.schemes.builtin import RoPEScheme

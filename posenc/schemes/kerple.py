@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from posenc._validate import check_choice
+from posenc._internal.validate import check_choice
 from posenc.bias.kerple import VARIANTS, KerpleBias
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.schemes.base import AttentionContext, Scheme
 from posenc.schemes.registry import register_scheme
 

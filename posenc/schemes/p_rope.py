@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from posenc._validate import check_float
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float
+from posenc._internal.errors import ConfigError
 from posenc.rope.scaling import proportional_pairs
 from posenc.schemes.builtin import RoPEScheme
 from posenc.schemes.registry import register_scheme

@@ -16,9 +16,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from posenc._registry import call_with_accepted, check_new_name, origin_of
-from posenc._validate import check_choice, check_int, heads_divide
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.registry import call_with_accepted, check_new_name, origin_of
+from posenc._internal.validate import check_choice, check_int, heads_divide
+from posenc._internal.errors import ConfigError, PosencError
 from posenc.schemes.base import Scheme
 
 

@@ -10,9 +10,9 @@ training length. Scheme options: ``t5_buckets``, ``t5_max_distance``.
 
 from __future__ import annotations
 
-from posenc._validate import check_int, positive_int
+from posenc._internal.validate import check_int, positive_int
 from posenc.bias.t5 import T5RelativeBias
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.schemes.base import AttentionContext, Scheme
 from posenc.schemes.registry import register_scheme
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc._validate import check_choice, check_float, even_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_choice, check_float, even_int
+from posenc._internal.errors import ConfigError
 from posenc.rope.apply import LAYOUTS
 from posenc.rope.xpos import XPos, xpos_zeta
 from posenc.schemes.base import AttentionContext, Scheme

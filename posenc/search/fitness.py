@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from posenc._validate import positive_int
-from posenc.errors import PosencError
+from posenc._internal.validate import positive_int
+from posenc._internal.errors import PosencError
 from posenc.perplexity import lm_perplexity  # the one owner of windowed LM scoring
 
 __all__ = ["lm_perplexity", "perplexity_fitness"]

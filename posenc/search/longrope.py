@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
-from posenc._atomic import atomic_write_json
-from posenc._validate import check_choice, check_float, check_int, is_number
-from posenc.errors import CheckpointError, ConfigError, PosencError
+from posenc._internal.atomic import atomic_write_json
+from posenc._internal.validate import check_choice, check_float, check_int, is_number
+from posenc._internal.errors import CheckpointError, ConfigError, PosencError
 from posenc.search.longrope_space import (PAPER_STEP, Candidate, LongRopeSpace, crossover, longrope_scaling,
                                           longrope_space, mutate, seed_factors)
 
@@ -173,7 +173,7 @@ class LongRopeResult:
 
 def is_search_checkpoint(path: str | Path) -> bool:
     """True if ``path`` is a JSON file in this module's checkpoint format."""
-    from posenc._json import loads
+    from posenc._internal.json_io import loads
 
     try:
         data = loads(Path(path).read_text(encoding="utf-8"), str(path))
@@ -200,7 +200,7 @@ def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original
     checkpoint, resume: JSON state file; resume=False starts afresh and overwrites it (only a search checkpoint:
         any other file there is refused).
     problem: what the fitness scores, as JSON-able values (the model's and the data's fingerprints, windows, dtype:
-        ``posenc._fingerprint``); a checkpoint resumes only a search of the same problem, so
+        ``posenc._internal.fingerprint``); a checkpoint resumes only a search of the same problem, so
         another model's or another text's record is refused instead of returned.
     Returns a ``LongRopeResult`` (role "long"); ``result.rope_scaling()`` is the config.
     """
@@ -478,7 +478,7 @@ class _Search:
             "wall_s": self.wall_s, "result": self.result})
 
     def _load(self, path: Path) -> None:
-        from posenc._json import loads
+        from posenc._internal.json_io import loads
 
         try:
             text = path.read_text(encoding="utf-8")

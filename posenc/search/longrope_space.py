@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from posenc._validate import check_float, check_int, even_int, positive_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_float, check_int, even_int, positive_int
+from posenc._internal.errors import ConfigError
 
 # The paper's n_hat choices (its search-space table). positions < n_hat keep the original RoPE.
 PAPER_N_HAT_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)

@@ -11,7 +11,7 @@ submodule's name, so import the function as ``from posenc.tools.pick import pick
 
 from __future__ import annotations
 
-from posenc._lazy import lazy_exports
+from posenc._internal.lazy import lazy_exports
 
 _EXPORTS = {
     "inspect_config": "posenc.tools.inspect",

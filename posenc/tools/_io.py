@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from posenc.errors import ConfigError
-from posenc._atomic import atomic_write_json
+from posenc._internal.errors import ConfigError
+from posenc._internal.atomic import atomic_write_json
 # (owned by posenc.rope.describe, below the tools; the tools import it from here)
 from posenc.rope.describe import read_config  # noqa: F401
 

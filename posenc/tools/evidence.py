@@ -205,7 +205,7 @@ def extract_lab(doc: dict[str, Any], name: str) -> dict[str, Any]:
 def write_extracts(docs_results: Path, names: dict[str, str], out=None) -> list[Path]:
     """Write the packaged extract of each ``docs_results/NAME/results.json`` (``names``: NAME -> "real-model" or
     "lab") under ``out`` (default: the package's measured/ folder), atomically. Returns the files written."""
-    from posenc._atomic import atomic_write_json
+    from posenc._internal.atomic import atomic_write_json
 
     out = Path(str(RESULTS)) if out is None else Path(out)
     written = []

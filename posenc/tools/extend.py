@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from posenc._outputs import check_output
-from posenc._validate import check_choice, check_float, check_int
+from posenc._internal.outputs import check_output
+from posenc._internal.validate import check_choice, check_float, check_int
 from posenc.attention.registry import attention_method_names
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters

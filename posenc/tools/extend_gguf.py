@@ -23,7 +23,7 @@ refused for qwen2 and gemma3, where the tensors would be ignored. Gemma 3's scal
 full-attention layers in llama.cpp (as in transformers), so its numbers are those of those layers' RoPE. Dynamic
 NTK (llama.cpp has none), and every attention method but Self-Extend, are refused with the reason; Self-Extend is
 llama.cpp's run-time group attention, so its flags are printed and no file is written. The write is atomic
-(posenc._atomic.atomic_path): an interrupted write leaves no file under the output name.
+(posenc._internal.atomic.atomic_path): an interrupted write leaves no file under the output name.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 # the llama.cpp architectures posenc writes RoPE scaling for (each checked by tests/tools/test_extend_gguf.py)
 ARCHITECTURES = ("llama", "qwen2", "gemma3")
@@ -223,10 +223,10 @@ _FORMS = {"linear": _linear, "yarn": _yarn, "ntk": _ntk, "llama3": _llama3, "lon
 def write_gguf_extension(path: str | os.PathLike, out: str | os.PathLike, plan: GGUFExtension) -> Path:
     """Write a copy of the GGUF file ``path`` to ``out`` with ``plan``'s metadata and tensors; every tensor of the
     input is copied byte for byte. Atomic: the file is built beside ``out`` and moved into place at the end (an
-    error, Ctrl-C or SIGTERM deletes it). The caller has checked ``out`` (posenc._outputs.check_output)."""
+    error, Ctrl-C or SIGTERM deletes it). The caller has checked ``out`` (posenc._internal.outputs.check_output)."""
     from gguf import GGUFReader
 
-    from posenc._atomic import atomic_path
+    from posenc._internal.atomic import atomic_path
 
     reader = GGUFReader(path)
     with atomic_path(out, make_parents=False) as tmp:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from posenc._validate import check_choice, check_int, is_number
-from posenc.errors import PosencError
+from posenc._internal.validate import check_choice, check_int, is_number
+from posenc._internal.errors import PosencError
 from posenc.rope.contexts import MAX_CONTEXT
 # the decision table and its evidence live in posenc.tools.pick_rules; its public names are re-exported here
 from posenc.tools.pick_rules import (EVIDENCE, Recommendation, attention_alternatives,  # noqa: F401 (re-exported)

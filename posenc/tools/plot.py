@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
-from posenc._validate import even_int, positive_float
-from posenc.errors import PosencError
+from posenc._internal.validate import even_int, positive_float
+from posenc._internal.errors import PosencError
 from posenc.rope.contexts import MAX_CONTEXT, claimed_context
 # the plumbing and the RoPE-frequency plots live in their own modules; their public names are re-exported here
 from posenc.tools.plot_common import MAX_ALIBI_HEADS, MAX_ALIBI_SEQ, MAX_DIM, MAX_POINTS, MAX_TABLE  # noqa: F401

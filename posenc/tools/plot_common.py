@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from posenc._atomic import atomic_path
-from posenc._outputs import check_output
-from posenc._validate import check_int
-from posenc.errors import PosencError
+from posenc._internal.atomic import atomic_path
+from posenc._internal.outputs import check_output
+from posenc._internal.validate import check_int
+from posenc._internal.errors import PosencError
 
 
 def figure(width: float, height: float):

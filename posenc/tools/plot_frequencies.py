@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 import torch
 
-from posenc._validate import check_float, positive_float
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.validate import check_float, positive_float
+from posenc._internal.errors import ConfigError, PosencError
 from posenc.extensions import METHODS
 from posenc.rope.contexts import MAX_CONTEXT, claimed_context, trained_length
 from posenc.tools.plot_common import MAX_DIM, check_size, figure, save_png

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from posenc.bias import cope as cope_module
 from posenc.bias.cope import CoPE, cope_attention, cope_bias
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def loop_bias(q, k, emb, scale):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from posenc.bias.fire import FIREBias, fire_bias, fire_inputs
 from posenc.bias.positions import end_aligned_positions
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def loop_bias(module: FIREBias, q_pos, k_pos):

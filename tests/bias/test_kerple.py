@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from posenc.alibi import alibi_bias, alibi_slopes
 from posenc.bias.kerple import KerpleBias, kerple_bias
 from posenc.bias.positions import end_aligned_positions
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def loop_bias(r1, r2, q_pos, k_pos, variant):

@@ -7,7 +7,7 @@ import torch
 
 import posenc
 from posenc.bias.positions import end_aligned_positions, relative_positions
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def test_end_alignment_and_sign_convention():

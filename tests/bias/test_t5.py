@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from posenc.bias.positions import end_aligned_positions
 from posenc.bias.t5 import T5RelativeBias, t5_bias, t5_relative_bucket
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 modeling_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
 hf_bucket = modeling_t5.T5Attention._relative_position_bucket

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import pytest
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.attention import attention_method_names, attention_rule, reference
 from posenc.attention.kernel import rotate, rule_attention
 from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import posenc
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.extensions import (METHODS, ExtensionSpec, FitContext, get_method, method_config, method_label,
                                register_method)
 

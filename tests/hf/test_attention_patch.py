@@ -14,7 +14,7 @@ transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers builds the models)")
 
 import posenc  # noqa: E402
-from posenc.errors import ConfigError, PosencError  # noqa: E402
+from posenc._internal.errors import ConfigError, PosencError  # noqa: E402
 from posenc.hf.patch import patched_with  # noqa: E402
 from posenc_tiny_hf import TINY, build, close, logits  # noqa: E402
 

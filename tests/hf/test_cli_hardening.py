@@ -13,7 +13,7 @@ import pytest
 transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers loads the models)")
 
-from posenc.errors import ConfigError  # noqa: E402
+from posenc._internal.errors import ConfigError  # noqa: E402
 from posenc.hf.evaluate import EvalSettings, eval_main, load_causal_lm  # noqa: E402
 from posenc.hf.export import export_lab_model, export_main  # noqa: E402
 from posenc.hf.search import search_main  # noqa: E402

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers", minversion="5.0", reason="tra
 
 import posenc  # noqa: E402
 from posenc.cli import main  # noqa: E402
-from posenc.errors import ConfigError  # noqa: E402
+from posenc._internal.errors import ConfigError  # noqa: E402
 from posenc import gguf as posenc_gguf  # noqa: E402
 from posenc.gguf import read_gguf  # noqa: E402
 from posenc_gguf_files import llama_tensors, patched, tensor_info_offset, tiny_llama_gguf, value_offset  # noqa: E402
@@ -51,7 +51,7 @@ def _smollm2() -> Path | None:
 _BOUNDED_READ = """
 import json, resource, sys, time, tracemalloc
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 import gguf  # (imported before the measuring starts: its modules are not the reading's)
 from posenc.gguf import read_gguf
 tracemalloc.start()

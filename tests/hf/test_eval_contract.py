@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("transformers", minversion="5.0", reason="transformers >= 5 (transformers runs the models)")
 
 from posenc.cli import main  # noqa: E402
-from posenc.errors import ConfigError, DataError  # noqa: E402
+from posenc._internal.errors import ConfigError, DataError  # noqa: E402
 from posenc.hf.evaluate import EvalSettings, evaluate_model  # noqa: E402
 from posenc.hf.lab_bridge import validation_bytes  # noqa: E402
 from posenc_hf_folders import fails, tiny_llama  # noqa: E402

@@ -16,7 +16,7 @@ transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers runs the models)")
 
 import posenc  # noqa: E402
-from posenc.errors import ConfigError, DataError  # noqa: E402
+from posenc._internal.errors import ConfigError, DataError  # noqa: E402
 from posenc.hf.evaluate import (EvalSettings, eval_main, evaluate_model, load_causal_lm, logits_model,  # noqa: E402
                                 passkey_chars, token_stream)
 from posenc.hf.export import export_lab_model  # noqa: E402
@@ -255,7 +255,7 @@ def test_eval_command_writes_the_labs_outputs(exported, text_file, tmp_path, cap
     assert all(len(c) == 64 for c in doc["curves"].values())
     report = (tmp_path / "report.md").read_text()
     assert "| rope + YaRN, zero-shot |" in report and "load average" not in report
-    from posenc.machine import cpu_model
+    from posenc._internal.machine import cpu_model
 
     assert doc["meta"]["cpu"] == cpu_model() and f", {cpu_model()}." in report   # what a reader needs to repeat it
     for png in ("ppl_vs_length.png", "per_position_loss.png"):

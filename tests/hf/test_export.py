@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers loads the exports)")
 
-from posenc.errors import CheckpointError, ConfigError  # noqa: E402
+from posenc._internal.errors import CheckpointError, ConfigError  # noqa: E402
 from posenc.hf.export import export_lab_model, export_main  # noqa: E402
 from posenc.hf.lab_bridge import build_lab_model, save_lab_model, set_lab_extension  # noqa: E402
 from posenc.tools.inspect import detect_scheme  # noqa: E402

@@ -22,7 +22,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf package reads GGUF files (pi
 transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (its GGUF loader is the oracle)")
 
-from posenc.errors import ConfigError  # noqa: E402
+from posenc._internal.errors import ConfigError  # noqa: E402
 from posenc.gguf import check_loadable, read_gguf  # noqa: E402
 
 transformers.logging.set_verbosity_error()

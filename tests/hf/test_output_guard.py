@@ -1,4 +1,4 @@
-"""No posenc command writes over one of its inputs or over a model's files (posenc._outputs), whatever the flags;
+"""No posenc command writes over one of its inputs or over a model's files (posenc._internal.outputs), whatever the flags;
 convert checks its --out before the long load; a SIGTERM during a write leaves no temporary folder behind; what
 posenc writes for the user has the modes a plain open() would give.
 
@@ -212,8 +212,8 @@ def _convert_held_in_its_write(tmp_path: Path, hold: str, grace: float | None = 
         import sys, time
         from pathlib import Path
         import torch, transformers
-        import posenc.faults
-        posenc.faults.SIGNAL_GRACE_S = {grace if grace is not None else "posenc.faults.SIGNAL_GRACE_S"}
+        import posenc._internal.faults
+        posenc._internal.faults.SIGNAL_GRACE_S = {grace if grace is not None else "posenc._internal.faults.SIGNAL_GRACE_S"}
         save = transformers.PreTrainedModel.save_pretrained
         def held(self, folder, *args, **kwargs):
             save(self, folder, *args, **kwargs)

@@ -15,7 +15,7 @@ transformers = pytest.importorskip(
 
 import posenc  # noqa: E402
 import posenc.rope.apply as rope_apply  # noqa: E402
-from posenc.errors import PosencError  # noqa: E402
+from posenc._internal.errors import PosencError  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 

@@ -13,7 +13,7 @@ import torch
 transformers = pytest.importorskip(
     "transformers", minversion="5.0", reason="transformers >= 5 (transformers runs the models)")
 
-from posenc.errors import ConfigError  # noqa: E402
+from posenc._internal.errors import ConfigError  # noqa: E402
 from posenc.hf.lab_bridge import training_bytes  # noqa: E402
 from posenc.hf.search import search_main, search_model  # noqa: E402
 from posenc.hf.tokenizer import save_byte_tokenizer  # noqa: E402
@@ -150,7 +150,7 @@ def test_eval_runs_the_searched_config(searched, text_file):
 def test_a_checkpoint_resumes_only_the_same_model_and_text(tmp_path, text_file):
     """Two models (or two texts) sharing a checkpoint path: the second search is refused instead of handed the
     first one's finished record (which it would write as its own config)."""
-    from posenc.errors import CheckpointError
+    from posenc._internal.errors import CheckpointError
 
     a = tiny_llama(tmp_path / "a")
     b = tmp_path / "b"
@@ -186,7 +186,7 @@ def test_the_checkpoint_never_replaces_a_model_file_or_the_written_config(tmp_pa
         search_model(folder, 64, checkpoint=out, out_config=out, **kw)
     elsewhere = tmp_path / "notes.json"
     elsewhere.write_text('{"mine": 1}')
-    from posenc.errors import CheckpointError
+    from posenc._internal.errors import CheckpointError
     with pytest.raises(CheckpointError, match="exists and is not a LongRoPE search checkpoint"):
         search_model(folder, 64, checkpoint=elsewhere, out_config=out, **kw)
     assert elsewhere.read_text() == '{"mine": 1}'

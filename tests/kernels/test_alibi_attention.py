@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import reference
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc_oracles import alibi_oracle as oracle, peak_bytes, qkv
 from posenc.kernels import alibi_attention as module
 from posenc.kernels.alibi_attention import (alibi_attention, bias_template, causal_blocks, default_block_size,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.kernels import cpu_rope
 from posenc.rope.apply import default_inv_freq, rope_cos_sin
 from posenc_oracles import assert_close_to_oracle, reference_rope

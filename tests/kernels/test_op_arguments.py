@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.kernels import alibi_attention as alibi_module
 from posenc.kernels import ops
 from posenc.kernels.rope_checks import TableIndexError

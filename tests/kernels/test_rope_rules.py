@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError
 from posenc.rope.apply import apply_rope_table_qk, default_inv_freq

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from posenc._atomic import atomic_write_text
-from posenc.errors import CheckpointError
+from posenc._internal.atomic import atomic_write_text
+from posenc._internal.errors import CheckpointError
 from posenc.lab.checkpoint import load_checkpoint, payload_sha256, read_checkpoint, save_checkpoint
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from posenc.cli import main
 from posenc.lab.presets import PRESETS, get_preset
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.schemes import scheme_names
 
 FIELDS = {"task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "metric", "value", "seed"}

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.errors import CheckpointError, ConfigError
+from posenc._internal.errors import CheckpointError, ConfigError
 from posenc.lab.curriculum import LengthWarmupSampler, check_length_warmup
 from posenc.lab.presets import get_preset
 from posenc.lab.tasks.copy import CopySampler

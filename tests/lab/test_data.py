@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc.errors import DataError
+from posenc._internal.errors import DataError
 from posenc.lab import data as D
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from posenc.errors import CheckpointError, ConfigError, DataError
+from posenc._internal.errors import CheckpointError, ConfigError, DataError
 from posenc.lab import distributed as D
 from posenc.lab import launch
 from posenc.lab.data import IGNORE

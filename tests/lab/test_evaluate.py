@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posenc import rope_parameters
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.attention import attention_method_names
 from posenc.extensions import METHODS, method_names
 from posenc.lab.evaluate import apply_extension, band_counts, extension_config

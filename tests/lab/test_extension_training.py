@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posenc import LongRopeResult, lm_perplexity
-from posenc.errors import DataError
+from posenc._internal.errors import DataError
 from posenc.extensions import METHODS, register_method
 from posenc.extensions.longrope_search import search_splits
 from posenc.hf.lab_bridge import load_lab_model
@@ -145,7 +145,7 @@ def test_a_retrained_base_does_not_resume_its_old_fine_tunes_or_search(run, tmp_
     LongRoPE-search records are refused, not reported beside the new base."""
     import shutil
 
-    from posenc.errors import CheckpointError
+    from posenc._internal.errors import CheckpointError
 
     cfg, out, _ = run
     copy = tmp_path / "copy"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.errors import DataError
+from posenc._internal.errors import DataError
 from posenc.lab import lock as L
 from posenc.lab.checkpoint import load_checkpoint, save_checkpoint
 from posenc.lab.data import check_text, load_corpus
@@ -296,7 +296,7 @@ def test_the_sliding_protocol_follows_eval_tokens_and_the_report_counts_whole_wi
      "extensions: longrope-search is fitted on the text corpus, which none of the tasks (copy) loads"),
 ])
 def test_extension_settings_that_would_fail_after_training_are_refused_first(overrides, message):
-    from posenc.errors import ConfigError
+    from posenc._internal.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         get_preset("default", threads=1, **overrides)
@@ -441,7 +441,7 @@ def test_a_criterion_run_records_its_bar_in_the_checkpoint_settings(tmp_path, mo
                 threads=1, extensions=[], out=str(tmp_path), copy_examples=8)
     run_lab(get_preset("copy", **base, train_until=0.9, check_every=2), progress=False, log=lambda *_: None)
     assert seen[-1]["train_until"] == 0.9 and seen[-1]["check_every"] == 2
-    from posenc.errors import CheckpointError
+    from posenc._internal.errors import CheckpointError
     with pytest.raises(CheckpointError, match="was written with different settings"):
         run_lab(get_preset("copy", **base, train_until=0.5, check_every=2), resume=True, progress=False,
                 log=lambda *_: None)

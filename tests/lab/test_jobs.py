@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.lab.jobs import Unit, plan, units_of, worker_plugins
 from posenc.lab.presets import get_preset
 
@@ -93,7 +93,7 @@ def test_workers_load_the_plugins_that_registered_the_run_s_names(tmp_path):
     import sys
     from pathlib import Path
 
-    from posenc.plugins import LOADED
+    from posenc._internal.plugins import LOADED
     from posenc.schemes.registry import SCHEMES
 
     example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "my_scheme.py"

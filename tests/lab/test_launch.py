@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.lab import launch as L
 
 

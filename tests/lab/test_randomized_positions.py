@@ -5,7 +5,7 @@ settings validated."""
 import pytest
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.lab.presets import get_preset
 from posenc.lab.run import RandomizedTrainPositions
 from posenc.nn.model import ModelConfig, TinyLM

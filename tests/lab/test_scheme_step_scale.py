@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from posenc.cli import main
-from posenc.errors import CheckpointError, ConfigError
+from posenc._internal.errors import CheckpointError, ConfigError
 from posenc.lab.presets import get_preset
 from posenc.lab.train import checkpoint_step
 

@@ -12,7 +12,7 @@ import torch
 import posenc.lab.precision as precision
 import posenc.nn.attention as attention
 from posenc.cli import main
-from posenc.errors import CheckpointError, ConfigError
+from posenc._internal.errors import CheckpointError, ConfigError
 from posenc.lab.data import LMSampler
 from posenc.lab.precision import autocast, native_bf16, resolve_precision
 from posenc.lab.train import TrainSettings, train

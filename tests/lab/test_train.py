@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posenc.errors import CheckpointError
+from posenc._internal.errors import CheckpointError
 from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from posenc.lab.data import LMSampler
 from posenc.lab.tasks.copy import CopySampler
@@ -197,7 +197,7 @@ def test_no_check_before_check_from():
 
 
 def test_check_every_must_be_positive():
-    from posenc.errors import ConfigError
+    from posenc._internal.errors import ConfigError
 
     with pytest.raises(ConfigError, match="check_every"):
         train(_model(), CopySampler(16, 2, seed=0), TrainSettings(steps=2, warmup=1), until=lambda: True,

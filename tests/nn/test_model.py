@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.nn.model import LayerNorm, ModelConfig, TinyLM
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import reference
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.rope.apply import (apply_rope, apply_rope_qk, default_inv_freq, half_to_interleaved_permutation,
                                interleaved_to_half_permutation, permute_qk_weight, rope_cos_sin)
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.rope.config import RopeConfig, load_rope_config
 
 FIXTURES = "tests/fixtures/configs"

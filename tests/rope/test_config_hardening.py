@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from posenc import RopeConfig, Rotary, ntk_theta, rope_parameters
 from posenc.cli import main
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.errors import ConfigError, PosencError
 from posenc.rope.config import load_rope_config
 from posenc.rope.registry import ROPE_SCALING_FUNCTIONS
 from posenc.tools.inspect import inspect_config

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import Rotary, apply_rope, apply_rope_qk
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.kernels import cpu_rope
 from posenc.kernels.rope_checks import RopeAliasError
 from posenc.rope import apply as apply_mod

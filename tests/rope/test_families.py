@@ -16,7 +16,7 @@ transformers.logging.set_verbosity_error()
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
 from posenc import Rotary, rope_parameters  # noqa: E402
-from posenc.errors import ConfigError  # noqa: E402
+from posenc._internal.errors import ConfigError  # noqa: E402
 from posenc.rope import config as rope_config  # noqa: E402
 from posenc.rope.config import load_rope_config, rope_layer_types  # noqa: E402
 from posenc.rope.layers import (LAYER_PATTERNS, TemperatureTuning, layer_schedule, rope_layout,  # noqa: E402

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import Rotary, apply_rope_qk, reference, rope_parameters
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 CONFIGS = {
     "default": dict(),

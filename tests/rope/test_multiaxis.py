@@ -15,7 +15,7 @@ transformers.logging.set_verbosity_error()
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl  # noqa: E402
 
 from posenc import Rotary, rope_parameters  # noqa: E402
-from posenc.errors import ConfigError, PosencError  # noqa: E402
+from posenc._internal.errors import ConfigError, PosencError  # noqa: E402
 from posenc.rope.config import load_rope_config, vision_config_of, vision_rope_config  # noqa: E402
 from posenc.rope.mm_positions import mrope_position_ids, vision_position_ids  # noqa: E402
 from posenc.rope.multiaxis import (apply_axial_rope, apply_mrope, apply_mrope_qk, mrope_axes,  # noqa: E402

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import reference
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.rope.apply import apply_rope, default_inv_freq
 from posenc.rope.partial import PRoPE, p_rope_inv_freq
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.rope.scaling import ROPE_SCALING_FUNCTIONS, frequency_bands, register_rope_type, rope_parameters
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True)

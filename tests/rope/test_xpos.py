@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import reference
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.rope.apply import apply_rope, default_inv_freq
 from posenc.rope.xpos import XPos, apply_xpos, apply_xpos_qk, xpos_max_position, xpos_scale
 

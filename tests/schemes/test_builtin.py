@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from posenc import reference, rope_parameters
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.errors import ConfigError, PosencError
 from posenc.schemes import AttentionContext, make_scheme, scheme_names
 
 D_MODEL, HEADS = 32, 4

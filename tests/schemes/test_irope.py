@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.nn.model import ModelConfig, TinyLM
 from posenc.schemes import AttentionContext, make_scheme
 

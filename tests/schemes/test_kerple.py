@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.schemes import AttentionContext, make_scheme
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posenc import reference
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.rope.partial import PRoPE
 from posenc.schemes import AttentionContext, make_scheme
 

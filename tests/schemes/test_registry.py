@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.nn.model import ModelConfig, TinyLM
 from posenc.schemes import SCHEMES, NoPEScheme, Scheme, make_scheme, register_scheme, scheme_names
 

@@ -4,7 +4,7 @@ plain, cached (end-aligned) and per-row positions."""
 import pytest
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.schemes import AttentionContext, make_scheme
 
 hf_bucket = pytest.importorskip("transformers.models.t5.modeling_t5").T5Attention._relative_position_bucket

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posenc import LongRopeSettings, lm_perplexity, longrope_scaling, longrope_search, perplexity_fitness
-from posenc.errors import DataError, PosencError
+from posenc._internal.errors import DataError, PosencError
 
 transformers = pytest.importorskip("transformers", reason="a tiny transformers Llama is the oracle here")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from posenc import LongRopeResult, LongRopeSettings, Rotary, default_inv_freq, longrope_search, rope_parameters
 from posenc import short_factor_search
-from posenc.errors import CheckpointError, ConfigError, PosencError
+from posenc._internal.errors import CheckpointError, ConfigError, PosencError
 from posenc.search.longrope_space import PAPER_N_HAT_CHOICES, longrope_space
 
 D, THETA, L0, TARGET = 32, 10000.0, 128, 1024

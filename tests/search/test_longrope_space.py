@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import default_inv_freq, rope_cos_sin, rope_parameters
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.search.longrope_space import (PAPER_N_HAT_CHOICES, crossover, longrope_cos_sin, longrope_scaling,
                                           longrope_space, mutate, repair_monotone, seed_factors)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from posenc import rope_parameters
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.rope.config import load_rope_config, rope_layer_types, rope_section
 from posenc.rope.scaling import STATIC_BASE_KEYS, ntk_theta
 from posenc.tools.extend import ACCEPTED_ROPE_TYPES, extend_config

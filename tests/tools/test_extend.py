@@ -11,7 +11,7 @@ import torch
 
 import posenc
 from posenc.cli import main
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.extensions import METHODS as REGISTRY, method_names
 from posenc.tools.extend import extend_config
 

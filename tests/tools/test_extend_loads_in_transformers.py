@@ -20,7 +20,7 @@ import torch
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
 from posenc import rope_parameters  # noqa: E402
-from posenc.errors import ConfigError  # noqa: E402
+from posenc._internal.errors import ConfigError  # noqa: E402
 from posenc.extensions import METHODS as REGISTRY  # noqa: E402
 from posenc.tools.extend import IGNORES_ROPE_KEYS, extend_config  # noqa: E402
 from posenc.tools.inspect import inspect_config  # noqa: E402

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from posenc import reference
 from posenc.cli import main
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.tools.inspect import detect_scheme, format_report, inspect_config
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.cli import main
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.tools.pick import BUDGETS, TASKS, THETA_PLACEHOLDER, format_recommendation, pick
 
 # What counts as citing evidence: a paper ("Press et al. 2022"), transformers' own code, a published model card, the

@@ -9,7 +9,7 @@ import torch
 
 from posenc import reference
 from posenc.cli import main
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 from posenc.extensions import METHODS, method_names
 from posenc.rope.apply import apply_rope, default_inv_freq
 from posenc.tools.plot import (measure_periods, plot_alibi, plot_decay, plot_rope, plot_scaling,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from posenc._outputs import check_output
+from posenc._internal.outputs import check_output
 from posenc.hf.eval.loop import evaluate_model
 from posenc.hf.eval.resume import read_interrupted
 from posenc.hf.eval.report import OUTPUT_FILES, check_out_folder, report_tables, write_outputs, write_results
@@ -19,15 +19,15 @@ HELP = "Evaluate a local transformers causal LM: perplexity vs length, passkey, 
 
 def _names(text: str) -> list[str]:
     """Comma-separated names, none of them empty (as the lab's list flags: '' and 'a,,b' are refused)."""
-    from posenc.argtypes import items
+    from posenc._internal.argtypes import items
 
     return items(text, "names")
 
 
 def add_arguments(parser) -> None:
     # the lab's list flags: an empty entry ('96,,192', '') is refused, not skipped; a bad one says what is expected
-    from posenc._settings import parse_options
-    from posenc.argtypes import ints
+    from posenc._internal.settings import parse_options
+    from posenc._internal.argtypes import ints
     from posenc.hf.lab_bridge import DATA_SPLITS
 
     parser.add_argument("model", help="a local transformers causal LM folder (config.json, weights, tokenizer) or "
@@ -64,7 +64,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sliding-tokens", type=int, default=None,
                         help="tokens scored per sliding length (default: --eval-tokens), as posenc lab's flag")
     # the settings registered tasks declare (--passkey-depths, --passkey-trials, ...): one flag each, as in posenc lab
-    from posenc._settings import add_setting_flags
+    from posenc._internal.settings import add_setting_flags
     from posenc.lab.tasks.registry import TASK_SETTINGS
 
     add_setting_flags(parser, TASK_SETTINGS)
@@ -95,7 +95,7 @@ FLAG_ALIASES = {"replace_scaling": "--replace"}
 def run(args) -> int:
     threads = check_threads(args.threads)
     from posenc.lab.tasks.registry import TASK_SETTINGS
-    from posenc.plugins import load_plugins
+    from posenc._internal.plugins import load_plugins
 
     load_plugins(args.plugin)           # before the settings are checked: a plug-in's task is an ordinary name
     options = dict(args.task_options or {})

@@ -21,14 +21,14 @@ from types import SimpleNamespace
 
 import torch
 
-from posenc.errors import DataError
+from posenc._internal.errors import DataError
 from posenc.hf.eval.adapter import logits_model, token_stream
 from posenc.hf.eval.context import ModelEvaluation, text_codec
 from posenc.hf.eval.resume import check_resumable, model_identity
 from posenc.hf.eval.settings import EvalSettings, attention_methods, task_settings
 from posenc.hf.loading import (DTYPES, check_model_folder, config_method, input_device, load_causal_lm,
                                load_tokenizer, original_context, position_limit)
-from posenc.machine import cpu_model
+from posenc._internal.machine import cpu_model
 
 
 # logits of one forward are [rows, T, vocab] float32: cap them near 256 MiB unless --batch-tokens says otherwise

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.hf.eval.settings import attention_methods
 
 # what --out receives; a folder already holding one of them (a lab run, an earlier eval) needs --overwrite
@@ -18,7 +18,7 @@ def check_out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Pat
     """``out_dir`` as a folder ``write_outputs`` may write into, checked before any evaluation: not a file, not
     holding any of ``OUTPUT_FILES`` (results.json, report.md, the plots) unless ``overwrite`` (a lab run's, an
     earlier eval's), and writable."""
-    from posenc._atomic import check_writable_folder
+    from posenc._internal.atomic import check_writable_folder
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -78,7 +78,7 @@ def side_by_side(doc: dict) -> str:
 
 
 def write_results(doc: dict, out_dir: str) -> Path:
-    from posenc._atomic import atomic_write_json
+    from posenc._internal.atomic import atomic_write_json
 
     path = Path(out_dir) / "results.json"
     atomic_write_json(path, doc)
@@ -89,7 +89,7 @@ def write_outputs(doc: dict, out_dir: str, *, overwrite: bool = False) -> list[P
     """results.json, the lab's plots and report.md into ``out_dir`` (created) -> the paths written. A folder already
     holding any of them (a lab run, an earlier eval) is refused unless ``overwrite``, which also removes an earlier
     run's plot this one does not make."""
-    from posenc._atomic import atomic_write_text
+    from posenc._internal.atomic import atomic_write_text
     from posenc.hf.lab_bridge import lab_plots
 
     out = check_out_folder(out_dir, overwrite)

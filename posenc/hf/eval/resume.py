@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.hf.eval.settings import EvalSettings
 from posenc.hf.loading import model_files
 
@@ -14,7 +14,7 @@ from posenc.hf.loading import model_files
 def model_identity(model_dir: str | os.PathLike, config_file: str | os.PathLike | None = None) -> list[dict]:
     """Fingerprints of what an eval's numbers depend on besides its settings: the model's files (config, weights,
     tokenizer) and the ``--config`` file it is loaded with."""
-    from posenc._fingerprint import file_fingerprint
+    from posenc._internal.fingerprint import file_fingerprint
 
     files = model_files(model_dir, tokenizer=True) + ([Path(config_file)] if config_file else [])
     return [file_fingerprint(p) for p in files]
@@ -62,7 +62,7 @@ def read_interrupted(out_dir: str | None, overwrite: bool = False) -> dict:
         raise ConfigError("resume (--resume) and overwrite (--overwrite) contradict each other: --resume keeps the "
                           "finished methods, --overwrite runs them again; pass one")
     path = Path(out_dir) / "results.json"
-    from posenc._json import loads
+    from posenc._internal.json_io import loads
 
     try:
         doc = loads(path.read_text(encoding="utf-8"), f"resume (--resume): {path}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from posenc.devices import check_device
-from posenc.errors import ConfigError
+from posenc._internal.devices import check_device
+from posenc._internal.errors import ConfigError
 from posenc.hf.loading import DTYPES, check_attn_implementation
 
 
@@ -55,10 +55,10 @@ class EvalSettings:
         return {**out, **out.pop("options")}
 
     def validate(self) -> "EvalSettings":
-        from posenc._validate import check_choice, check_distinct, check_float, check_int
+        from posenc._internal.validate import check_choice, check_distinct, check_float, check_int
         from posenc.hf.lab_bridge import DATA_SPLITS
 
-        from posenc._settings import check_settings
+        from posenc._internal.settings import check_settings
         from posenc.lab.tasks.registry import TASK_SETTINGS, TASKS
 
         for name in ("eval_lens", "tasks", "methods"):
@@ -138,7 +138,7 @@ def method_choices() -> tuple[str, ...]:
 def check_method(name) -> str:
     """``name`` if --methods takes it as a config edit (none or a frequency method); ConfigError listing every name
     --methods takes for an unknown one, or saying what to use instead for a registered method eval cannot run."""
-    from posenc._validate import check_choice
+    from posenc._internal.validate import check_choice
     from posenc.extensions import METHODS
     from posenc.hf.lab_bridge import check_config_method
 
@@ -158,7 +158,7 @@ def attention_methods(methods) -> tuple[str, ...]:
 def check_threads(threads, name: str = "threads") -> int | None:
     """CPU threads for torch: None or 0 = torch's own choice, else a count up to the lab's own limit (ConfigError
     naming ``name``): torch.set_num_threads refuses a negative count only with its own RuntimeError."""
-    from posenc._validate import check_int
+    from posenc._internal.validate import check_int
     from posenc.lab.presets import SIZE_LIMITS
 
     return None if threads is None else check_int(threads, name, min=0, max=SIZE_LIMITS["threads"], error=ConfigError)

@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from posenc._validate import is_int, is_number
-from posenc.errors import PosencError
+from posenc._internal.validate import is_int, is_number
+from posenc._internal.errors import PosencError
 
 IGNORE = -100  # the targets' "not scored" id (torch's cross_entropy ignore_index)
 # metrics that are fractions: a value outside [0, 1] (or not finite) is a bug in the task that reported it

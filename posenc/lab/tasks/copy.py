@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from posenc.errors import ConfigError, DataError
+from posenc._internal.errors import ConfigError, DataError
 from posenc.lab.context import supports_length
 from posenc.lab.data import IGNORE, batch_generator
 from posenc.lab.plots import accuracy_plot
 from posenc.lab.tables import fmt, markdown, pivot
-from posenc._settings import Setting
+from posenc._internal.settings import Setting
 from posenc.lab.tasks.registry import HELD_OUT, Task, register_task
 
 COPY_SEP = 0  # never drawn as a content token (content bytes are 1..255)

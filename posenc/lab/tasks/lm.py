@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from posenc._validate import check_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_int
+from posenc._internal.errors import ConfigError
 from posenc.lab.context import supports_length
 from posenc.lab.data import LMSampler
 from posenc.lab.plots import legend, log_axes, mark_unsupported, note_coinciding, pyplot, save, series, style

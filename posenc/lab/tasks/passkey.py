@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from posenc.errors import ConfigError, DataError
+from posenc._internal.errors import ConfigError, DataError
 from posenc.lab.context import supports_length
 from posenc.lab.data import IGNORE, batch_generator
 from posenc.lab.plots import accuracy_plot
 from posenc.lab.tables import markdown, model_label, sort_key
-from posenc._settings import Setting
+from posenc._internal.settings import Setting
 from posenc.lab.tasks.registry import HELD_OUT, Task, register_task
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

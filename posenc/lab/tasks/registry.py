@@ -13,10 +13,10 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from posenc._registry import check_new_name, origin_of
-from posenc._settings import Setting, declare
-from posenc._validate import check_choice
-from posenc.errors import ConfigError
+from posenc._internal.registry import check_new_name, origin_of
+from posenc._internal.settings import Setting, declare
+from posenc._internal.validate import check_choice
+from posenc._internal.errors import ConfigError
 from posenc.lab.tables import markdown, pivot, fmt
 
 
@@ -27,7 +27,7 @@ class Task:
     """Base class of a lab task. Subclasses override ``sampler`` and ``evaluate``; the rest has defaults.
 
     needs_corpus: the run loads the text corpus for it (``run.corpus``). metrics: the metric names of its rows.
-    title: heading of its report section. settings: its own settings (``posenc._settings.Setting``), declared
+    title: heading of its report section. settings: its own settings (``posenc._internal.settings.Setting``), declared
     once: ``posenc lab`` and ``posenc eval`` make a flag of each and validate it; the task reads the values from
     ``cfg.options[name]`` (``run.cfg`` / ``ev.cfg``).
     """

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import torch
 
 from posenc.lab.data import IGNORE
-from posenc.errors import ConfigError, DataError
+from posenc._internal.errors import ConfigError, DataError
 from posenc.lab.presets import get_preset
 from posenc.lab.tasks.registry import HELD_OUT
 from posenc.lab.tasks.copy import COPY_SEP, CopySampler, copy_eval, copy_example, copy_len, shortest_copy

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import torch
 import torch.nn.functional as F
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.lab.tasks.lm import lm_eval
 from posenc.perplexity import evaluation_prefix
 from posenc.nn.model import ModelConfig, TinyLM

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.errors import DataError
+from posenc._internal.errors import DataError
 from posenc.lab.data import IGNORE
 from posenc.lab.tasks.passkey import KEY_DIGITS, QUESTION, PasskeySampler, passkey_eval, passkey_example
 from posenc.nn.model import ModelConfig, TinyLM

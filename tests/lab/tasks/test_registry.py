@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 from posenc.lab.tasks import TASKS, Task, get_task, register_task, task_names
 
 

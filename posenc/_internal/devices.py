@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 
 def check_device(device, name: str = "device") -> torch.device:

@@ -90,7 +90,7 @@ def to_flags(message: str, names: Mapping[str, str]) -> str:
 def errors_name_flags(flags: Mapping[str, str]):
     """Inside this block a PosencError's message names flags instead of settings (``to_flags``), for commands
     that parse their own arguments below posenc.cli (``posenc search``, ``posenc lab``)."""
-    from posenc.errors import PosencError
+    from posenc._internal.errors import PosencError
 
     try:
         yield
@@ -280,9 +280,9 @@ def signals_stop_c_calls(prefix: str, grace_s: float | None = None):
 
 
 def _remove_temporaries() -> None:
-    """Delete the temporary files and folders of writes in progress (posenc._atomic), when the process is about to
+    """Delete the temporary files and folders of writes in progress (posenc._internal.atomic), when the process is about to
     end without unwinding: a half-written model folder must not stay behind, looking like a model."""
-    atomic = sys.modules.get("posenc._atomic")
+    atomic = sys.modules.get("posenc._internal.atomic")
     if atomic is not None:
         try:
             atomic.remove_pending_temporaries()
@@ -291,7 +291,7 @@ def _remove_temporaries() -> None:
 
 
 def _run(prefix: str, fn: Callable[[], int | None], flags: Mapping[str, str] | None = None) -> int:
-    from posenc.errors import PosencError
+    from posenc._internal.errors import PosencError
 
     try:
         # SIGTERM unwinds like Ctrl-C (every command's temporaries are removed on the way out), exit 143
@@ -357,8 +357,8 @@ def allocation_failure(exc: BaseException) -> str | None:
 
 
 def _plugin_fault(exc: BaseException) -> str | None:
-    """posenc.plugins.plugin_fault, when plug-ins were loaded (no import otherwise)."""
-    plugins = sys.modules.get("posenc.plugins")
+    """posenc._internal.plugins.plugin_fault, when plug-ins were loaded (no import otherwise)."""
+    plugins = sys.modules.get("posenc._internal.plugins")
     return plugins.plugin_fault(exc) if plugins is not None else None
 
 

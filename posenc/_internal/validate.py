@@ -14,7 +14,7 @@ import sys
 import warnings
 from typing import Iterable
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 def is_int(x) -> bool:
@@ -126,7 +126,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def user_stacklevel() -> int:
     """stacklevel for a warning raised two frames up, pointing at the first caller outside posenc (the user's line)."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # posenc/, not posenc/_internal/
     frame, level = sys._getframe(2), 2
     while frame is not None and (frame.f_code.co_filename.startswith(package)  # dataclass __init__ too:
                                  or (frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__")):

@@ -1,7 +1,7 @@
 """Settings a plug-in owns (a lab task, an extension method), declared once: name, kind, default, bounds, help.
 
 From the declaration come the command-line flag (``--copy-examples``), its argparse type and the validation
-(through posenc/_validate.py, errors naming the setting), so a task adds a setting in one place and every command
+(through posenc/_internal/validate.py, errors naming the setting), so a task adds a setting in one place and every command
 that runs the task (``posenc lab``, ``posenc eval``) takes it.
 
     >>> Setting("copy_examples", 64, "copy-task test sequences per length", kind="int", min=1, max=2**20)
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from posenc._validate import check_bool, check_distinct, check_float, check_int
-from posenc.errors import ConfigError
+from posenc._internal.validate import check_bool, check_distinct, check_float, check_int
+from posenc._internal.errors import ConfigError
 
 KINDS = ("int", "float", "bool", "floats")
 
@@ -59,7 +59,7 @@ class Setting:
 
     def arg_type(self):
         """The argparse ``type`` of its flag."""
-        from posenc.argtypes import floats, yes_no
+        from posenc._internal.argtypes import floats, yes_no
 
         return {"int": int, "float": float, "bool": yes_no, "floats": floats}[self.kind]
 
@@ -70,7 +70,7 @@ def declare(settings: Iterable[Setting], owner: str, taken: Mapping[str, Setting
     out = []
     for s in settings:
         if not isinstance(s, Setting):
-            raise ConfigError(f"{owner}: settings must be posenc._settings.Setting values, got {s!r}")
+            raise ConfigError(f"{owner}: settings must be posenc._internal.settings.Setting values, got {s!r}")
         other = taken.get(s.name)
         if other is not None and other.owner != owner:
             if replace(other, owner="") == replace(s, owner=""):   # the same declaration, inherited (a subclass of

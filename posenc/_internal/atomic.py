@@ -5,7 +5,7 @@ modes a plain ``open()`` / ``mkdir`` would give (0666 / 0777 less the process um
 their temporaries private (0600 / 0700), and writers such as transformers' ``save_pretrained`` may too.
 
 Every temporary in progress is registered (``pending_temporaries``): Ctrl-C and SIGTERM remove it as the write
-unwinds, and when the main thread is stuck in one long C call, posenc.faults' watcher removes what is registered
+unwinds, and when the main thread is stuck in one long C call, posenc._internal.faults' watcher removes what is registered
 before it ends the process. A temporary left by a killed writer (SIGKILL) is removed by the next write to the same
 path.
 """
@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 
 def _umask() -> int:
@@ -55,7 +55,7 @@ def _remove(path: Path) -> None:
 
 
 def remove_pending_temporaries() -> None:
-    """Delete every temporary in progress: for a process about to end without unwinding (posenc.faults' watcher)."""
+    """Delete every temporary in progress: for a process about to end without unwinding (posenc._internal.faults' watcher)."""
     for path in pending_temporaries():
         _remove(path)
         _PENDING.pop(str(path), None)
@@ -179,7 +179,7 @@ def _normal_modes(folder: Path) -> None:
 def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a new temporary folder beside ``path`` to fill; on success it gets ordinary modes and replaces
     ``path`` (an existing folder or file there is removed only once the new folder is in place); on an error, Ctrl-C
-    or SIGTERM it is deleted. The caller has checked ``path`` (posenc._outputs.check_output) and its parent."""
+    or SIGTERM it is deleted. The caller has checked ``path`` (posenc._internal.outputs.check_output) and its parent."""
     path = Path(path)
     remove_stale_temporaries(path)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from posenc.errors import ConfigError, PosencError
+from posenc._internal.errors import ConfigError, PosencError
 
 # far deeper than any config, checkpoint or results file posenc reads (a config.json is 3-4 levels deep)
 MAX_DEPTH = 64

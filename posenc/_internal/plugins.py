@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from posenc.errors import PosencError
+from posenc._internal.errors import PosencError
 
 
 class PluginError(PosencError):
@@ -35,7 +35,7 @@ REGISTRIES = (("scheme", "posenc.schemes.registry", "SCHEMES"),
               ("attention method", "posenc.attention.registry", "ATTENTION_METHODS"),
               ("task", "posenc.lab.tasks.registry", "TASKS"),
               ("rope type", "posenc.rope.registry", "ROPE_SCALING_FUNCTIONS"))
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent.parent  # posenc/
 
 
 def load_plugin(spec: str):

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Callable, Mapping
 
-from posenc.errors import ConfigError
+from posenc._internal.errors import ConfigError
 
 
 def origin_of(obj) -> str:
