@@ -98,6 +98,16 @@ def test_pick_from_a_built_wheel_cites_the_study(tmp_path):
     _, best = _oracle_best_16k(full)
     assert "measured on this model" in done.stdout
     assert f"{best:.2f}" in done.stdout and "docs/results/smollm2/results.json" in done.stdout
+    # the lab numbers come from the wheel's extracts too: the default preset's and the attention run's here, the
+    # copy-cpu and schemes presets' in a new model's recommendations
+    assert f"RoPE ppl {_v('default', 'rope', 128):.2f} -> {_v('default', 'rope', 512):.2f} at 4x" in done.stdout
+    assert f"sinks {_v('attention-extension', 'rope', 1024, 'sinks'):.2f} ppl" in done.stdout
+    new = [subprocess.run([sys.executable, "-m", "posenc", "pick", "--train-context", "2048", "--target-context",
+                           "8192", "--budget", "pretrain", *extra], cwd=work, env=env, capture_output=True, text=True)
+           for extra in (["--task", "code"], ["--extrapolation-needed"])]
+    assert all(r.returncode == 0 and "n/a" not in r.stdout for r in new + [done])
+    assert f"T5 83% / {round(100 * _v('copy-cpu', 't5', 512, metric='token_accuracy'))}%" in new[0].stdout
+    assert f"KERPLE {_v('schemes', 'kerple', 128):.2f} -> {_v('schemes', 'kerple', 1024):.2f}" in new[1].stdout
 
 
 # --- the lab numbers posenc cites: each recomputed here from docs/results/ (the lab's recorded mean and std) ---
