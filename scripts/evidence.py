@@ -1,5 +1,6 @@
 """Write the evidence ``posenc pick`` ships with: posenc/tools/measured/<study>/results.json, extracts of the full
-results under docs/results/ (posenc.tools.evidence.SHIPPED names them). Run after a study or a preset's results
+results under docs/results/ (posenc.tools.evidence.SHIPPED names them; LAB_ROWS says which rows a lab preset's
+extract keeps: those the cited sentences read, posenc.tools.lab_evidence). Run after a study or a preset's results
 change; ``python scripts/smollm2_study.py collect`` runs it for the SmolLM2 study, and
 tests/tools/test_evidence_data.py fails while an extract is stale.
 

@@ -34,9 +34,11 @@ def _ntk_for_transformers(scaling: dict, spec: ExtensionSpec) -> tuple[dict, lis
 
 
 @register_method("ntk", label="NTK-aware", transformers_form=_ntk_for_transformers,
+                 # the lab's numbers: fields filled from the packaged results (posenc.tools.lab_evidence)
                  note="static NTK-aware works zero-shot (docs/lesson.md; posenc's lab, default preset in "
-                      "docs/lab.md: 8.78 ppl at 4x vs ~16.4 for PI and 12.53 unscaled); a short fine-tune helps "
-                      "further. It changes every frequency at every length, short inputs included.")
+                      "docs/lab.md: {default[rope/ntk@512]:.2f} ppl at 4x vs ~{default[rope/linear@512]:.1f} for PI "
+                      "and {default[rope@512]:.2f} unscaled); a short fine-tune helps further. It changes every "
+                      "frequency at every length, short inputs included.")
 def ntk(spec: ExtensionSpec) -> dict:
     """Static NTK-aware scaling (bloc97): base theta * s^(d/(d-2)); posenc's own rope_type 'ntk'."""
     return {"rope_type": "ntk", "factor": spec.factor}

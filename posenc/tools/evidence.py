@@ -3,13 +3,13 @@
 A real-model study (``"study": "real-model"``; scripts/smollm2_study.py writes docs/results/smollm2/results.json)
 names its model by the config keys that fix its positions and size (``model``: model_type, hidden_size, layers,
 heads, vocabulary, rope_theta, original context) and holds ``posenc eval``'s rows. What the picker reads of it,
-and of the lab's copy-cpu results, ships in ``posenc/tools/measured/<study>/results.json`` (read through
-``importlib.resources``, so an installed wheel cites the same numbers as a checkout): ``extract_study`` and
-``extract_lab`` make those files from the full results, the study command writes them, and a test checks them
-against docs/results/. ``matching_study(config)`` finds the study of the model a config describes (a config.json,
-a folder or a .gguf: posenc.tools._io.read_config); ``zero_shot(study, length)`` lists each method's measured
-perplexity at that length, best first, every method on the same windows. Nothing here is typed in by hand: the
-picker cites what the files hold.
+and the lab's numbers posenc cites (posenc.tools.lab_evidence), ships in
+``posenc/tools/measured/<study>/results.json`` (read through ``importlib.resources``, so an installed wheel cites the
+same numbers as a checkout): ``extract_study`` and ``extract_lab`` make those files from the full results, the
+study command writes them, and a test checks them against docs/results/. ``matching_study(config)`` finds the study
+of the model a config describes (a config.json, a folder or a .gguf: posenc.tools._io.read_config);
+``zero_shot(study, length)`` lists each method's measured perplexity at that length, best first, every method on
+the same windows. Nothing here is typed in by hand: the picker cites what the files hold.
 """
 
 from __future__ import annotations
@@ -195,11 +195,30 @@ def extract_study(study: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
+# the rows each lab extract keeps (a row is kept when it matches one of its study's selectors: every key's value
+# among the listed ones; a missing key reads None): what posenc.tools.lab_evidence's sentences cite and the copy-cpu
+# count reads, at the lengths they name. tests/tools/test_evidence_data.py formats every sentence from the extracts.
+_NON_OVERLAPPING = ("non-overlapping",)
+LAB_ROWS: dict[str, tuple[dict[str, tuple], ...]] = {
+    "copy-cpu": ({"metric": ("exact_match",)},
+                 {"metric": ("token_accuracy",), "eval_len": (256, 512)}),
+    "default": ({"scheme": ("rope", "alibi"), "protocol": _NON_OVERLAPPING},),
+    "schemes": ({"eval_len": (128, 1024), "protocol": _NON_OVERLAPPING, "positions": (None,)},),
+    "attention-extension": ({"eval_len": (128, 1024), "protocol": _NON_OVERLAPPING},),
+}
+
+
+def _selected(row: dict[str, Any], selectors) -> bool:
+    return any(all(row.get(k) in allowed for k, allowed in sel.items()) for sel in selectors)
+
+
 def extract_lab(doc: dict[str, Any], name: str) -> dict[str, Any]:
-    """What the picker reads of a lab preset's results.json: its exact-match rows (the copy-cpu count)."""
+    """What posenc cites of a lab preset's results.json (``name``: its folder under docs/results): the rows
+    ``LAB_ROWS[name]`` selects (exact-match rows for a study it does not name), their settings kept (ROW_KEYS)."""
+    selectors = LAB_ROWS.get(name, ({"metric": ("exact_match",)},))
     return {"study": "lab", "preset": (doc.get("meta") or {}).get("preset"),
             "results": f"docs/results/{name}/results.json",
-            "rows": [_keep(r) for r in doc.get("results", []) if r.get("metric") == "exact_match"]}
+            "rows": [_keep(r) for r in doc.get("results", []) if _selected(r, selectors)]}
 
 
 def write_extracts(docs_results: Path, names: dict[str, str], out=None) -> list[Path]:
@@ -221,4 +240,5 @@ def write_extracts(docs_results: Path, names: dict[str, str], out=None) -> list[
 
 # the studies whose extracts ship with posenc (scripts/evidence.py writes them; tests/tools/test_evidence_data.py
 # checks them against docs/results/)
-SHIPPED = {"smollm2": "real-model", "copy-cpu": "lab"}
+SHIPPED = {"smollm2": "real-model", "copy-cpu": "lab", "default": "lab", "schemes": "lab",
+           "attention-extension": "lab"}

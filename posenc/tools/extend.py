@@ -39,6 +39,7 @@ from posenc.extensions import ExtensionSpec, get_method, method_config, method_n
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
+from posenc.tools.lab_evidence import fill
 from posenc.rope.contexts import MAX_CONTEXT, trained_length
 from posenc.tools.inspect import HEAD_DIM_DERIVED_TYPES, detect_scheme
 
@@ -288,7 +289,7 @@ def _add_notes(notes: list, req: _Request, target_length: int, factor, transform
         notes.insert(0, f"WARNING: transformers' {cfg['model_type']} code reads no rope_theta / RoPE scaling keys "
                         "(base 10000 is hard-coded), so this config changes nothing there; it takes effect only in "
                         "code that reads these keys (posenc, some serving runtimes)")
-    notes.append(m.note)
+    notes.append(fill(m.note))  # the lab's numbers in the note, from the packaged results
 
 
 def _short(value) -> str:

@@ -15,13 +15,28 @@ from typing import Any
 
 from posenc.extensions import ExtensionSpec, get_method, method_config
 
+
+def _copy(scheme: str, length: int) -> str:
+    """The field citing the copy-cpu preset's mean token accuracy of ``scheme`` at ``length`` (a percentage)."""
+    return f"{{copy-cpu[{scheme}@{length}#token_accuracy]:.0%}}"
+
+
+def _attn(scaling: str, attr: str = "", at: int = 1024) -> str:
+    """The field citing the attention-extension run's mean perplexity (``attr`` ".std": its std over the seeds)."""
+    model = "rope" if scaling == "none" else f"rope/{scaling}"
+    return f"{{attention-extension[{model}@{at}]{attr}:.2f}}"
+
+
 # Evidence: published results cited by paper (author, year, table), transformers' semantics, the spec (docs/lesson.md)
-# and posenc's own lab measurements (docs/lab.md); see docs/picker.md.
+# and posenc's own lab measurements (docs/lab.md; their numbers are format fields that ``evidence(key)`` fills from
+# the packaged extracts of docs/results/, posenc.tools.lab_evidence); see docs/picker.md.
 EVIDENCE = {
     "lab_attention": "posenc lab (docs/attention-extension.md, 3 seeds): on the default preset's model at 8x, "
-                     "Self-Extend 6.86 +- 0.10, Leaky ReRoPE 6.85, ReRoPE 6.93, Dual Chunk 7.06, sinks 6.73 ppl vs "
-                     "YaRN 10.92 and RoPE 15.72 (6.79 at 1x); but passkey retrieval past the trained length stayed "
-                     "at 0-11% for all of them on the passkey preset (sinks: evicted keys are gone by design)",
+                     f"Self-Extend {_attn('self-extend')} +- {_attn('self-extend', '.std')}, Leaky ReRoPE "
+                     f"{_attn('leaky-rerope')}, ReRoPE {_attn('rerope')}, Dual Chunk {_attn('dca')}, sinks "
+                     f"{_attn('sinks')} ppl vs YaRN {_attn('yarn')} and RoPE {_attn('none')} ({_attn('none', at=128)} "
+                     "at 1x); but passkey retrieval past the trained length stayed at 0-11% for all of them on the "
+                     "passkey preset (sinks: evicted keys are gone by design)",
     "alibi_table2": "Press et al. 2022 (ALiBi), Table 2: trained at L=512, ALiBi ppl 19.73 at 512 -> 18.31 "
                     "at 15512, while rotary reaches 79.25 and sinusoidal 406.01",
     "alibi_short_train": ("ALiBi trained at only L=64 still goes 28.46 -> 21.53 at 3072 (Press et al. 2022, "
@@ -39,17 +54,28 @@ EVIDENCE = {
     "yarn": "Peng et al. 2023 (YaRN), Table 2 (Llama-2-7B fine-tuned at s=32): 3.56 ppl at 8k, 2.37 at 128k; its "
             "passkey test: 99.4% to 128k",
     "lab_default": "posenc lab, default preset (docs/lab.md: d_model 64, 2 layers, 600 steps x 20 at 128 tokens, "
-                   "seed 0): RoPE ppl 6.93 -> 12.53 at 4x, 16.51 at 8x; zero-shot dynamic NTK 9.43 / 11.87, "
-                   "NTK-aware 8.78 / 11.87, YaRN 10.34 / 10.68, PI ~16.4 at every length; ALiBi 7.74 -> 7.69",
+                   "seed 0): RoPE ppl {default[rope@128]:.2f} -> {default[rope@512]:.2f} at 4x, "
+                   "{default[rope@1024]:.2f} at 8x; zero-shot dynamic NTK {default[rope/dynamic@512]:.2f} / "
+                   "{default[rope/dynamic@1024]:.2f}, NTK-aware {default[rope/ntk@512]:.2f} / "
+                   "{default[rope/ntk@1024]:.2f}, YaRN {default[rope/yarn@512]:.2f} / "
+                   "{default[rope/yarn@1024]:.2f}, PI ~{default[rope/linear@*]:.1f} at every length; ALiBi "
+                   "{default[alibi@128]:.2f} -> {default[alibi@1024]:.2f}",
     "lab_schemes": "posenc lab --preset schemes (docs/lab.md: d_model 64, 2 layers, 300 steps x 16 at 128 tokens, "
-                   "seeds 0-2, mean): ppl 1x -> 8x ALiBi 8.32 -> 8.29, KERPLE 8.26 -> 8.28, RoPE+ALiBi 7.78 -> "
-                   "7.81, xPos 7.75 -> 8.67, CoPE 7.77 -> 9.31, FIRE 8.69 -> 9.42, T5 9.57 -> 10.44, NoPE 10.02 "
-                   "-> 10.52, RoPE 7.76 -> 12.12",
+                   "seeds 0-2, mean): ppl 1x -> 8x "
+                   + ", ".join(f"{label} {{schemes[{scheme}@128]:.2f}} -> {{schemes[{scheme}@1024]:.2f}}"
+                               for label, scheme in (("ALiBi", "alibi"), ("KERPLE", "kerple"),
+                                                     ("RoPE+ALiBi", "rope+alibi"), ("xPos", "xpos"), ("CoPE", "cope"),
+                                                     ("FIRE", "fire"), ("T5", "t5"), ("NoPE", "nope"),
+                                                     ("RoPE", "rope"))),
+    "lab_nope": "in the lab it is {schemes[nope@128].vs[rope@128]:.0%} worse than RoPE at the training length "
+                "({schemes[nope@128]:.2f} vs {schemes[rope@128]:.2f}, docs/lab.md schemes preset)",
     "lab_copy": "posenc lab --preset copy-cpu (docs/lab.md: 4 layers, d_model 64, 2 heads, copies of distinct bytes "
                 "trained at 128 after a 32/64-token warmup until 98% of two held-out sets are exact, cap 2500 steps "
-                "(NoPE, ALiBi 3000), seeds 0-2, bf16; {copy_passed} >= 95% exact at 1x): past 1x ALiBi keeps 51% "
-                "token accuracy at 2x and 24% at 4x where RoPE keeps 43% and 4%; KERPLE holds 99% / 97%, T5 83% / "
-                "63%, CoPE 59% / 46%",
+                "(NoPE, ALiBi 3000), seeds 0-2, bf16; {copy_passed} >= 95% exact at 1x): past 1x ALiBi keeps "
+                f"{_copy('alibi', 256)} token accuracy at 2x and {_copy('alibi', 512)} at 4x where RoPE keeps "
+                f"{_copy('rope', 256)} and {_copy('rope', 512)}; KERPLE holds {_copy('kerple', 256)} / "
+                f"{_copy('kerple', 512)}, T5 {_copy('t5', 256)} / {_copy('t5', 512)}, CoPE {_copy('cope', 256)} / "
+                f"{_copy('cope', 512)}",
     "rope_default": "docs/lesson.md: RoPE dominates frontier models (Llama 2/3/4, Qwen 2/3, Mistral, DeepSeek-V3) -- no "
                     "architecture change, relative position in the dot product, and its base is a clean knob for "
                     "long-context fine-tuning",
@@ -140,8 +166,12 @@ def copy_cpu_passed(bar: float = 0.95, root=None) -> str:
 
 
 def evidence(key: str) -> str:
+    """``EVIDENCE[key]`` with its measured numbers filled in: the lab's from the packaged extracts
+    (posenc.tools.lab_evidence) and the copy-cpu count."""
+    from posenc.tools.lab_evidence import fill
+
     text = EVIDENCE[key]
-    return text.format(copy_passed=copy_cpu_passed()) if "{copy_passed}" in text else text
+    return fill(text, copy_passed=copy_cpu_passed()) if "{copy_passed}" in text else fill(text)
 
 
 def method_snippet(method: str, train: int, target: int, theta: float, lmax: int | None = None,
@@ -246,7 +276,7 @@ def pick_pretrain(T: int, L: int, task: str, extrapolate: bool, given_theta: flo
     causal = task != "encoder"
     if extrapolate and task in ("lm", "encoder"):
         bias = "-m_h*(i-j) under the causal mask" if causal else "symmetric -m_h*|i-j| (bidirectional)"
-        reasons = [EVIDENCE["alibi_table2"], EVIDENCE["alibi_short_train"], EVIDENCE["lab_schemes"]]
+        reasons = [EVIDENCE["alibi_table2"], EVIDENCE["alibi_short_train"], evidence("lab_schemes")]
         if not causal:
             reasons.append(EVIDENCE["encoder_alibi"])
         snippet: dict[str, Any] = {"attn_config": {"alibi": True, "alibi_bias_max": 8}, "max_seq_len": T}
@@ -297,8 +327,7 @@ def pick_pretrain(T: int, L: int, task: str, extrapolate: bool, given_theta: flo
                         + ")" if task in ("code", "retrieval") else "and frontier long-context models "
                         "standardised on RoPE")),
         alt("sinusoidal / learned absolute", EVIDENCE["absolute"]),
-        alt("NoPE", "no evidence at scale for LM quality; in the lab it is 29% worse than RoPE at the training "
-                    "length (10.02 vs 7.76, docs/lab.md schemes preset)"),
+        alt("NoPE", "no evidence at scale for LM quality; " + evidence("lab_nope")),
     ]
     if T <= L:
         snippet = {"max_position_embeddings": T, "rope_parameters": {"rope_type": "default", "rope_theta": theta}}
@@ -352,14 +381,14 @@ def pick_existing(T: int, L: int, budget: str, task: str, extrapolate: bool, the
 def _zero_shot(T: int, L: int, task: str, theta: float, s: float, lmax: int | None,
                notes: list[str]) -> Recommendation:
     """An existing RoPE model run past its trained length without training: dynamic NTK."""
-    reasons = [EVIDENCE["zero_shot"], EVIDENCE["dynamic"], EVIDENCE["lab_default"]]
+    reasons = [EVIDENCE["zero_shot"], EVIDENCE["dynamic"], evidence("lab_default")]
     if s > 4:
         notes.append(f"x{s:g} is a large zero-shot jump: expect a visible perplexity rise (LongRoPE Table 1: "
                      "dynamic NTK 10.21 at 2x but 23.29 at 4x); a short fine-tune with YaRN does far better")
     if task == "retrieval":
         notes.append("long-range retrieval degrades before perplexity does; verify with a passkey test "
                      "(`posenc lab` passkey task) before trusting it")
-    notes.append("the attention-changing methods listed among the alternatives: " + EVIDENCE["lab_attention"])
+    notes.append("the attention-changing methods listed among the alternatives: " + evidence("lab_attention"))
     return Recommendation(
         scheme="RoPE (existing model)", method="dynamic NTK (zero-shot)",
         parameters={"rope_type": "dynamic", "factor": get_method("dynamic").lab_factor or s,
