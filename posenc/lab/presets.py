@@ -31,7 +31,7 @@ from posenc.extensions import METHODS, check_method
 from posenc.lab.curriculum import check_length_warmup
 from posenc.lab.distributed import resolve_device
 from posenc.lab.precision import PRECISIONS
-from posenc.lab.tasks import get_task, needs_corpus, task_names
+from posenc.lab.tasks import expand_tasks, get_task, needs_corpus, task_names
 from posenc.lab.train import TrainSettings
 from posenc.nn.model import ModelConfig
 from posenc.schemes import check_scheme, make_scheme, scheme_names
@@ -103,8 +103,8 @@ class LabConfig:
 
     def validate(self) -> "LabConfig":
         """Check every setting; errors name the setting (the CLI shows its flag) and the expected form."""
-        if self.tasks == ALL:
-            self.tasks = list(task_names())
+        if self.tasks == ALL or isinstance(self.tasks, (list, tuple)):   # "all" and group names (ruler)
+            self.tasks = expand_tasks(self.tasks)
         if self.schemes == ALL:
             self.schemes = list(scheme_names())
         for name in ("tasks", "schemes", "extended_schemes", "extensions", "seeds", "eval_lens", "sliding_lens",
