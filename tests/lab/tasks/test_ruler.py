@@ -241,3 +241,12 @@ def test_the_report_and_heat_map_cover_every_ruler_task_once(tmp_path):
     assert lines["**mean**"].rstrip(" |").endswith("1024")      # mean 95%, 70%, 10%
     assert ruler_heatmap(get_task("niah_single_1"), {"results": results}, tmp_path) == ["ruler_heatmap.png"]
     assert (tmp_path / "ruler_heatmap.png").stat().st_size > 0
+
+
+def test_the_ruler_lab_preset_trains_every_task_at_a_length_its_template_fits():
+    from posenc.lab.presets import get_preset
+
+    cfg = get_preset("ruler")        # (validate runs each task's check: train_len fits its template)
+    assert cfg.tasks == ["niah_single_1", "niah_multikey_2", "vt"] and cfg.seeds == [0, 1, 2]
+    assert all(cfg.train_len >= get_task(t).min_length() for t in cfg.tasks)
+    assert all(get_task(t).sample(byte_encode, L, 0, 0) is not None for t in cfg.tasks for L in cfg.eval_lens)
