@@ -126,7 +126,7 @@ def ruler_report(task, results: list[dict]) -> str:
 
 
 def ruler_heatmap(task, doc: dict, out: Path) -> list[str]:
-    """A heat map per model (tasks x lengths, score in percent; cells below the threshold in grey text) ->
+    """A heat map per model (tasks x lengths, score in percent; cells at the threshold or above in bold) ->
     [HEATMAP] when drawn by the first RULER task present."""
     from posenc.lab.plots import pyplot, save
 
@@ -137,8 +137,8 @@ def ruler_heatmap(task, doc: dict, out: Path) -> list[str]:
     threshold = _threshold(results)
     plt = pyplot()
     models = list(cells)
-    fig, axes = plt.subplots(1, len(models), figsize=(1.2 + 0.9 * len(lens) * len(models), 0.5 * len(tasks) + 2),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(2 + (1 + 0.9 * len(lens)) * len(models), 0.5 * len(tasks) + 2),
+                             squeeze=False, sharey=True)
     for ax, label in zip(axes[0], models):
         grid_v = [[(cells[label].get(t, {}).get(L) or (None,))[0] for L in lens] for t in tasks]
         shown = [[float("nan") if v is None else 100 * v for v in row] for row in grid_v]
@@ -146,11 +146,13 @@ def ruler_heatmap(task, doc: dict, out: Path) -> list[str]:
         for i, row in enumerate(grid_v):
             for j, v in enumerate(row):
                 text = "n/a" if v is None else f"{100 * v:.0f}"
-                colour = "white" if v is not None and v >= threshold else "0.6"
-                ax.text(j, i, text, ha="center", va="center", fontsize=8, color=colour)
+                passing = v is not None and v >= threshold      # (viridis: bright cells above ~70%)
+                ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if passing else "white",
+                        fontweight="bold" if passing else "normal")
         ax.set(xticks=range(len(lens)), xticklabels=[str(L) for L in lens], yticks=range(len(tasks)),
-               yticklabels=tasks, xlabel="length (tokens)", title=label)
-    fig.colorbar(image, ax=axes[0].tolist(), label=f"score % (white: >= {100 * threshold:.1f}%)")
+               yticklabels=tasks, xlabel="length (tokens)")
+        ax.set_title(label.replace(", ", "\n"), fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), label=f"score % (bold: >= {100 * threshold:.1f}%)")
     save(fig, out / HEATMAP)
     plt.close(fig)
     return [HEATMAP]
