@@ -134,6 +134,13 @@ class Evaluation:
             row["value"], row["note"] = None, DIVERGED
         return row
 
+    @torch.no_grad()
+    def generate(self, ids: Sequence[int], n_new: int) -> list[int]:
+        """Greedy decoding with the KV cache: the ``n_new`` token ids the model writes after the prompt ``ids``
+        (its tokens, ``encode``'s); ``posenc eval`` stops early where the model ends its text (its EOS token)."""
+        out = self.model.generate(torch.tensor([list(ids)], device=self.device), n_new)
+        return [int(t) for t in out[0].tolist()]
+
     @contextlib.contextmanager
     def measure(self, length: int, stride: int | None = None):
         """Around the scoring of one length (``stride``: its sliding stride, None for non-overlapping windows):

@@ -128,6 +128,19 @@ class ModelEvaluation(Evaluation):
 
         return super().map(fresh, items, cost=cost)
 
+    @torch.no_grad()
+    def generate(self, ids, n_new: int) -> list[int]:
+        """Greedy decoding with the KV cache (transformers' generate) of the model's token ids: at most ``n_new``
+        new ids, fewer where the model writes its EOS token."""
+        x = torch.tensor([list(ids)], dtype=torch.long, device=input_device(self.hf_model))
+        config = getattr(self.hf_model, "generation_config", None)
+        pad = getattr(config, "pad_token_id", None)
+        pad = pad if pad is not None else getattr(config, "eos_token_id", None)
+        pad = pad[0] if isinstance(pad, (list, tuple)) else pad
+        out = self.hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n_new, do_sample=False,
+                                     pad_token_id=0 if pad is None else pad)
+        return [int(t) for t in out[0, x.shape[1]:].tolist()]
+
     @contextlib.contextmanager
     def measure(self, length: int, stride: int | None = None):
         meter = CostMeter(self, length, stride)

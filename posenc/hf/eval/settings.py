@@ -66,6 +66,9 @@ class EvalSettings:
                 raise ConfigError(f"{name}: expected at least one entry, got none")
         for name in ("eval_lens", "sliding_lens", "tasks", "methods"):
             check_distinct(getattr(self, name), name, error=ConfigError)
+        from posenc.lab.tasks.registry import expand_tasks
+
+        self.tasks = expand_tasks(self.tasks)          # group names (ruler) -> their tasks
         from posenc.lab.presets import SIZE_LIMITS
         from posenc.tools.contexts import MAX_CONTEXT
 

@@ -114,8 +114,35 @@ def register_task(name: str, *, replace: bool = False):
     return decorator
 
 
+# group name -> its tasks (``ruler``: RULER's synthetic tasks); a group's tasks run by name or by the group's name,
+# not under "all" (which would train and score every one of them in a lab smoke run)
+TASK_GROUPS: dict[str, tuple[str, ...]] = {}
+
+
+def register_task_group(name: str, members) -> None:
+    """Name ``members`` (registered tasks) as group ``name``, usable wherever a task name is."""
+    check_new_name("task group", name, {}, False)
+    if name in TASKS or name in TASK_GROUPS:
+        raise ConfigError(f"task group {name!r}: the name is already a task or a group")
+    for member in members:
+        get_task(member, f"task group {name}")
+    TASK_GROUPS[name] = tuple(members)
+
+
 def task_names() -> tuple[str, ...]:
     return tuple(TASKS)
+
+
+def expand_tasks(names) -> list[str]:
+    """Task names with "all" (every task outside a group) and group names (their tasks) expanded, each task once,
+    in the order given; other names are kept as they are (checked by ``get_task``)."""
+    if names == "all":
+        grouped = {t for members in TASK_GROUPS.values() for t in members}
+        return [t for t in TASKS if t not in grouped]
+    out: dict[str, None] = {}
+    for name in names:
+        out.update(dict.fromkeys(TASK_GROUPS.get(name, (name,))))
+    return list(out)
 
 
 def get_task(name, argument: str = "tasks") -> Task:
