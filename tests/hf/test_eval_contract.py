@@ -144,6 +144,17 @@ def test_a_short_text_is_refused_naming_the_length_it_cannot_fill(llama, tmp_pat
     assert "--data-split all" in err, err
 
 
+def test_a_text_too_short_for_a_haystack_names_the_task_not_a_budget(llama, tmp_path, capsys):
+    """A RULER task needs a haystack as long as the length: the refusal names the task and the length, not
+    --eval-tokens, which that task does not read."""
+    short = tmp_path / "short.txt"
+    short.write_text("x = 1\n" * 300)        # 1800 bytes: a validation split of 180
+    err = fails(capsys, main, "eval", ["eval", str(llama), "--data", str(short), "--tasks", "niah_single_2",
+                                       "--threads", "1", "--no-progress", "--eval-lens", "256"])
+    assert "has 180 tokens, fewer than the 256 that task niah_single_2 reads at length 256" in err, err
+    assert "eval-tokens" not in err and "lower the length" in err, err
+
+
 def test_data_split_all_scores_the_whole_file(llama, text_file, tmp_path):
     raw = Path(text_file).read_bytes()
     s = EvalSettings(eval_lens=[16], data=text_file, eval_tokens=len(raw) - 17, sliding_stride=0, data_split="all")

@@ -45,20 +45,21 @@ def scored_stream(s: EvalSettings, tokenizer, limit: int | None) -> tuple[torch.
 
     data, data_meta, scored = scored_text(s.data, s.data_split)
     cfg = task_settings(s)
-    need = [job for t in s.tasks for job in get_task(t).text_needed(cfg) if limit is None or job[1] <= limit]
-    stream, _ = token_stream(tokenizer, data, s.eval_offset + max((job[0] for job in need), default=2))
+    need = [(t, *job) for t in s.tasks for job in get_task(t).text_needed(cfg) if limit is None or job[1] <= limit]
+    stream, _ = token_stream(tokenizer, data, s.eval_offset + max((job[1] for job in need), default=2))
     left = len(stream) - s.eval_offset
-    short = [job for job in need if job[0] > left]
+    short = [job for job in need if job[1] > left]
     if short:
-        n, L, stride = max(short, key=lambda job: (job[0], job[2] is None))   # (a tie: the eval_tokens job)
-        budget = ("eval_tokens" if stride is None else "sliding_tokens", s.eval_tokens if stride is None
-                  else s.sliding_tokens)
+        task, n, L, stride, *budget = max(short, key=lambda job: (job[1], job[3] is None))  # (a tie: eval_tokens)
         text = f"the text ({data_meta.get('source')}, scored on {scored}) has {len(stream)} tokens"
         lead = (f"eval_offset: {text}; skipping {s.eval_offset} leaves {max(0, left)}" if s.eval_offset
                 else f"data: {text}")
-        raise DataError(f"{lead}, fewer than the {n} that {budget[0]} {budget[1]} reads at length {L}"
-                        f"{'' if stride is None else ' (sliding)'}; every length must score the tokens asked: lower "
-                        f"{'eval_offset or ' if s.eval_offset else ''}{budget[0]}"
+        setting = budget[0] if budget else None        # None: the length itself needs the text (a haystack)
+        asks = (f"{setting} {getattr(s, setting)} reads at length {L}{'' if stride is None else ' (sliding)'}"
+                if setting else f"task {task} reads at length {L}")
+        lower = (f"lower {'eval_offset or ' if s.eval_offset else ''}{setting}" if setting
+                 else f"lower the length{' or eval_offset' if s.eval_offset else ''}")
+        raise DataError(f"{lead}, fewer than the {n} that {asks}; every length must score the tokens asked: {lower}"
                         f"{' or score all of the text (data_split all)' if s.data_split == 'validation' else ''}, "
                         "or give a longer text")
     return stream[s.eval_offset:], data_meta, scored

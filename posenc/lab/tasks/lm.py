@@ -118,15 +118,15 @@ class LanguageModelling(Task):
                 rows.append(ev.row(L, "ppl", r and r["ppl"], protocol=f"sliding (stride {strides[L]})", **cost))
         return rows
 
-    def text_needed(self, cfg) -> list[tuple[int, int, int | None]]:
-        """(tokens, length, stride or None) for each perplexity measurement: ``lm_eval`` reads its whole windows of
+    def text_needed(self, cfg) -> list[tuple]:
+        """(tokens, length, stride or None, the budget setting) for each perplexity measurement: ``lm_eval`` reads its whole windows of
         the eval_tokens budget (non-overlapping) or the sliding_tokens budget itself, and the last window's next
         token."""
         jobs = [(L, None) for L in cfg.eval_lens]
         if cfg.sliding_stride:
             jobs += [(L, sliding_stride(cfg.sliding_stride, L)) for L in cfg.sliding_lens or [max(cfg.eval_lens)]]
-        return [((scored_tokens(cfg.eval_tokens, L) if stride is None else max(cfg.sliding_tokens, L)) + 1, L, stride)
-                for L, stride in jobs]
+        return [((scored_tokens(cfg.eval_tokens, L) if stride is None else max(cfg.sliding_tokens, L)) + 1, L, stride,
+                 "eval_tokens" if stride is None else "sliding_tokens") for L, stride in jobs]
 
     def report(self, results: list[dict]) -> str:
         rows = [r for r in results if r["task"] == self.name]

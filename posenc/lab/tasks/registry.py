@@ -51,10 +51,11 @@ class Task:
         """Score ``ev.model`` (a ``posenc.lab.context.Evaluation``) -> result rows built with ``ev.row``."""
         raise NotImplementedError
 
-    def text_needed(self, cfg) -> list[tuple[int, int, int | None]]:
-        """(tokens, length, sliding stride or None) of the scored text (``run.corpus.val``) each of its
+    def text_needed(self, cfg) -> list[tuple]:
+        """(tokens, length, sliding stride or None[, setting]) of the scored text (``run.corpus.val``) each of its
         measurements reads, for a task that reads the corpus: a command refuses a text too short for them before
-        any model runs (default: none)."""
+        any model runs (default: none). ``setting``, when given, names the setting whose budget asks for those
+        tokens (``eval_tokens``), so the refusal says what to lower; without it the length itself needs them."""
         return []
 
     def criterion(self, run, model, seed: int) -> float:
