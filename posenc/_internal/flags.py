@@ -1,5 +1,6 @@
 """The flags several commands share, declared once: the flag, the spellings it replaced, its help, its argparse type
-(the validation: a bad value is one line naming the flag) and the library keyword it sets.
+(the validation of its form: a malformed value is one line naming the flag; a value's range is the check of the library
+keyword it sets, whose message the command shows with the flag) and the library keyword it sets.
 
 A command takes a shared flag from here instead of declaring it again:
 
@@ -38,37 +39,20 @@ def name(text: str) -> str:
     return text.strip()
 
 
-def positive_number(text: str) -> float:
-    """A finite number above 0."""
+def number(text: str) -> float:
+    """A number (its range is the command's check, as the library's keyword has it)."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
-def positive_int(text: str) -> int:
-    """An integer of at least 1."""
+def integer(text: str) -> int:
+    """An integer (its range is the command's check, as the library's keyword has it)."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}")
-    return value
-
-
-def count(text: str) -> int:
-    """An integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer of at least 0, got {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def path(text: str) -> str:
@@ -116,17 +100,17 @@ _FLAGS = (
     SharedFlag("method_options", "--method-options",
                "attention methods' options, method.option=value,... (e.g. self-extend.group_size=4)", parse_options,
                ("--extension-options",), metavar="METHOD.OPTION=VALUE,..."),
-    SharedFlag("factor", "--factor", "extension factor (target / original context)", positive_number,
+    SharedFlag("factor", "--factor", "extension factor (target / original context)", number,
                ("--ext-factor",)),
-    SharedFlag("target_length", "--target-length", "the context to extend to, in tokens", positive_int,
+    SharedFlag("target_length", "--target-length", "the context to extend to, in tokens", integer,
                ("--target-context",), metavar="N"),
     SharedFlag("seeds", "--seeds", "seeds, comma-separated", ints, metavar="SEED,..."),
-    SharedFlag("seed", "--seed", "one seed", int),
+    SharedFlag("seed", "--seed", "one seed", integer),
     SharedFlag("out", "--out", "where the output is written", path, ("--out-config",)),
     SharedFlag("resume", "--resume", "continue an interrupted run in --out", action="store_true"),
     SharedFlag("overwrite", "--overwrite", "replace what --out already holds", action="store_true"),
     SharedFlag("no_progress", "--no-progress", "no progress bars", aliases=("--quiet",), action="store_true"),
-    SharedFlag("threads", "--threads", "CPU threads for torch (0: torch's own)", count, metavar="N"),
+    SharedFlag("threads", "--threads", "CPU threads for torch (0: torch's own)", integer, metavar="N"),
     SharedFlag("dtype", "--dtype", "weights and activations: " + ", ".join(DTYPE_NAMES), dtype),
     SharedFlag("device", "--device", "cpu, cuda, cuda:N, mps", device),
     SharedFlag("data", "--data", "a text file or folder (default: the CPython stdlib)", path),
