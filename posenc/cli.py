@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             load_plugins(plugins)
             return 0
 
-        status = run_reporting_faults(argv[0], load)
+        status = run_reporting_faults(argv[0], load, flags={"plugin": "--plugin"})
         if status:
             return status
     parser = build_parser()

@@ -28,12 +28,12 @@ value = st.sampled_from(VALUES)
 LAB_FLAGS = ["--tasks", "--schemes", "--d-model", "--layers", "--heads", "--rope-base", "--rope-layout",
              "--scale-embeddings", "--scheme-options", "--train-len", "--batch-size", "--steps", "--lr", "--warmup",
              "--weight-decay", "--grad-clip", "--seeds", "--eval-lens", "--eval-tokens", "--sliding-stride",
-             "--sliding-lens", "--sliding-tokens", "--extensions", "--extended-schemes", "--ext-factor",
+             "--sliding-lens", "--sliding-tokens", "--methods", "--extended-schemes", "--factor",
              "--finetune-steps", "--finetune-len", "--copy-examples", "--passkey-depths", "--passkey-trials",
              "--device", "--threads", "--data", "--ckpt-every", "--nproc", "--dist-timeout", "--preset"]
 EXTEND_FLAGS = ["--target-length", "--method", "--transformers-version", "--factor", "--short-factor",
                 "--long-factor"]
-PICK_FLAGS = ["--target-context", "--train-context", "--budget", "--task", "--rope-theta", "--config"]
+PICK_FLAGS = ["--target-length", "--train-context", "--budget", "--task", "--rope-theta", "--config"]
 PLOT_FLAGS = {"sinusoidal": ["--max-len", "--dim", "--base"],
               "rope": ["--config", "--head-dim", "--theta", "--rope-type", "--factor", "--original",
                        "--max-position-embeddings", "--seq-len"],
@@ -75,7 +75,7 @@ def no_training(monkeypatch):
 @FUZZ
 @given(argv=flags(LAB_FLAGS))
 def test_lab_flags(argv, tmp_path, capsys, no_training):
-    check(capsys, "lab", main(["lab", "--quiet", "--out", str(tmp_path / "out"), *argv]))
+    check(capsys, "lab", main(["lab", "--no-progress", "--out", str(tmp_path / "out"), *argv]))
 
 
 @FUZZ
@@ -89,7 +89,7 @@ def test_extend_flags(argv, tmp_path, capsys):
 @FUZZ
 @given(argv=flags(PICK_FLAGS))
 def test_pick_flags(argv, capsys):
-    check(capsys, "pick", main(["pick", "--target-context", "32768", "--train-context", "8192", *argv]))
+    check(capsys, "pick", main(["pick", "--target-length", "32768", "--train-context", "8192", *argv]))
 
 
 @FUZZ

@@ -46,7 +46,7 @@ def test_a_prefix_of_a_flag_is_an_unknown_flag(command, capsys):
         assert f"unrecognized arguments: {prefix}" in err or "the following arguments are required" in err, err
 
 
-def test_search_out_is_not_out_config(tmp_path, capsys):
+def test_search_check_is_not_checkpoint(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")   # a model folder: the transformers search reads the options
-    assert main(["search", str(tmp_path), "--target-length", "64", "--out", str(tmp_path / "x")]) == 2
-    assert "unrecognized arguments: --out" in capsys.readouterr().err
+    assert main(["search", str(tmp_path), "--target-length", "64", "--check", str(tmp_path / "x")]) == 2
+    assert "unrecognized arguments: --check" in capsys.readouterr().err

@@ -43,7 +43,7 @@ class Parser(argparse.ArgumentParser):
     """argparse with a one-line error: "posenc lab: error: argument --steps: invalid int value: 'x' (see ...)".
 
     No abbreviations (``allow_abbrev=False``, for every command and subcommand: subparsers are this class too):
-    ``posenc search MODEL --out x`` must not be taken as ``--out-config x``, and a flag added later must not change
+    ``posenc search MODEL --check x`` must not be taken as ``--checkpoint x``, and a flag added later must not change
     what an existing command line means."""
 
     def __init__(self, *args, **kwargs):
@@ -72,7 +72,7 @@ def to_flags(message: str, names: Mapping[str, str]) -> str:
 
     Names with an underscore are replaced wherever they stand as a word; plain-word names (tasks, data, ...) only
     where they open the message or a "name/name:" list, so ordinary words in the text stay; a name the message
-    follows with its flag ("out_config PATH (--out-config): ...") stays. Idempotent.
+    follows with its flag ("out_config PATH (--out): ...") stays. Idempotent.
     """
     def swap(match: re.Match) -> str:
         name = match.group(0)

@@ -289,7 +289,7 @@ def _check_arguments(rope_scaling, factor, max_positions) -> None:
             raise ConfigError("factor: rope_scaling needs the extension factor (target / training length), e.g. 4")
     elif factor is not None:
         raise ConfigError(f"factor: {factor!r} given without rope_scaling, and only an extension method uses it: "
-                          "--factor needs --rope-scaling METHOD (e.g. --rope-scaling yarn --factor 4)")
+                          "--factor needs --method METHOD (e.g. --method yarn --factor 4)")
     if factor is not None:
         check_float(factor, "factor", min=1.0, max=float(MAX_CONTEXT), error=ConfigError)
 
@@ -444,22 +444,22 @@ def format_result(res: ExportResult) -> str:
 # ---- command line ------------------------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
+    from posenc._internal.flags import add_shared
     from posenc.hf.lab_bridge import config_methods
 
     parser.add_argument("source", help="a lab checkpoint (.safetensors) or a `posenc lab` run folder")
     parser.add_argument("--scheme", help="the scheme whose checkpoint to export (needed for a run folder)")
-    parser.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
+    add_shared(parser, "out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
     parser.add_argument("--task", default="lm", help="the run's task whose checkpoint to take (default lm)")
-    parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: the lowest present)")
-    parser.add_argument("--rope-scaling", default=None, metavar="METHOD",
-                        help="write this extension method into config.json (RoPE models): "
-                             + ", ".join(config_methods()))
-    parser.add_argument("--factor", type=float, default=None,
-                        help="extension factor for --rope-scaling (target / training length); needs --rope-scaling")
+    add_shared(parser, "seed", default=None, help="the run's seed (default: the lowest present)")
+    add_shared(parser, "method", dest="rope_scaling", default=None,
+               help="write this extension method into config.json (RoPE models): " + ", ".join(config_methods()))
+    add_shared(parser, "factor", default=None,
+               help="extension factor for --method (target / training length); needs --method")
     parser.add_argument("--max-positions", type=int, default=None,
                         help="longest input of sinusoidal (GPT-2) and ALiBi (MPT) exports (default 16 x train length; "
                              "at most 2^30)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    add_shared(parser, "overwrite", help="replace a non-empty --out folder")
     parser.add_argument("--no-check", action="store_true", help="skip loading the result back to compare logits")
 
 

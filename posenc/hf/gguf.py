@@ -197,12 +197,14 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
 # ---- command line ------------------------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
+    from posenc._internal.flags import add_shared
+
     parser.add_argument("model", help="a .gguf model file (an architecture transformers' GGUF loader knows)")
-    parser.add_argument("--out", required=True, help="the transformers folder to write")
-    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
-                        help="dtype of the written weights (default float32: the dequantized values exactly)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_shared(parser, "out", required=True, help="the transformers folder to write")
+    add_shared(parser, "dtype", default="float32", choices=DTYPE_NAMES,
+               help="dtype of the written weights (default float32: the dequantized values exactly)")
+    add_shared(parser, "overwrite", help="replace a non-empty --out folder")
+    add_shared(parser, "no_progress")
 
 
 def run(args) -> int:

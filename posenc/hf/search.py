@@ -113,21 +113,21 @@ def _output_paths(folder: Path, target_length: int, data, out_config, checkpoint
     stem = f"{folder.stem}." if is_gguf(folder) else ""
     out = Path(out_config) if out_config is not None else home / f"{stem}config.longrope-{target_length}.json"
     inputs = [("model", folder), ("--data", data)]
-    check_output(out, f"out_config {out} (--out-config)", inputs=inputs)   # never a model's file, even --overwrite
+    check_output(out, f"out_config {out} (--out)", inputs=inputs)   # never a model's file, even --overwrite
     if out.is_dir():
-        raise ConfigError(f"out_config {out} (--out-config): is a folder; expected the path of the config file to "
+        raise ConfigError(f"out_config {out} (--out): is a folder; expected the path of the config file to "
                           f"write, e.g. {out / f'config.longrope-{target_length}.json'}")
     if out.exists() and not overwrite:
         raise ConfigError(f"out_config {out}: exists; pass overwrite=True (--overwrite) to replace it")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"out_config {out}: folder {out.parent} does not exist")
-    check_writable_folder(out.parent, f"out_config {out} (--out-config)")
+    check_writable_folder(out.parent, f"out_config {out} (--out)")
     ckpt = Path(checkpoint) if checkpoint is not None else out.parent / f"longrope-search-{target_length}.json"
     if ckpt.is_dir():
         raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is a folder; expected the path of the search's JSON "
                           "record")
     if os.path.realpath(ckpt) == os.path.realpath(out):
-        raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is also out_config (--out-config); the search record "
+        raise ConfigError(f"checkpoint {ckpt} (--checkpoint): is also out_config (--out); the search record "
                           "and the config it writes need two files")
     if ckpt.exists() and Path(os.path.realpath(ckpt)).parent == Path(os.path.realpath(folder)) \
             and not is_search_checkpoint(ckpt):
@@ -240,14 +240,15 @@ def format_result(res: ModelSearchResult) -> str:
 # ---- command line ------------------------------------------------------------------------------------------------
 
 def add_arguments(parser) -> None:
+    from posenc._internal.flags import add_shared
     from posenc.search.longrope import LongRopeSettings
 
     d = LongRopeSettings()
     parser.add_argument("model", help="a local transformers causal LM folder with RoPE (config.json, weights, "
                                       "tokenizer)")
-    parser.add_argument("--target-length", type=int, required=True, help="the context to extend to, in tokens")
-    parser.add_argument("--data", default=None, help="text file or folder (default: the CPython stdlib, as the lab); "
-                                                     "its training split is searched on")
+    add_shared(parser, "target_length", required=True)
+    add_shared(parser, "data", default=None, help="text file or folder (default: the CPython stdlib, as the lab); its "
+                                                  "training split is searched on")
     parser.add_argument("--windows", type=int, default=4, help="windows of target length in the search fitness")
     parser.add_argument("--heldout-windows", type=int, default=4, help="windows in the held-out choice")
     parser.add_argument("--population", type=int, default=d.population,
@@ -257,20 +258,20 @@ def add_arguments(parser) -> None:
                              f"{d.parents} of {d.population})")
     parser.add_argument("--generations", type=int, default=d.generations)
     parser.add_argument("--heldout-top", type=int, default=d.heldout_top, help="best candidates re-scored held out")
-    parser.add_argument("--seed", type=int, default=0)
+    add_shared(parser, "seed", default=0, help="the search's random seed (default 0)")
     parser.add_argument("--batch-size", type=int, default=1, help="windows per forward")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    add_shared(parser, "device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    add_shared(parser, "dtype", default="float32", help="float32 (default), bfloat16, float16")
     parser.add_argument("--attn-implementation", default=None, help="eager, sdpa, ... (default: the model's)")
-    parser.add_argument("--out-config", default=None, help="the config to write (default: "
-                                                           "MODEL/config.longrope-TARGET.json)")
-    parser.add_argument("--checkpoint", default=None, help="search state (default: beside --out-config)")
+    add_shared(parser, "out", dest="out_config", default=None,
+               help="the config file to write (default: MODEL/config.longrope-TARGET.json)")
+    parser.add_argument("--checkpoint", default=None, help="search state (default: beside --out)")
     parser.add_argument("--fresh", "--no-resume", dest="fresh", action="store_true",
                         help="start the search over instead of resuming the checkpoint (as posenc search on a lab run)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out-config")
+    add_shared(parser, "overwrite", help="replace an existing --out file")
     parser.add_argument("--replace", action="store_true", help="search a model whose config is already scaled")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default or 0: torch's own)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (transformers' too)")
+    add_shared(parser, "threads", default=None, help="CPU threads for torch (default or 0: torch's own)")
+    add_shared(parser, "no_progress", help="no progress bars (transformers' too)")
 
 
 def run(args) -> int:

@@ -53,12 +53,14 @@ def is_model_folder(source: Path) -> bool:
 
 def lab_arguments(parser) -> None:
     """Options for a lab model."""
+    from posenc._internal.flags import add_shared
+
     parser.add_argument("source", help="a posenc lab run folder or one of its checkpoints (.safetensors)")
-    parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
-    parser.add_argument("--out", required=True, help="folder to write rope_scaling.json, the factors and the state to")
+    add_shared(parser, "target_length", required=True, help="context length to extend to (tokens)")
+    add_shared(parser, "out", required=True, help="folder to write rope_scaling.json, the factors and the state to")
     parser.add_argument("--scheme", default="rope", help="scheme of the run folder's checkpoint (default rope)")
     parser.add_argument("--task", default="lm", help="task of the run folder's checkpoint (default lm)")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the run folder's checkpoint (default lowest)")
+    add_shared(parser, "seed", default=None, help="seed of the run folder's checkpoint (default lowest)")
     parser.add_argument("--population", type=int, default=None, help="candidates per generation (default 32)")
     parser.add_argument("--generations", type=int, default=None, help="generations (default 10)")
     parser.add_argument("--windows", type=int, default=None,
@@ -69,14 +71,14 @@ def lab_arguments(parser) -> None:
     parser.add_argument("--reserved", type=int, default=None,
                         help="validation tokens left out of both splits (default: the run's evaluation text, "
                              "max(eval_tokens, sliding_tokens) + 1 from its results.json, else the lab's default)")
-    parser.add_argument("--data", default=None, help="text file or folder instead of the stdlib corpus")
+    add_shared(parser, "data", default=None, help="text file or folder instead of the stdlib corpus")
     parser.add_argument("--config", default=None,
                         help="a Hugging Face config.json (e.g. from posenc export) to extend with the searched factors")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
                         help="with --config: 4 writes rope_scaling, 5 rope_parameters (default)")
     parser.add_argument("--fresh", action="store_true", help="start the search over instead of resuming DIR's state")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_shared(parser, "threads", default=1, help="torch CPU threads (default 1)")
+    add_shared(parser, "no_progress", help="no progress bar")
 
 
 def _reserved(source: Path, given: int | None) -> int:
@@ -172,7 +174,7 @@ def run_lab_search(args) -> int:
     text, _ = validation_bytes(args.data)
     result, where = search_lab_model(model, text, spec, reserved=_reserved(source, args.reserved), budget=budget,
                                  seed=args.search_seed, checkpoint=out / "search.json", resume=not args.fresh,
-                                 progress=not args.quiet, problem={"model": file_fingerprint(path)})
+                                 progress=not args.no_progress, problem={"model": file_fingerprint(path)})
     scaling = result.rope_scaling()
     write_json_atomic(out / "rope_scaling.json", scaling)
     write_json_atomic(out / "long_factor.json", scaling["long_factor"])

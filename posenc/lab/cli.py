@@ -17,6 +17,7 @@ import argparse
 
 from posenc._internal.settings import add_setting_flags, parse_options
 from posenc._internal.argtypes import ints, items, yes_no
+from posenc._internal.flags import add_shared, shared_flag
 from posenc._internal.errors import ConfigError
 from posenc._internal.faults import errors_name_flags
 
@@ -52,6 +53,8 @@ def _names(text: str):
     return [] if names == ["none"] else names
 
 
+# a flag several commands share: its type (and old spellings) from posenc._internal.flags, the help text here
+SHARED = "shared"
 # flag -> (setting name, type, help); the setting names are LabConfig's flat names (posenc.lab.presets.SECTIONS)
 FLAGS = [
     ("--tasks", "tasks", _names, "tasks to run, comma-separated (or all); registered: {tasks}"),
@@ -86,40 +89,40 @@ FLAGS = [
     ("--length-warmup", "length_warmup", _phases,
      "train on shorter sequences first, same tokens per step: length:steps pairs, e.g. 32:300,64:300 (or none)"),
     ("--min-lr-ratio", "min_lr_ratio", float, "the cosine schedule ends at lr x this"),
-    ("--seeds", "seeds", ints, "comma-separated seeds; several are reported as mean +- std"),
+    ("--seeds", "seeds", SHARED, "comma-separated seeds; several are reported as mean +- std"),
     ("--eval-lens", "eval_lens", ints, "comma-separated evaluation lengths"),
     ("--eval-tokens", "eval_tokens", int, "tokens scored per LM evaluation length"),
     ("--sliding-stride", "sliding_stride", int, "stride of the sliding-window LM eval (-1: half the window, 0: off)"),
     ("--sliding-lens", "sliding_lens", ints, "lengths for the sliding-window eval (default: the longest eval length)"),
     ("--sliding-tokens", "sliding_tokens", int, "tokens scored per sliding-window length"),
-    ("--extensions", "extensions", _names,
+    ("--methods", "extensions", SHARED,
      "extension methods (frequency scaling or attention) evaluated on the extended schemes' models (or none); registered: {methods}"),
-    ("--extension-options", "extension_options", parse_options,
+    ("--method-options", "extension_options", SHARED,
      "per-method options, method.option=value,... (e.g. self-extend.group_size=4,self-extend.window=32,dca.chunk_size=96)"),
     ("--extended-schemes", "extended_schemes", _names, "schemes whose models get the extension methods (default rope)"),
     ("--randomized-positions", "randomized_positions", int,
      "train on a sorted random subset of positions 0..N-1 (Ruoss et al. 2023; 0: off); evaluation uses plain ones"),
     ("--randomized-schemes", "randomized_schemes", _names,
      "schemes trained a second time with randomized positions, besides plain ones (default: all, instead)"),
-    ("--ext-factor", "ext_factor", float, "extension factor (default: max eval length / train length)"),
+    ("--factor", "ext_factor", SHARED, "extension factor (default: max eval length / train length)"),
     ("--finetune-steps", "finetune_steps", int, "also fine-tune the extended models per method for this many steps"),
     ("--finetune-len", "finetune_len", int,
      "fine-tuning length (default: max eval length; PoSE methods fine-tune at --train-len)"),
-    ("--device", "device", str, "auto (CUDA when present), cpu, cuda, cuda:N"),
-    ("--threads", "threads", int, "torch CPU threads (0: auto, the idle cores up to torch's default; results "
+    ("--device", "device", SHARED, "auto (CUDA when present), cpu, cuda, cuda:N"),
+    ("--threads", "threads", SHARED, "torch CPU threads (0: auto, the idle cores up to torch's default; results "
      "are identical at any thread count)"),
     ("--jobs", "jobs", int, "models trained and evaluated at once, one process each (0: auto, one per idle CPU "
      "core when several models train on the CPU and --threads is auto; results are identical at any count)"),
     ("--precision", "precision", str, "fp32 (default), bf16 (autocast: faster on CPUs with AVX512-BF16/AMX and on "
      "GPUs, slightly different numbers) or auto (bf16 where native); docs/lab.md, Throughput"),
-    ("--data", "data", str, "a text file or folder to use instead of the CPython stdlib corpus"),
-    ("--out", "out", str, "output folder (default: runs/<preset>)"),
+    ("--data", "data", SHARED, "a text file or folder to use instead of the CPython stdlib corpus"),
+    ("--out", "out", SHARED, "output folder (default: runs/<preset>)"),
     ("--ckpt-every", "ckpt_every", int, "checkpoint every N steps (0: only at the end)"),
 ]
 # other argument names the library may cite in a message, and the flag that sets them here
 ALIASES = {"scheme": "--schemes", "n_heads": "--heads", "n_layers": "--layers", "preset": "--preset",
            "stride": "--sliding-stride", "nproc": "--nproc", "seq_len": "--train-len/--finetune-len",
-           "factor": "--ext-factor", "dist_timeout": "--dist-timeout"}
+           "factor": "--factor", "dist_timeout": "--dist-timeout"}
 
 
 def lab_flags() -> dict[str, str]:
@@ -139,21 +142,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
                         help="named settings (default: default); flags override them")
-    parser.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
-                        help="import a Python file or module that registers schemes, extension methods or tasks "
-                             "(repeatable); its names can then be used in --schemes, --extensions, --tasks")
+    add_shared(parser, "plugin", help="import a Python file or module that registers schemes, extension methods or "
+                                      "tasks (repeatable); its names can then be used in --schemes, --methods, --tasks")
     names = _registered()
     for flag, dest, typ, text in FLAGS:
-        parser.add_argument(flag, dest=dest, type=typ, default=None, help=text.format(**names))
+        if typ is SHARED:
+            add_shared(parser, shared_flag(flag).name, dest=dest, default=None, help=text.format(**names))
+        else:
+            parser.add_argument(flag, dest=dest, type=typ, default=None, help=text.format(**names))
     # the settings registered tasks and extension methods declare (posenc._internal.settings): one flag each
     from posenc.lab.presets import declared
 
     add_setting_flags(parser, declared())
-    parser.add_argument("--task-options", type=parse_options, default=None, metavar="KEY=VALUE,...",
-                        help="settings declared by tasks or methods, key=value,key=value (a plug-in's own too, "
-                             "whose flags exist only once it is loaded)")
-    parser.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_shared(parser, "task_options", default=None,
+               help="settings declared by tasks or methods, key=value,key=value (a plug-in's own too, whose flags "
+                    "exist only once it is loaded)")
+    add_shared(parser, "resume", help="continue from checkpoints in --out")
+    add_shared(parser, "no_progress")
     add_launch_arguments(parser)  # --nproc N
 
 
@@ -170,6 +175,8 @@ def config_from_args(args: argparse.Namespace):
     from posenc.lab.presets import declared, get_preset
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in FLAGS}
+    if given["extensions"] == ["none"]:     # the lab's word for no extension method (eval's "none" is a baseline)
+        given["extensions"] = []
     given.update(getattr(args, "task_options", None) or {})       # (plug-ins are loaded by now: their names too)
     given.update({name: getattr(args, name) for name in declared() if getattr(args, name, None) is not None})
     return get_preset(args.preset, **given)
@@ -219,5 +226,5 @@ def run(args: argparse.Namespace) -> int:
             return status
         # (a SIGTERM unwinds as Ctrl-C does, posenc._internal.faults: the finished results are written first)
         with distributed.session(cfg.device, timeout_s=timeout) as (_, device):  # under torchrun: join the group
-            run_lab(cfg, resume=args.resume, progress=not args.quiet, device=device)
+            run_lab(cfg, resume=args.resume, progress=not args.no_progress, device=device)
     return 0

@@ -317,21 +317,23 @@ def format_result(result: ExtendResult, out: str | None) -> str:
 
 
 def add_arguments(parser) -> None:
+    from posenc._internal.flags import add_shared
+
     parser.add_argument("config", help="the model's config.json (or a folder holding one), or a .gguf file (with "
                                        "--out NEW.gguf: a new GGUF file for llama.cpp, every tensor copied)")
-    parser.add_argument("--target-length", type=int, required=True, help="context length to extend to (tokens)")
-    parser.add_argument("--method", choices=[m for m in method_names() if get_method(m).fit is None]
+    add_shared(parser, "target_length", required=True, help="context length to extend to (tokens)")
+    add_shared(parser, "method", choices=[m for m in method_names() if get_method(m).fit is None]
                         + list(attention_method_names()), required=True,
                         help="context-extension method (an attention method only for --out NEW.gguf, where "
                              "self-extend prints llama.cpp's group-attention flags)")
     parser.add_argument("--transformers-version", type=int, choices=(4, 5), default=5,
                         help="4: write rope_scaling (rope_theta at top level); 5: rope_parameters (default)")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", help="file to write the new config.json to ('-' prints it); for a .gguf input, a "
+    add_shared(where, "out", help="file to write the new config.json to ('-' prints it); for a .gguf input, a "
                                      "new .gguf name writes a GGUF file for llama.cpp")
     where.add_argument("--in-place", action="store_true", help="overwrite the input config (atomically)")
-    parser.add_argument("--factor", type=float, default=None,
-                        help="scaling factor (default target / original context); > 1, or >= 1 for dynamic")
+    add_shared(parser, "factor", default=None,
+               help="scaling factor (default target / original context); > 1, or >= 1 for dynamic")
     parser.add_argument("--short-factor", help="longrope: JSON file with rotary_dim/2 short factors")
     parser.add_argument("--long-factor", help="longrope: JSON file with rotary_dim/2 long factors")
     parser.add_argument("--longrope", metavar="FILE",

@@ -244,7 +244,9 @@ def format_recommendation(rec: Recommendation) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target-context", type=int, required=True, help="tokens the model must handle")
+    from posenc._internal.flags import add_shared
+
+    add_shared(parser, "target_length", dest="target_context", required=True, help="tokens the model must handle")
     parser.add_argument("--train-context", type=int, default=None,
                         help="tokens the model was trained at (existing model) or will be trained at (pretrain); "
                              "read from --config when not given")

@@ -224,6 +224,8 @@ def plot_decay(out, *, bases: Sequence[float] = (10000.0,), head_dim: int = 128,
 # ------------------------------------------------------------------------------------------------------ CLI
 
 def add_arguments(parser) -> None:
+    from posenc._internal.flags import add_shared
+
     kinds = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
     p = kinds.add_parser("sinusoidal", help="exercise 1: the sinusoidal PE heatmap + measured stripe widths")
     p.add_argument("--max-len", type=int, default=512, help="positions (rows), default 512")
@@ -238,7 +240,7 @@ def add_arguments(parser) -> None:
     p.add_argument("--rope-type", default=None,
                    help="a registered rope_type: default, linear, ntk, dynamic, yarn, llama3, longrope, ... "
                         "(default: default)")
-    p.add_argument("--factor", type=float, help="scaling factor s")
+    add_shared(p, "factor", default=None, help="scaling factor s")
     p.add_argument("--original", type=int, help="original (pre-extension) context length")
     p.add_argument("--max-position-embeddings", type=int, help="the context the config claims")
     p.add_argument("--seq-len", type=int, help="length for length-dependent types (dynamic, longrope)")
@@ -249,7 +251,7 @@ def add_arguments(parser) -> None:
     p.add_argument("--head-dim", type=int, default=None, help=f"head dimension (default {DEFAULT_HEAD_DIM})")
     p.add_argument("--theta", type=float, default=None, help=f"rope_theta (default {DEFAULT_THETA:g})")
     p.add_argument("--original", type=int, default=None, help=f"original context L0 (default {DEFAULT_ORIGINAL})")
-    p.add_argument("--factor", type=float, default=None, help=f"extension factor s (default {DEFAULT_FACTOR:g})")
+    add_shared(p, "factor", default=None, help=f"extension factor s (default {DEFAULT_FACTOR:g})")
 
     p = kinds.add_parser("alibi", help="per-head ALiBi bias heatmaps and slopes")
     p.add_argument("--heads", type=int, default=8, help="number of heads (default 8)")
@@ -262,7 +264,7 @@ def add_arguments(parser) -> None:
     p.add_argument("--max-distance", type=int, default=65536, help="largest distance drawn (default 65536)")
 
     for sub in kinds.choices.values():
-        sub.add_argument("--out", required=True, help="PNG file to write")
+        add_shared(sub, "out", required=True, help="PNG file to write")
 
 
 def _print_sinusoidal(result: dict[str, Any]) -> None:

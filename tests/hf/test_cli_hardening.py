@@ -90,7 +90,7 @@ def test_export_bounds_max_positions_and_refuses_factor_without_rope_scaling(tmp
     argv = [str(run), "--scheme", "sinusoidal", "--out", str(out)]
     err = fails(capsys, export_main, [*argv, "--max-positions", "99999999999"])
     assert "--max-positions must be an integer in [1, 1073741824]" in err
-    assert "--factor needs --rope-scaling" in fails(capsys, export_main, [*argv, "--factor", "4"])
+    assert "--factor needs --method" in fails(capsys, export_main, [*argv, "--factor", "4"])
     assert not out.exists()
     with pytest.raises(ConfigError, match="factor: .*given without rope_scaling"):
         export_lab_model(run, out, scheme="sinusoidal", factor=4.0)
@@ -249,12 +249,12 @@ def test_search_out_config_and_checkpoint_are_checked_before_loading(tmp_path, c
     folder.mkdir()
     argv = [str(llama), "--target-length", "64", "--no-progress"]
     err = fails(capsys, search_main, [*argv, "--out-config", str(folder)])
-    assert f"out_config {folder} (--out-config): is a folder" in err
+    assert f"out_config {folder} (--out): is a folder" in err
     err = fails(capsys, search_main, [*argv, "--out-config", str(tmp_path / "c.json"), "--checkpoint", str(folder)])
     assert f"checkpoint {folder} (--checkpoint): is a folder" in err
     if Path("/proc/self").is_dir():
         err = fails(capsys, search_main, [*argv, "--out-config", "/proc/posenc-x.json"])
-        assert "out_config /proc/posenc-x.json (--out-config): cannot create files in /proc" in err
+        assert "out_config /proc/posenc-x.json (--out): cannot create files in /proc" in err
     assert list(folder.iterdir()) == []
 
 

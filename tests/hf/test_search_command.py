@@ -88,7 +88,7 @@ def test_bad_input_is_one_line(searched, tmp_path, capsys):
     (["--generations", "-1"], "--generations must be a non-negative integer, got -1"),
     (["--windows", "0"], "--windows must be a positive integer, got 0"),
     (["--reserved", "-5"], "--reserved must be a non-negative integer, got -5"),
-    (["--target-length", "abc"], "argument --target-length: invalid int value: 'abc'"),
+    (["--target-length", "abc"], "argument --target-length: expected an integer, got 'abc'"),
 ])
 def test_options_are_checked_before_the_search_and_named_as_flags(searched, tmp_path, capsys, flags, match):
     """0 is a value, not "the default"; a usage error is one line; nothing is written."""

@@ -18,7 +18,7 @@ FIELDS = {"task", "scheme", "scaling", "finetuned", "train_len", "eval_len", "me
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    assert main(["lab", "--preset", "smoke", "--out", str(out), "--quiet"]) == 0
+    assert main(["lab", "--preset", "smoke", "--out", str(out), "--no-progress"]) == 0
     return out
 
 
@@ -60,7 +60,7 @@ def test_smoke_writes_results_report_and_plots(smoke_run, capsys):
 
 def test_resume_skips_finished_training_and_reproduces(smoke_run):
     before = json.loads((smoke_run / "results.json").read_text())["results"]
-    assert main(["lab", "--preset", "smoke", "--out", str(smoke_run), "--quiet", "--resume",
+    assert main(["lab", "--preset", "smoke", "--out", str(smoke_run), "--no-progress", "--resume",
                  "--tasks", "lm"]) == 0
     after = json.loads((smoke_run / "results.json").read_text())
     # nothing retrained: no unit ran a training step in this process (throughput is recorded only for steps run;
@@ -77,9 +77,9 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
     (["--schemes", "rope,t6"], "--schemes: expected one of nope, sinusoidal"),
     (["--randomized-positions", "50"], "--randomized-positions must be 0 (off) or >= --train-len (96)"),
     (["--randomized-schemes", "learned"], "the learned scheme has no encoding past its table of 96 positions"),
-    (["--extensions", "yarn,rerope2"], "--extensions: expected one of linear, ntk"),
-    (["--extensions", "rerope", "--extension-options", "rerope.leak=2"], "--extension-options: rerope takes no option"),
-    (["--extensions", "rerope", "--extension-options", "dca.chunk_size=2"], "--extension-options: expected method.option"),
+    (["--methods", "yarn,rerope2"], "--methods: expected one of linear, ntk"),
+    (["--methods", "rerope", "--method-options", "rerope.leak=2"], "--method-options: rerope takes no option"),
+    (["--methods", "rerope", "--method-options", "dca.chunk_size=2"], "--method-options: expected method.option"),
     (["--heads", "3"], "--d-model must be divisible by --heads (3), got 32"),
     (["--mlp-ratio", "0"], "--mlp-ratio must be a positive integer, got 0"),
     (["--plugin", "/no/such/plugin.py"], "plugin /no/such/plugin.py: no such file"),
@@ -89,21 +89,21 @@ def test_resume_skips_finished_training_and_reproduces(smoke_run):
     (["--schemes", "rope", "--scheme-options", "cope_npos=8"], "--scheme-options: cope_npos is an option of cope, "
      "which is not among the schemes of this run (rope); add it to schemes or drop cope_npos"),
     # an extension option's value is checked before any model trains (no checkpoint is written), naming it
-    (["--extensions", "self-extend", "--extension-options", "self-extend.window=-1"],
-     "--extension-options: self-extend.window must be a positive integer, got -1"),
-    (["--extensions", "dca", "--extension-options", "dca.chunk_size=abc"],
-     "--extension-options: dca.chunk_size must be an integer >= 2, got 'abc'"),
-    (["--extensions", "leaky-rerope", "--extension-options", "leaky-rerope.leak=0.5"],
-     "--extension-options: leaky-rerope.leak must be a finite number >= 1.0, got 0.5"),
-    (["--extensions", "self-extend", "--extension-options", "self-extend.window=NaN"],
-     "--extension-options: self-extend.window must be a finite number, got nan"),
-    (["--extensions", "leaky-rerope", "--extension-options", "leaky-rerope.leak=Infinity"],
-     "--extension-options: leaky-rerope.leak must be a finite number, got inf"),
+    (["--methods", "self-extend", "--method-options", "self-extend.window=-1"],
+     "--method-options: self-extend.window must be a positive integer, got -1"),
+    (["--methods", "dca", "--method-options", "dca.chunk_size=abc"],
+     "--method-options: dca.chunk_size must be an integer >= 2, got 'abc'"),
+    (["--methods", "leaky-rerope", "--method-options", "leaky-rerope.leak=0.5"],
+     "--method-options: leaky-rerope.leak must be a finite number >= 1.0, got 0.5"),
+    (["--methods", "self-extend", "--method-options", "self-extend.window=NaN"],
+     "--method-options: self-extend.window must be a finite number, got nan"),
+    (["--methods", "leaky-rerope", "--method-options", "leaky-rerope.leak=Infinity"],
+     "--method-options: leaky-rerope.leak must be a finite number, got inf"),
     (["--schemes", "rope,alibi", "--scheme-options", "t5_buckets=8,fire_width=4"],
      "--scheme-options: t5_buckets is an option of t5, which is not among the schemes of this run (rope, alibi)"),
 ])
 def test_bad_settings_fail_with_one_line(tmp_path, capsys, argv, match):
-    assert main(["lab", "--preset", "smoke", "--out", str(tmp_path), "--quiet", *argv]) == 2
+    assert main(["lab", "--preset", "smoke", "--out", str(tmp_path), "--no-progress", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc lab: error:") and match in err and "\n" not in err, err
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results.json").exists()  # nothing ran

@@ -148,7 +148,7 @@ def test_existing_model_snippet_never_guesses_theta_and_cites_paths(capsys):
 def test_absurd_contexts_are_refused_in_one_line(argv, capsys):
     assert main(["pick", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("posenc pick: error:") and "\n" not in err and "context" in err
+    assert err.startswith("posenc pick: error:") and "\n" not in err and ("context" in err or "--target-length" in err)
 
 
 def test_closed_pipe_ends_quietly(tmp_path):

@@ -10,32 +10,83 @@ from posenc._internal.errors import ConfigError
 from posenc.hf.loading import DTYPES, check_attn_implementation
 
 
+def flag(default, help: str, *, type=None, shared: str | None = None, name: str | None = None, choices=None,
+         metavar: str | None = None):
+    """An EvalSettings field and the ``posenc eval`` flag that sets it (posenc.hf.eval.command makes one flag per
+    field): ``shared`` names a flag of posenc._internal.flags (its type and old spellings), else ``type`` parses
+    the value (a bool field is a store_true flag); ``name``: the flag where it is not the field's (--replace);
+    ``choices``: the values, or a function returning them (imported when the parser is built)."""
+    meta = {"help": help, "type": type, "shared": shared, "flag": name, "choices": choices, "metavar": metavar}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: _copy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _copy(value):
+    return list(value) if isinstance(value, list) else dict(value)
+
+
+def _data_splits():
+    from posenc.hf.lab_bridge import DATA_SPLITS
+
+    return DATA_SPLITS
+
+
+def _ints(text):
+    from posenc._internal.argtypes import ints
+
+    return ints(text)
+
+
+def _names(text):
+    from posenc._internal.flags import names
+
+    return names(text)
+
+
 @dataclass
 class EvalSettings:
-    """What ``evaluate_model`` measures. Lengths count the model's tokens."""
+    """What ``evaluate_model`` measures. Lengths count the model's tokens. Each field declares its ``posenc eval``
+    flag (``flag``): a new setting is one field here."""
 
-    eval_lens: list[int] = field(default_factory=lambda: [128, 256, 512, 1024])
-    tasks: list[str] = field(default_factory=lambda: ["lm"])
-    methods: list[str] = field(default_factory=lambda: ["none"])   # "none" = the config as it is
-    factor: float | None = None             # extension factor for methods other than none
+    eval_lens: list[int] = flag([128, 256, 512, 1024], "lengths in tokens", type=_ints)
+    tasks: list[str] = flag(["lm"], "registered tasks, comma-separated (lm, passkey, copy, a plug-in's)", type=_names)
+    # "none" = the config as it is
+    methods: list[str] = flag(["none"], "none and/or extension methods: written into the config (linear,ntk,dynamic,"
+                              "yarn,...) or applied to attention by posenc.patch (self-extend,rerope,leaky-rerope,"
+                              "dca,sinks)", shared="methods")
+    factor: float | None = flag(None, "extension factor (target / original context)", shared="factor")
     # attention methods' options, "method.option" -> value (e.g. {"self-extend.window": 1024})
-    method_options: dict = field(default_factory=dict)
-    replace_scaling: bool = False           # allow replacing a scaling the config already has
-    config: str | None = None               # a config file to load the model with (e.g. posenc search's output)
-    data: str | None = None                 # corpus (lab semantics): None = the CPython stdlib
-    data_split: str = "validation"          # what of it is scored: the lab's validation split, or "all"
-    eval_tokens: int = 49152
-    eval_offset: int = 0                    # tokens of the text skipped before the first window
-    sliding_stride: int = -1                # -1: half the sliding length; 0: off; S: stride
-    sliding_lens: list[int] = field(default_factory=list)   # empty: the longest eval length
-    sliding_tokens: int | None = None       # tokens scored per sliding length; None: eval_tokens (the lab's rule)
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = "float32"
-    device_map: str | None = None           # "auto": accelerate's placement over GPUs and CPU
-    attn_implementation: str | None = None  # None: the model's default (SDPA where supported)
-    batch_tokens: int | None = None         # tokens per forward; None: as many windows as keep logits ~256 MiB
-    # the settings registered tasks declare (passkey_depths, passkey_trials, a plug-in's own): name -> value
+    method_options: dict = flag({}, "attention methods' options, method.option=value,... (e.g. self-extend."
+                                "group_size=8,self-extend.window=1024,sinks.n_sink=4)", shared="method_options")
+    replace_scaling: bool = flag(False, "replace a rope scaling the config already has", name="--replace")
+    config: str | None = flag(None, "load the model with this config file instead of its config.json (posenc search "
+                              "output)", type=str)
+    data: str | None = flag(None, "text file or folder (default: the CPython stdlib, as the lab); perplexity scores "
+                            "its validation split, as the lab does: a file's last 10%% of bytes, a folder's files "
+                            "whose sha256(relative path) starts below 26 (about 10%%); --data-split all scores all "
+                            "of it", shared="data")
+    data_split: str = flag("validation", "what of the --data text perplexity scores: validation (default: the lab's "
+                           "validation split, the text a lab model was not trained on) or all (a file's bytes in "
+                           "order; a folder's training files, then its validation files)", type=str,
+                           choices=_data_splits)
+    eval_tokens: int = flag(49152, "tokens scored per length (whole windows of it); a text too short for every "
+                            "length to score them, after --eval-offset, is refused", type=int)
+    eval_offset: int = flag(0, "tokens of the text skipped before the first window (windows at a fixed offset: "
+                            "--eval-offset 16384 --eval-tokens 16384 scores the second 16k window alone)", type=int)
+    sliding_stride: int = flag(-1, "-1: half the length; 0: off; S: stride", type=int)
+    sliding_lens: list[int] = flag([], "lengths for the sliding protocol", type=_ints)   # empty: the longest
+    sliding_tokens: int | None = flag(None, "tokens scored per sliding length (default: --eval-tokens), as posenc "
+                                      "lab's flag", type=int)
+    seed: int = flag(0, "seed of the random passkey keys (default 0)", shared="seed")
+    device: str = flag("cpu", "cpu, cuda, cuda:1, ...", shared="device")
+    dtype: str = flag("float32", "weights and activations (default float32)", shared="dtype")
+    device_map: str | None = flag(None, "auto: accelerate's multi-device load", type=str, choices=("auto",))
+    attn_implementation: str | None = flag(None, "eager, sdpa, flash_attention_2 (default: model's)", type=str)
+    batch_tokens: int | None = flag(None, "tokens per forward (default: as many windows as keep logits ~256 MiB)",
+                                    type=int)
+    # the settings registered tasks declare (passkey_depths, passkey_trials, a plug-in's own): name -> value; their
+    # flags are the tasks' declarations (and --task-options)
     options: dict = field(default_factory=dict)
 
     def __init__(self, **settings):
