@@ -5,4 +5,5 @@ MLX), each citing the engine's code it restates, and the audit that compares the
     >>> report = audit("config.json", length=32768)
 """
 
-from posenc.engines.registry import ENGINES, AuditModel, EngineRope, engine_names, register_engine  # noqa: F401
+from posenc.engines.builtin import engine_names  # noqa: F401
+from posenc.engines.registry import ENGINES, AuditModel, EngineRope, register_engine  # noqa: F401

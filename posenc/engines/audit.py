@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from posenc._internal.errors import ConfigError
-from posenc.engines.registry import ENGINES, AuditModel, EngineRope, engine_names
+from posenc.engines.builtin import engine_names
+from posenc.engines.registry import ENGINES, AuditModel, EngineRope
 from posenc.rope.contexts import claimed_context, context_length
 
 REFERENCE = "transformers"

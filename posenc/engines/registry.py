@@ -76,10 +76,3 @@ def register_engine(name: str, *, label: str, source: str, replace: bool = False
         ENGINES[name] = EngineEntry(name, label, source, rule)
         return rule
     return decorate
-
-
-def engine_names() -> list[str]:
-    """Registered engines, the built-ins first (transformers, the reference, leads)."""
-    import posenc.engines.builtin  # noqa: F401  (registers the built-in engines)
-
-    return list(ENGINES)
