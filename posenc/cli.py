@@ -25,6 +25,7 @@ COMMANDS = {
     "export": "posenc.hf.export",
     "eval": "posenc.hf.eval.command",
     "convert": "posenc.hf.gguf",
+    "audit": "posenc.tools.audit",
 }
 
 
