@@ -123,7 +123,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
 
 def _validated(config, target_length, method, transformers_version, factor, replace) -> _Request:
     """Every check of the request before anything is computed; ConfigError naming the argument otherwise."""
-    from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
+    from posenc.rope.config import layer_type_parameters, rope_attention_keys, rope_section, vision_config_of
 
     m = get_method(method)
     if m.fit is not None:
@@ -153,6 +153,10 @@ def _validated(config, target_length, method, transformers_version, factor, repl
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
     old_warnings = {str(w.message) for w in caught}
+    if "llama_4_scaling_beta" in rope_attention_keys(cfg):
+        raise ConfigError("the config's RoPE parameters carry a query temperature (llama_4_scaling_beta, Ministral 3) "
+                          "that divides positions by their original_max_position_embeddings: extend would rewrite "
+                          "that dict without it, which the model's attention cannot run; edit rope_parameters by hand")
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"the config already uses rope_type {rc.rope_type!r} (original context "
                           f"{trained_length(rc)}); pass --replace to swap it for {method!r} computed from that "

@@ -112,6 +112,10 @@ def _layer_lines(layers: dict[str, Any] | None) -> list[str]:
         t = layers["temperature_tuning"]
         lines.append(f"  temperature tuning   floor_scale {t['floor_scale']:g}, attn_scale {t['attn_scale']:g} "
                      f"({t['applies_to']})")
+    if layers.get("query_temperature"):
+        t = layers["query_temperature"]
+        lines.append(f"  query temperature    llama_4_scaling_beta {t['beta']:g}, original {t['original']:,} "
+                     f"({t['applies_to']})")
     return lines
 
 

@@ -34,7 +34,7 @@ def g(m, s):
 # name: (scheme, {layer type or None: (rope_type, theta, rotary_dim, head_dim)}, original, claimed, extra facts)
 # extra: nope (count of NoPE layers), chunk, layout, axes (M-RoPE pairs per t/h/w), interleaved, vision
 # (rope_type, head_dim), mult (softmax multiplier), warnings (substrings of the true warnings), extend (reason
-# substring when extend must refuse), kinds ({attention kind: layers})
+# substring when extend must refuse), kinds ({attention kind: layers}), query_temperature ((beta, original))
 CORPUS = {
     "bert-base-uncased": ("learned", None, None, 512, {}),
     "bloom-560m": ("alibi", None, None, None, {}),
@@ -75,6 +75,9 @@ CORPUS = {
     "llama-4-scout": ("rope", {None: ("llama3", 5e5, 128, 128)}, 8192, 10485760,
                       {"nope": 12, "chunk": 8192, "layout": "interleaved", "extend": "already uses",
                        "vision": ("axial", 88)}),
+    # Ministral 3: yarn x16 with the every-layer query temperature (llama_4_scaling_beta) and no softmax multiplier
+    "ministral-3-8b-instruct-2512": ("rope", {None: ("yarn", 1e6, 128, 128)}, 16384, 262144,
+                                     {"extend": "query temperature", "query_temperature": (0.1, 16384)}),
     "mistral-7b-instruct-v0.3": ("rope", {None: ("default", 1e6, 128, 128)}, 32768, 32768, {}),
     "mistral-7b-v0.1": ("rope", {None: ("default", 1e4, 128, 128)}, 32768, 32768, {}),
     "mistral-nemo-base-2407": ("rope", {None: ("default", 1e6, 128, 128)}, 1024000, 1024000, {}),
@@ -153,6 +156,8 @@ def test_inspect_describes_each_published_config(name):
         assert layers["attention_chunk_size"] == extra.get("chunk")
         if "kinds" in extra:
             assert layers["layer_types"] == extra["kinds"]
+        q = layers.get("query_temperature")
+        assert (q and (q["beta"], q["original"])) == extra.get("query_temperature")
     vision = report.get("vision")
     assert (vision and (vision["rope_type"], vision["head_dim"])) == extra.get("vision")
 

@@ -1,0 +1,133 @@
+"""The RoPE variants of 2025-26 checkpoints against transformers' own model code, on tiny random models (no download).
+
+Each test runs the transformers model with a capturing attention function (registered with ``AttentionInterface``)
+and rebuilds, from the raw projections, the q and k that reach the softmax with posenc alone (``Rotary.from_config``
+and ``layer_schedule``), plus the softmax scale, window and extra logits the attention is handed:
+
+    Ministral 3     yarn + the query temperature 1 + beta ln(1 + floor(p / L0)) on every layer (llama_4_scaling_beta),
+                    softmax scale head_dim^-0.5 (no DeepSeek multiplier, although the dict carries mscale_all_dim)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers builds the reference models")
+transformers.logging.set_verbosity_error()
+
+from posenc import Rotary  # noqa: E402
+from posenc.rope.layers import layer_schedule  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+VOCAB = 97
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, initializer_range=0.5,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def run_captured(model_cls, config, length: int, hooks: dict[str, str], batch: int = 2, position_ids=None):
+    """Run a tiny random ``model_cls(config)`` on ``length`` tokens; -> (model, {layer: attention call},
+    {(layer, name): output of the submodule ``name`` of that layer's attention}). An attention call holds the query,
+    key, scaling and keyword arguments transformers' attention module hands its attention function."""
+    from transformers import AttentionInterface
+
+    calls, outputs = {}, {}
+    module = __import__(model_cls.__module__, fromlist=["eager_attention_forward"])
+
+    def capture(attn, query, key, value, attention_mask, scaling=None, **kwargs):
+        calls[attn.layer_idx] = dict(query=query, key=key, scaling=scaling, kwargs=kwargs, module=attn)
+        return module.eager_attention_forward(attn, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+    AttentionInterface.register("posenc_capture", capture)
+    config._attn_implementation = "posenc_capture"
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    for i, layer in enumerate(model.model.layers):
+        attn = getattr(layer, "self_attn", None)
+        for name in hooks:
+            if attn is not None and hasattr(attn, name):
+                getattr(attn, name).register_forward_hook(
+                    lambda mod, inp, out, i=i, name=name: outputs.__setitem__((i, name), out))
+    tokens = torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(input_ids=tokens, position_ids=position_ids, use_cache=False)
+    return model, calls, outputs
+
+
+def heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[B, T, H * D] -> [B, H, T, D]."""
+    return x.view(*x.shape[:2], -1, head_dim).transpose(1, 2)
+
+
+# ------------------------------------------------------------------------------------------------ Ministral 3
+
+def _ministral3(beta: float = 0.5, original: int = 8):
+    from transformers import Ministral3Config
+
+    raw = dict(TINY, max_position_embeddings=16 * original, sliding_window=None,
+               rope_parameters={"type": "yarn", "rope_theta": 1e4, "factor": 16.0,
+                                "original_max_position_embeddings": original,
+                                "max_position_embeddings": 16 * original,
+                                "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                                "llama_4_scaling_beta": beta})
+    return {**raw, "model_type": "ministral3"}, Ministral3Config(**raw)
+
+
+def test_ministral3_query_temperature_and_scale_match_transformers_qk():
+    """q = temperature(p) x RoPE(q) on every layer, k = RoPE(k), softmax scale head_dim^-0.5: posenc's schedule and
+    Rotary give (to float32 rounding) the q and k transformers' Ministral 3 attention hands to the softmax, past several multiples
+    of the original length (the temperature steps at p = 8, 16, 24, 32)."""
+    from transformers import Ministral3ForCausalLM
+
+    raw, config = _ministral3()
+    length = 40
+    _, calls, outputs = run_captured(Ministral3ForCausalLM, config, length, {"q_proj": "", "k_proj": ""})
+    schedule = layer_schedule(raw)
+    rot = Rotary.from_config(raw)
+    positions = torch.arange(length)
+    temperature = schedule.query_temperature.query_scale(positions)
+    assert temperature[7] == 1 and temperature[8] > 1 and temperature[39] == temperature[32] > temperature[31]
+    assert schedule.softmax_scale_multiplier == 1 and schedule.rope is None     # every layer rotates
+    for i in range(config.num_hidden_layers):
+        q, k = rot(heads(outputs[i, "q_proj"], 16), heads(outputs[i, "k_proj"], 16), positions)
+        q = q * temperature[:, None]
+        torch.testing.assert_close(q, calls[i]["query"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k, calls[i]["key"], rtol=1e-5, atol=1e-5)
+        assert calls[i]["scaling"] == schedule.softmax_scale(16)
+    # the multipliers themselves are transformers' bit for bit
+    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+
+    assert torch.equal(temperature, get_llama_4_attn_scale(positions[None], 0.5, 8)[0, 0, :, 0])
+
+
+def test_ministral3_temperature_is_not_llama4s_floor():
+    """The two temperatures differ exactly where their floors do: at p = L0 - 1 Llama 4's (p + 1) / L0 has stepped,
+    Ministral 3's p / L0 has not; at p = L0 both have."""
+    from posenc.temperature import attention_temperature, query_temperature
+
+    p = torch.tensor([6, 7, 8])
+    assert query_temperature(p, beta=0.5, original=8).tolist() == pytest.approx([1, 1, 1 + 0.5 * torch.log(
+        torch.tensor(2.0)).item()])
+    assert attention_temperature(p, floor_scale=8, attn_scale=0.5)[1] > 1 == query_temperature(p, beta=0.5,
+                                                                                                original=8)[1]
+
+
+def test_ministral3_config_reads_without_false_warnings_or_softmax_multiplier():
+    """llama_4_scaling_beta and the dict's max_position_embeddings are the attention's keys (transformers ignores
+    them at rope validation): no unknown-key warning, left out of the frequency parameters, and no DeepSeek softmax
+    multiplier although the dict carries mscale_all_dim."""
+    import warnings
+
+    from posenc.rope.config import load_rope_config, rope_attention_keys
+
+    raw, _ = _ministral3(beta=0.1, original=16384)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc = load_rope_config(raw)
+        schedule = layer_schedule(raw)
+    assert "llama_4_scaling_beta" not in rc.params and rc.rope_type == "yarn"
+    assert rope_attention_keys(raw) == {"llama_4_scaling_beta": 0.1, "max_position_embeddings": 262144}
+    assert schedule.softmax_scale_multiplier == 1
+    assert (schedule.query_temperature.beta, schedule.query_temperature.original) == (0.1, 16384)
