@@ -306,6 +306,7 @@ def _schedule(cfg: Mapping) -> dict[str, Any]:
             "beta": s.query_temperature.beta, "original": s.query_temperature.original,
             "applies_to": "every layer: q x (1 + beta x ln(1 + floor(p / original)))"},
         "softmax_scale_multiplier": s.softmax_scale_multiplier,
+        "sink_logits": s.sink_logits,
         "layout": s.layout,
     }
 

@@ -11,6 +11,9 @@ Some models change positions per layer or scale attention logits in ways cos/sin
 - Query temperature (Ministral 3, ``llama_4_scaling_beta`` in the RoPE parameters): every layer multiplies its
   rotated q at position p by 1 + beta * ln(1 + floor(p / L0)), L0 = original_max_position_embeddings.
 - Chunked attention (Llama 4): RoPE layers attend within blocks of ``attention_chunk_size`` tokens.
+- Sink logits (gpt-oss): each head has a learned logit that joins every softmax as one more column and is dropped
+  after it, so a query may give part of its weight to no key. No token is kept for it: StreamingLLM's attention
+  sinks (the ``sinks`` attention method, the first tokens kept in the cache) are another thing.
 - DeepSeek's softmax scale (DeepSeek-V2/V3, MiniCPM3, Kimi K2, ...): with a scaled rope type and
   ``mscale_all_dim``, the softmax scale is qk_head_dim^-0.5 * g(factor, mscale_all_dim)^2, g = YaRN's mscale
   (``posenc.rope.scaling.yarn_mscale``): 1.3689^2 = 1.874 for DeepSeek-V3 (factor 40, mscale_all_dim 1).
@@ -52,11 +55,13 @@ NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe", "mini
 # model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning
 NOPE_LAYER_TYPES = frozenset({"llama4", "llama4_text", "smollm3", "mistral_large4"})
 TEMPERATURE_TUNING_TYPES = frozenset({"llama4", "llama4_text"})
+# model types whose attention adds a learned per-head sink logit to every softmax (transformers' s_aux)
+SINK_LOGIT_TYPES = frozenset({"gpt_oss"})
 # model types whose layer_types default to a repeating local/global pattern, as their transformers config classes
 # build it: (key giving the period or None, default period). Layer i is global when (i + 1) % period == 0
 # (ModernBERT: when i % period == 0), sliding otherwise.
 LAYER_PATTERNS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6), "gemma3n_text": (None, 5),
-                  "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4),
+                  "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4), "gpt_oss": (None, 2),
                   "modernbert": ("global_attn_every_n_layers", 3),
                   "modernbert-decoder": ("global_attn_every_n_layers", 3)}
 
@@ -115,6 +120,7 @@ class LayerSchedule:
         softmax_scale_multiplier: multiplies qk_head_dim^-0.5 (DeepSeek's mscale^2; 1 elsewhere).
         layout: "half" or "interleaved", the pairing the model's attention rotates.
         query_temperature: Ministral 3's every-layer query temperature (llama_4_scaling_beta), else None.
+        sink_logits: whether each head's softmax has a learned sink logit (gpt-oss), which no token carries.
     """
 
     num_layers: int | None
@@ -127,6 +133,7 @@ class LayerSchedule:
     softmax_scale_multiplier: float
     layout: str
     query_temperature: QueryTemperature | None = None
+    sink_logits: bool = False
 
     @property
     def nope_layers(self) -> list[int]:
@@ -292,4 +299,5 @@ def layer_schedule(config) -> LayerSchedule:
                          sliding_window=window if layer_types is None or "sliding_attention" in layer_types
                          else None,
                          temperature_tuning=tuning, softmax_scale_multiplier=multiplier, layout=rope_layout(cfg),
-                         query_temperature=_query_temperature(cfg))
+                         query_temperature=_query_temperature(cfg),
+                         sink_logits=model_type_of(cfg) in SINK_LOGIT_TYPES)

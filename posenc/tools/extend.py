@@ -200,6 +200,12 @@ def _computed(req: _Request, method: str, target_length: int, options: dict):
     # gives them (a default filled in by posenc's reader is not written: transformers would flag the unknown key)
     given = {k for d in (cfg.get("rope_scaling"), cfg.get("rope_parameters")) if isinstance(d, Mapping) for k in d}
     scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params and k in given})
+    if scaling["rope_type"] == "yarn" and rc.rope_type == "yarn" and rc.params.get("truncate") is False:
+        # gpt-oss trains YaRN with an unrounded correction range: a YaRN written over it keeps that (a rounded
+        # range moves the ramp's ends by up to a pair each side)
+        scaling["truncate"] = False
+        notes.append("kept truncate: false from the replaced yarn: the model was trained with an unrounded "
+                     "correction range")
     return own, scaling, written.max_position_embeddings, notes
 
 

@@ -131,3 +131,73 @@ def test_ministral3_config_reads_without_false_warnings_or_softmax_multiplier():
     assert rope_attention_keys(raw) == {"llama_4_scaling_beta": 0.1, "max_position_embeddings": 262144}
     assert schedule.softmax_scale_multiplier == 1
     assert (schedule.query_temperature.beta, schedule.query_temperature.original) == (0.1, 16384)
+
+
+# ------------------------------------------------------------------------------------------------- gpt-oss
+
+def _gpt_oss(truncate: bool = False):
+    from transformers import GptOssConfig
+
+    raw = dict(TINY, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=2048, sliding_window=4,
+               layer_types=["sliding_attention", "full_attention"], rope_theta=100.0,
+               rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": truncate, "original_max_position_embeddings": 64})
+    return {**raw, "model_type": "gpt_oss"}, GptOssConfig(**raw)
+
+
+def test_gpt_oss_unrounded_yarn_window_and_sink_logits_match_transformers():
+    """gpt-oss: yarn with truncate false (the ramp's ends 0 and 4.03 dims, not rounded to 0 and 5), a 4-token window
+    on the sliding layer only, and a learned sink logit per head handed to every softmax; posenc's Rotary gives
+    the q and k its attention receives, its schedule the window per layer and the sink logits."""
+    from transformers import GptOssForCausalLM
+
+    raw, config = _gpt_oss()
+    _, calls, outputs = run_captured(GptOssForCausalLM, config, 24, {"q_proj": "", "k_proj": ""})
+    schedule = layer_schedule(raw)
+    rot = Rotary.from_config(raw)
+    rounded = Rotary.from_config(_gpt_oss(truncate=True)[0])
+    assert not torch.allclose(rot.inv_freq, rounded.inv_freq)     # rounding the range would change the model
+    positions = torch.arange(24)
+    assert schedule.layer_types == ("sliding_attention", "full_attention") and schedule.sink_logits
+    for i in range(config.num_hidden_layers):
+        q, k = rot(heads(outputs[i, "q_proj"], 16), heads(outputs[i, "k_proj"], 16), positions)
+        torch.testing.assert_close(q, calls[i]["query"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k, calls[i]["key"], rtol=1e-5, atol=1e-5)
+        assert calls[i]["scaling"] == schedule.softmax_scale(16)
+        window = schedule.sliding_window if schedule.layer_types[i] == "sliding_attention" else None
+        assert calls[i]["kwargs"]["sliding_window"] == window
+        assert calls[i]["kwargs"]["s_aux"] is calls[i]["module"].sinks and calls[i]["module"].sinks.shape == (4,)
+
+
+def test_gpt_oss_default_layer_pattern_is_the_config_class():
+    """Without layer_types, gpt-oss alternates sliding and full layers (sliding first), as GptOssConfig fills in."""
+    from transformers import GptOssConfig
+
+    for n in (1, 4, 5):
+        want = GptOssConfig(num_hidden_layers=n).layer_types
+        cfg = {"model_type": "gpt_oss", "num_hidden_layers": n, "head_dim": 64}
+        assert list(layer_schedule(cfg).layer_types) == want
+
+
+def test_gpt_oss_extend_keeps_the_unrounded_range_and_transformers_reads_it(tmp_path):
+    """``posenc extend --replace`` over gpt-oss's yarn writes truncate: false again, says so, and transformers'
+    own gpt-oss rotary built from the written file has posenc's frequencies."""
+    import json
+    import warnings
+
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    from posenc import rope_parameters
+    from posenc.tools.extend import extend_config
+
+    raw, _ = _gpt_oss()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = extend_config(raw, 4096, "yarn", replace=True)
+    written = result.config["rope_parameters"]
+    assert written["truncate"] is False and any("truncate: false" in n for n in result.notes)
+    config = GptOssConfig(**{k: v for k, v in result.config.items() if k != "model_type"})
+    inv, scaling = rope_parameters(result.config)
+    torch.testing.assert_close(inv, GptOssRotaryEmbedding(config).inv_freq, rtol=1e-6, atol=0)
+    assert json.dumps(result.config)

@@ -34,7 +34,7 @@ def g(m, s):
 # name: (scheme, {layer type or None: (rope_type, theta, rotary_dim, head_dim)}, original, claimed, extra facts)
 # extra: nope (count of NoPE layers), chunk, layout, axes (M-RoPE pairs per t/h/w), interleaved, vision
 # (rope_type, head_dim), mult (softmax multiplier), warnings (substrings of the true warnings), extend (reason
-# substring when extend must refuse), kinds ({attention kind: layers}), query_temperature ((beta, original))
+# substring when extend must refuse), kinds ({attention kind: layers}), query_temperature ((beta, original)), sink_logits
 CORPUS = {
     "bert-base-uncased": ("learned", None, None, 512, {}),
     "bloom-560m": ("alibi", None, None, None, {}),
@@ -61,6 +61,10 @@ CORPUS = {
     "glm-4-9b-0414": ("rope", {None: ("default", 1e4, 64, 128)}, 32768, 32768, {"layout": "interleaved"}),
     "glm-4-9b-chat-hf": ("rope", {None: ("default", 5e6, 64, 128)}, 131072, 131072, {"layout": "interleaved"}),
     "gpt-j-6b": ("rope", {None: ("default", 1e4, 64, 256)}, 2048, 2048, {"layout": "interleaved"}),
+    # gpt-oss: yarn x32 with an unrounded correction range, 128-token window on alternate layers, sink logits
+    "gpt-oss-20b": ("rope", {None: ("yarn", 150000.0, 64, 64)}, 4096, 131072,
+                    {"extend": "already uses", "kinds": {"sliding_attention": 12, "full_attention": 12},
+                     "sink_logits": True}),
     "gpt2": ("learned", None, None, 1024, {}),
     "hunyuan-7b-instruct": ("rope", {None: ("ntk_alpha", 1e4, 128, 128)}, 32768, 32768,
                             {"extend": "already uses rope_type 'ntk_alpha'"}),
@@ -156,6 +160,7 @@ def test_inspect_describes_each_published_config(name):
         assert layers["attention_chunk_size"] == extra.get("chunk")
         if "kinds" in extra:
             assert layers["layer_types"] == extra["kinds"]
+        assert layers["sink_logits"] == extra.get("sink_logits", False)
         q = layers.get("query_temperature")
         assert (q and (q["beta"], q["original"])) == extra.get("query_temperature")
     vision = report.get("vision")
