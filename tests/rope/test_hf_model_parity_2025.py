@@ -201,3 +201,39 @@ def test_gpt_oss_extend_keeps_the_unrounded_range_and_transformers_reads_it(tmp_
     inv, scaling = rope_parameters(result.config)
     torch.testing.assert_close(inv, GptOssRotaryEmbedding(config).inv_freq, rtol=1e-6, atol=0)
     assert json.dumps(result.config)
+
+
+# --------------------------------------------------------------------------------------------- Phi-4-mini
+
+def _phi4_mini():
+    from transformers import Phi3Config
+
+    # Phi-4-mini's shape in small: 3/4 of each head rotates, LongRoPE lists cover the rotated pairs only, the
+    # original length sits at the top level (transformers 4.x form, as the published file)
+    raw = dict(TINY, num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=16,
+               partial_rotary_factor=0.75, rope_theta=1e4,
+               rope_scaling={"type": "longrope", "short_factor": [1.0, 1.0, 1.1, 1.3, 1.6, 2.0],
+                             "long_factor": [1.0, 1.5, 2.5, 3.5, 4.0, 4.4]})
+    raw.pop("head_dim")
+    return {**raw, "model_type": "phi3"}, Phi3Config(**raw)
+
+
+@pytest.mark.parametrize("length", [12, 40])
+def test_phi4_mini_longrope_on_partial_rotary_matches_transformers_qk(length):
+    """LongRoPE over 12 of 16 dims (6 pairs, partial 0.75) with the mscale sqrt(1 + ln 4 / ln 16): posenc's Rotary
+    gives the q and k transformers' Phi-3 attention receives, with the short factors up to the original 16 tokens
+    and the long ones past it."""
+    from transformers import Phi3ForCausalLM
+
+    raw, config = _phi4_mini()
+    _, calls, outputs = run_captured(Phi3ForCausalLM, config, length, {"qkv_proj": ""})
+    rot = Rotary.from_config(raw)
+    assert (rot.config.rotary_dim, rot.config.head_dim) == (12, 16)
+    assert rot.attention_scaling == pytest.approx((1 + torch.tensor(4.0).log() / torch.tensor(16.0).log()) ** 0.5)
+    positions = torch.arange(length)
+    for i in range(config.num_hidden_layers):
+        qkv = outputs[i, "qkv_proj"]
+        q, k = rot(heads(qkv[..., :64], 16), heads(qkv[..., 64:96], 16), positions)
+        torch.testing.assert_close(q, calls[i]["query"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k, calls[i]["key"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(q[..., 12:], calls[i]["query"][..., 12:])        # the last quarter passes unrotated

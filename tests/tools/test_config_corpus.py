@@ -95,6 +95,8 @@ CORPUS = {
     "olmo-2-1124-7b": ("rope", {None: ("default", 5e5, 128, 128)}, 4096, 4096, {}),
     "phi-2": ("rope", {None: ("default", 1e4, 32, 80)}, 2048, 2048, {}),
     "phi-3.5-mini-instruct": ("rope", {None: ("longrope", 1e4, 96, 96)}, 4096, 131072, {"extend": "already uses"}),
+    # Phi-4-mini: LongRoPE over 96 of 128 dims (partial 0.75), mscale sqrt(1 + ln 32 / ln 4096)
+    "phi-4-mini-instruct": ("rope", {None: ("longrope", 1e4, 96, 128)}, 4096, 131072, {"extend": "already uses"}),
     "phi-4": ("rope", {None: ("default", 250000.0, 128, 128)}, 16384, 16384, {}),
     "pixtral-12b": ("rope", {None: ("default", 1e9, 128, 128)}, 1024000, 1024000, {"vision": ("axial_pixtral", 64)}),
     "pixtral-12b-vision": ("rope", {}, None, None, {"vision": ("axial_pixtral", 64), "extend": "vision tower"}),
