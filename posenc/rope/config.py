@@ -48,10 +48,11 @@ from posenc._internal.validate import check_float, check_int, heads_divide, is_i
 from posenc._internal.errors import ConfigError
 from posenc.rope.registry import MULTI_AXIS_KEYS, ROPE_SCALING_FUNCTIONS, rope_type_function
 # the per-family facts are re-exported here, where users and posenc.tools import them
-from posenc.rope.families import (ATTENTION_ROPE_KEYS, AXIAL_VISION_TYPES, BASE_KEY_TYPES, CONFIG_DEFAULTS,  # noqa: F401 (re-exported)
+from posenc.rope.families import (AXIAL_VISION_TYPES, BASE_KEY_TYPES, CONFIG_DEFAULTS,  # noqa: F401 (re-exported)
                                   DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE, DEFAULT_THETA_BY_MODEL_TYPE, EMBED_DIM_HEADS,
                                   KEY_ALIASES, LOCAL_GLOBAL_THETA, MROPE_FAMILIES, TEXT_MODEL_TYPE, VISION_TOWER_OF,
                                   config_value, model_type_of)
+from posenc.rope.families import ATTENTION_ROPE_KEYS
 
 # keys of the scaling dict that become RopeConfig fields rather than entries of ``params``
 _FIELD_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}

@@ -5,7 +5,8 @@ For RoPE configs: rope type and parameters per layer type, head and rotary dims,
 frequency pairs are kept / blended / interpolated, multimodal position axes (M-RoPE sections), the attention
 scaling and the effective logit scale (with DeepSeek's softmax multiplier), the longest wavelength against the
 original context, the context the config claims, the per-layer schedule (NoPE layers, Llama 4's temperature
-tuning, Ministral 3's query temperature, chunked / sliding attention), a vision tower's 2-D RoPE, and warnings for inconsistent settings. Configs
+tuning, Ministral 3's query temperature, gpt-oss's sink logits, chunked / sliding attention), a vision tower's 2-D
+RoPE, and warnings for inconsistent settings. Configs
 without RoPE are recognised and described: ALiBi (BLOOM, MPT, Falcon/Baichuan variants), learned absolute tables
 (GPT-2, OPT, BERT...), sinusoidal tables (Marian...) and T5's relative bias buckets. Every number comes from the
 scaling registry (posenc.rope.scaling); nothing here recomputes a scaling formula.

@@ -77,8 +77,8 @@ def _ministral3(beta: float = 0.5, original: int = 8):
 
 def test_ministral3_query_temperature_and_scale_match_transformers_qk():
     """q = temperature(p) x RoPE(q) on every layer, k = RoPE(k), softmax scale head_dim^-0.5: posenc's schedule and
-    Rotary give (to float32 rounding) the q and k transformers' Ministral 3 attention hands to the softmax, past several multiples
-    of the original length (the temperature steps at p = 8, 16, 24, 32)."""
+    Rotary give (to float32 rounding) the q and k transformers' Ministral 3 attention hands to the softmax, past
+    several multiples of the original length (the temperature steps at p = 8, 16, 24, 32)."""
     from transformers import Ministral3ForCausalLM
 
     raw, config = _ministral3()
@@ -237,3 +237,42 @@ def test_phi4_mini_longrope_on_partial_rotary_matches_transformers_qk(length):
         torch.testing.assert_close(q, calls[i]["query"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(k, calls[i]["key"], rtol=1e-5, atol=1e-5)
         assert torch.equal(q[..., 12:], calls[i]["query"][..., 12:])        # the last quarter passes unrotated
+
+
+# ------------------------------------------------------------------------------------------------- OLMo 3
+
+def _olmo3():
+    from transformers import Olmo3Config
+
+    # OLMo 3's published form: top-level rope_theta and one rope_scaling (yarn with attention_factor), 3 sliding
+    # layers then 1 full one; transformers applies the scaling to the full-attention layers only
+    raw = dict(TINY, num_hidden_layers=4, max_position_embeddings=64, sliding_window=6, rope_theta=5e5,
+               rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8,
+                             "attention_factor": 1.2079441541679836, "beta_fast": 32.0, "beta_slow": 1.0})
+    raw.pop("head_dim")
+    return {**raw, "model_type": "olmo3"}, Olmo3Config(**raw)
+
+
+def test_olmo3_scales_full_attention_layers_only_as_transformers_qk():
+    """Each layer's q and k from posenc's Rotary for that layer's type (``schedule.rope_layer_types``) equal what
+    transformers' OLMo 3 attention receives: yarn with its attention factor on layer 3, plain RoPE on 0-2; reading
+    the yarn on every layer (the engines' bug) would not."""
+    from transformers import Olmo3ForCausalLM
+
+    raw, config = _olmo3()
+    _, calls, outputs = run_captured(Olmo3ForCausalLM, config, 40, {"q_norm": "", "k_norm": ""})
+    schedule = layer_schedule(raw)
+    assert schedule.rope_layer_types == ("sliding_attention",) * 3 + ("full_attention",)
+    assert schedule.sliding_window == 6
+    rotaries = {t: Rotary.from_config(raw, t) for t in ("sliding_attention", "full_attention")}
+    assert rotaries["full_attention"].config.rope_type == "yarn"
+    assert rotaries["sliding_attention"].config.rope_type == "default"
+    positions = torch.arange(40)
+    for i, layer_type in enumerate(schedule.rope_layer_types):
+        q, k = rotaries[layer_type](heads(outputs[i, "q_norm"], 16), heads(outputs[i, "k_norm"], 16), positions)
+        torch.testing.assert_close(q, calls[i]["query"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k, calls[i]["key"], rtol=1e-5, atol=1e-5)
+        assert calls[i]["kwargs"]["sliding_window"] == (6 if layer_type == "sliding_attention" else None)
+        wrong, _ = rotaries["full_attention"](heads(outputs[i, "q_norm"], 16), heads(outputs[i, "k_norm"], 16),
+                                              positions)
+        assert (layer_type == "full_attention") == torch.allclose(wrong, calls[i]["query"], rtol=1e-5, atol=1e-5)

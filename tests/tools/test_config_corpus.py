@@ -34,7 +34,8 @@ def g(m, s):
 # name: (scheme, {layer type or None: (rope_type, theta, rotary_dim, head_dim)}, original, claimed, extra facts)
 # extra: nope (count of NoPE layers), chunk, layout, axes (M-RoPE pairs per t/h/w), interleaved, vision
 # (rope_type, head_dim), mult (softmax multiplier), warnings (substrings of the true warnings), extend (reason
-# substring when extend must refuse), kinds ({attention kind: layers}), query_temperature ((beta, original)), sink_logits
+# substring when extend must refuse), kinds ({attention kind: layers}), query_temperature ((beta, original)),
+# sink_logits
 CORPUS = {
     "bert-base-uncased": ("learned", None, None, 512, {}),
     "bloom-560m": ("alibi", None, None, None, {}),
@@ -92,6 +93,10 @@ CORPUS = {
                                  "sliding_attention": ("default", 1e4, 64, 64)}, 8192, 8192,
                         {"kinds": {"full_attention": 8, "sliding_attention": 14}, "extend": "per layer type"}),
     "mpt-7b": ("alibi", None, None, None, {}),
+    # OLMo 3: yarn x8 (attention_factor 1.208) on the 8 full-attention layers only; sliding layers plain RoPE
+    "olmo-3-1025-7b": ("rope", {"full_attention": ("yarn", 5e5, 128, 128),
+                                "sliding_attention": ("default", 5e5, 128, 128)}, 8192, 65536,
+                       {"kinds": {"sliding_attention": 24, "full_attention": 8}, "extend": "per layer type"}),
     "olmo-2-1124-7b": ("rope", {None: ("default", 5e5, 128, 128)}, 4096, 4096, {}),
     "phi-2": ("rope", {None: ("default", 1e4, 32, 80)}, 2048, 2048, {}),
     "phi-3.5-mini-instruct": ("rope", {None: ("longrope", 1e4, 96, 96)}, 4096, 131072, {"extend": "already uses"}),
