@@ -6,6 +6,11 @@ and ``layer_schedule``), plus the softmax scale, window and extra logits the att
 
     Ministral 3     yarn + the query temperature 1 + beta ln(1 + floor(p / L0)) on every layer (llama_4_scaling_beta),
                     softmax scale head_dim^-0.5 (no DeepSeek multiplier, although the dict carries mscale_all_dim)
+    gpt-oss         yarn with truncate false (an unrounded correction range), a window on alternate layers, learned
+                    per-head sink logits handed to every softmax (s_aux); extend --replace keeps truncate false
+    Phi-4-mini      LongRoPE over 3/4 of each head with its mscale, short and long factors
+    OLMo 3          yarn on the full-attention layers only, plain RoPE on the sliding ones
+    Qwen3.5 text    interleaved M-RoPE on a quarter of each head, with YaRN, three different position rows
 """
 
 from __future__ import annotations
@@ -276,3 +281,46 @@ def test_olmo3_scales_full_attention_layers_only_as_transformers_qk():
         wrong, _ = rotaries["full_attention"](heads(outputs[i, "q_norm"], 16), heads(outputs[i, "k_norm"], 16),
                                               positions)
         assert (layer_type == "full_attention") == torch.allclose(wrong, calls[i]["query"], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- Qwen3.5 text
+
+def _qwen3_5(rope_type: str = "yarn"):
+    from transformers import Qwen3_5TextConfig
+
+    # Qwen3.5's text model in small: a quarter of each 32-dim head rotates (8 pairs, interleaved M-RoPE sections
+    # 3 / 3 / 2), YaRN x4 on top as the model card's long-context block does; full-attention layers only (the
+    # linear-attention layers carry no positions)
+    rope = {"rope_type": rope_type, "rope_theta": 1e4, "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+            "mrope_section": [3, 3, 2]}
+    if rope_type == "yarn":
+        rope.update(factor=4.0, original_max_position_embeddings=16)
+    raw = dict(TINY, head_dim=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+               layer_types=["full_attention", "full_attention"], rope_parameters=rope)
+    return {**raw, "model_type": "qwen3_5_text"}, Qwen3_5TextConfig(**raw)
+
+
+def test_qwen3_5_interleaved_mrope_partial_yarn_matches_transformers_qk():
+    """Three different position rows (t, h, w) on 8 of 32 pairs, cycled t h w t h w ... (interleaved), YaRN's
+    blended frequencies and attention factor: posenc's Rotary gives the q and k transformers' Qwen3.5 attention
+    receives, and the 48 unrotated dims pass through."""
+    from transformers import Qwen3_5ForCausalLM
+
+    raw, config = _qwen3_5()
+    length = 30
+    t = torch.arange(length)
+    positions = torch.stack([t, t // 2 + 3, t % 5 + 7])[:, None].expand(3, 2, length)     # [3, batch, seq]
+    _, calls, outputs = run_captured(Qwen3_5ForCausalLM, config, length, {"q_norm": "", "k_norm": ""},
+                                     position_ids=positions)
+    rot = Rotary.from_config(raw)
+    assert rot.config.rotary_dim == 16 and rot.config.params["mrope_interleaved"] is True
+    assert rot.config.rope_type == "yarn" and rot.attention_scaling > 1
+    plain = Rotary.from_config(_qwen3_5("default")[0])
+    for i in range(config.num_hidden_layers):
+        q_in, k_in = outputs[i, "q_norm"].transpose(1, 2), outputs[i, "k_norm"].transpose(1, 2)
+        q, k = rot(q_in, k_in, positions)
+        torch.testing.assert_close(q, calls[i]["query"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k, calls[i]["key"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(q[..., 16:], calls[i]["query"][..., 16:])
+        assert not torch.allclose(plain(q_in, k_in, positions)[0], calls[i]["query"], atol=1e-3)  # yarn acts
+        assert not torch.allclose(rot(q_in, k_in, positions[0])[0], calls[i]["query"], atol=1e-3)  # rows act

@@ -1,4 +1,4 @@
-"""The published-config corpus (tests/fixtures/configs, the position keys of 44 real config.json files):
+"""The published-config corpus (tests/fixtures/configs, the position keys of 49 real config.json files):
 ``posenc inspect`` describes each as published (facts below, typed from the model cards / papers) with no error and
 no warning except the true ones listed; posenc's frequencies equal the family's own transformers rotary class built
 from the same file; ``posenc extend`` extends or refuses with the reason; ``posenc pick`` reads theta and length."""
@@ -113,6 +113,10 @@ CORPUS = {
                                  {"warnings": ["equals the original context"], "extend": "already uses"}),
     "qwen2.5-vl-7b-instruct": ("rope", {None: ("default", 1e6, 128, 128)}, 128000, 128000,
                                {"axes": [16, 24, 24], "interleaved": False, "vision": ("axial", 80)}),
+    # Qwen3.5 text: interleaved M-RoPE on 64 of 256 dims (partial 0.25) with the cards' YaRN x4 block
+    "qwen3.5-text-yarn": ("rope", {None: ("yarn", 1e7, 64, 256)}, 262144, 1048576,
+                          {"axes": [11, 11, 10], "interleaved": True, "warnings": ["equals the original context"],
+                           "extend": "already uses", "kinds": {"linear_attention": 24, "full_attention": 8}}),
     "qwen3-8b": ("rope", {None: ("default", 1e6, 128, 128)}, 40960, 40960, {}),
     "qwen3-vl-8b-instruct": ("rope", {None: ("default", 5e6, 128, 128)}, 262144, 262144,
                              {"axes": [24, 20, 20], "interleaved": True, "vision": ("axial", 72)}),
