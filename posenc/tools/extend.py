@@ -37,6 +37,7 @@ from posenc.attention.registry import attention_method_names
 from posenc._internal.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
+from posenc.rope.families import SCALED_BY_DEFAULT_TYPES
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
 from posenc.tools.lab_evidence import fill
@@ -232,7 +233,8 @@ def _written(req: _Request, scaling: dict, max_positions: int, transformers_vers
         new.pop("rope_scaling", None)   # transformers 5 prefers rope_scaling when both exist: drop the stale one
         new.pop("rope_theta", None)     # moved inside rope_parameters
     else:
-        new["rope_scaling"] = None if scaling == {"rope_type": "default"} else scaling
+        unscaled = scaling == {"rope_type": "default"} and cfg.get("model_type") not in SCALED_BY_DEFAULT_TYPES
+        new["rope_scaling"] = None if unscaled else scaling
         base_key = BASE_KEY_TYPES.get(cfg.get("model_type"))
         if base_key is not None and base_key in cfg:     # the key transformers reads first for this family
             new[base_key] = theta
