@@ -1,9 +1,11 @@
-"""Llama 4's attention temperature for NoPE layers (the formula's one owner, below posenc.rope and posenc.irope,
-which both read it):
+"""Query temperatures that grow with the log of the position (each formula's one owner, below posenc.rope and
+posenc.irope, which read them):
 
-    tau(n) = 1 + attn_scale * log1p(floor((n + 1) / floor_scale))     n = the query's absolute position
+    Llama 4, NoPE layers only:     tau(n) = 1 + attn_scale * log1p(floor((n + 1) / floor_scale))
+    Ministral 3, every layer:      tau(n) = 1 + beta * ln(1 + floor(n / original))        (llama_4_scaling_beta)
 
-(transformers ``models/llama4``; arXiv 2501.19399). tau is 1 below floor_scale - 1.
+n = the query's absolute position (transformers ``models/llama4``, arXiv 2501.19399; ``models/ministral3``). Both
+are 1 for short contexts; they differ in the floor (n + 1 against n) and in which layers they scale.
 """
 
 from __future__ import annotations
@@ -28,3 +30,20 @@ def attention_temperature(positions, *, floor_scale: float = 8192, attn_scale: f
         # log1p(floor((n + 1) / floor_scale)) is NaN or -inf below -1: absolute positions start at 0
         raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
     return torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+
+
+def query_temperature(positions, *, beta: float, original: int) -> torch.Tensor:
+    """Ministral 3's query temperature (``llama_4_scaling_beta``): tau(n) = 1 + beta * ln(1 + floor(n / original)),
+    float32 with positions' shape.
+
+    transformers ``models/ministral3`` (and ``mistral4``) multiply q by it on every layer, after RoPE, with
+    original = the RoPE parameters' original_max_position_embeddings. Unlike Llama 4's rule above it divides the
+    position itself (not n + 1) and acts on every layer, not NoPE layers only: tau is 1 for n < original and steps
+    up at each multiple of it. The arithmetic follows transformers' order in float32, so the values match bit for bit.
+    """
+    beta = check_float(beta, "llama_4_scaling_beta", min=0.0)
+    original = check_float(original, "original_max_position_embeddings", positive=True)
+    positions = as_positions(positions)
+    if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
+        raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
+    return 1 + beta * torch.log(1 + torch.floor(positions / original))

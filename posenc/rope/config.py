@@ -52,6 +52,7 @@ from posenc.rope.families import (AXIAL_VISION_TYPES, BASE_KEY_TYPES, CONFIG_DEF
                                   DEFAULT_PARTIAL_ROTARY_BY_MODEL_TYPE, DEFAULT_THETA_BY_MODEL_TYPE, EMBED_DIM_HEADS,
                                   KEY_ALIASES, LOCAL_GLOBAL_THETA, MROPE_FAMILIES, TEXT_MODEL_TYPE, VISION_TOWER_OF,
                                   config_value, model_type_of)
+from posenc.rope.families import ATTENTION_ROPE_KEYS
 
 # keys of the scaling dict that become RopeConfig fields rather than entries of ``params``
 _FIELD_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"}
@@ -510,7 +511,8 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
     if orig is None and "original_max_position_embeddings" in rope_type_function(rope_type).required_keys:
         orig = max_len  # transformers' standardisation: L0 defaults to max_position_embeddings
 
-    params = {k: v for k, v in entry.items() if k not in _FIELD_KEYS}
+    attention_keys = ATTENTION_ROPE_KEYS.get(model_type_of(cfg), ())
+    params = {k: v for k, v in entry.items() if k not in _FIELD_KEYS and k not in attention_keys}
     family = MROPE_FAMILIES.get(model_type_of(cfg))
     if family is not None:
         section, interleaved = family
@@ -524,6 +526,18 @@ def load_rope_config(config, layer_type: str | None = None) -> RopeConfig:
     return RopeConfig(rope_type=rope_type, theta=theta, head_dim=head_dim,
                       rotary_dim=rotary_dim, partial_rotary_factor=prf,
                       max_position_embeddings=max_len, original_max_position_embeddings=orig, params=params)
+
+
+def rope_attention_keys(config) -> dict[str, Any]:
+    """The keys of a config's RoPE parameters that its family's attention reads, not its rotary
+    (``ATTENTION_ROPE_KEYS``: Ministral 3's llama_4_scaling_beta ...), as given; {} when there are none.
+    ``config``: any form ``load_rope_config`` accepts but a RopeConfig."""
+    cfg = rope_section(as_mapping(config))
+    keys = ATTENTION_ROPE_KEYS.get(model_type_of(cfg))
+    scaling = _scaling_of(cfg)
+    if not keys or _is_nested(scaling):
+        return {}
+    return {k: scaling[k] for k in sorted(keys) if k in scaling}
 
 
 def vision_config_of(config) -> Mapping | None:

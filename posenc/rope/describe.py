@@ -5,7 +5,8 @@ For RoPE configs: rope type and parameters per layer type, head and rotary dims,
 frequency pairs are kept / blended / interpolated, multimodal position axes (M-RoPE sections), the attention
 scaling and the effective logit scale (with DeepSeek's softmax multiplier), the longest wavelength against the
 original context, the context the config claims, the per-layer schedule (NoPE layers, Llama 4's temperature
-tuning, chunked / sliding attention), a vision tower's 2-D RoPE, and warnings for inconsistent settings. Configs
+tuning, Ministral 3's query temperature, gpt-oss's sink logits, chunked / sliding attention), a vision tower's 2-D
+RoPE, and warnings for inconsistent settings. Configs
 without RoPE are recognised and described: ALiBi (BLOOM, MPT, Falcon/Baichuan variants), learned absolute tables
 (GPT-2, OPT, BERT...), sinusoidal tables (Marian...) and T5's relative bias buckets. Every number comes from the
 scaling registry (posenc.rope.scaling); nothing here recomputes a scaling formula.
@@ -56,7 +57,7 @@ _ROPE_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qw
                "cohere", "stablelm", "internlm2", "deepseek_v2", "deepseek_v3", "granite", "persimmon", "codegen",
                "baichuan", "mistral3", "llama4", "llama4_text", "glm", "glm4", "exaone", "nemotron", "smollm3",
                "modernbert", "modernbert-decoder", "hunyuan_v1_dense", "hunyuan_v1_moe", "qwen2_vl", "qwen2_5_vl",
-               "qwen3_vl", "qwen3_vl_text", "gemma3n_text", "cohere2", "olmo3", "kimi_k2"}
+               "qwen3_vl", "qwen3_vl_text", "gemma3n_text", "cohere2", "olmo3", "kimi_k2", "ministral3"}
 
 
 # ------------------------------------------------------------------------------------------ scheme detection
@@ -284,7 +285,8 @@ def axes_text(vision: dict) -> str:
 
 
 def _schedule(cfg: Mapping) -> dict[str, Any]:
-    """Per-layer schedule: which layers rotate, attention kinds, temperature tuning, softmax multiplier."""
+    """Per-layer schedule: which layers rotate, attention kinds, temperature tuning, query temperature, softmax
+    multiplier."""
     from collections import Counter
 
     from posenc.rope.layers import layer_schedule
@@ -301,7 +303,11 @@ def _schedule(cfg: Mapping) -> dict[str, Any]:
         "temperature_tuning": None if tuning is None else {
             "floor_scale": tuning.floor_scale, "attn_scale": tuning.attn_scale,
             "applies_to": "NoPE layers: q x (log(1 + floor((p + 1) / floor_scale)) x attn_scale + 1)"},
+        "query_temperature": None if s.query_temperature is None else {
+            "beta": s.query_temperature.beta, "original": s.query_temperature.original,
+            "applies_to": "every layer: q x (1 + beta x ln(1 + floor(p / original)))"},
         "softmax_scale_multiplier": s.softmax_scale_multiplier,
+        "sink_logits": s.sink_logits,
         "layout": s.layout,
     }
 

@@ -50,6 +50,14 @@ MROPE_FAMILIES = {
     "qwen3_5": ((11, 11, 10), True), "qwen3_5_text": ((11, 11, 10), True),
     "glm4v": ((8, 12, 12), False), "glm4v_text": ((8, 12, 12), False),
 }
+# model types whose transformers config class puts its own scaling in place of absent (or null) RoPE parameters
+# (GptOssConfig: yarn x32 from 4096; Ministral3Config: yarn x16 with the query temperature): for them "no scaling"
+# has to be written as {"rope_type": "default"}, not left out
+SCALED_BY_DEFAULT_TYPES = frozenset({"gpt_oss", "ministral3"})
+# Keys a family's config class keeps in its RoPE parameters for the attention code, not the rotary (transformers'
+# ignore_keys_at_rope_validation): Ministral 3's query temperature (llama_4_scaling_beta, read by
+# posenc.rope.layers) and a copy of max_position_embeddings. The frequency reader leaves them out of params.
+ATTENTION_ROPE_KEYS = {"ministral3": frozenset({"llama_4_scaling_beta", "max_position_embeddings"})}
 # Vision towers whose 2-D RoPE transformers calls "axial" (their config classes default to it), and the posenc
 # type that reproduces their frequencies; old checkpoints name the vision part after the parent model.
 AXIAL_VISION_TYPES = {

@@ -8,7 +8,12 @@ Some models change positions per layer or scale attention logits in ways cos/sin
   parameters with a null entry mark NoPE layer types too.
 - Attention temperature tuning (Llama 4; Nakanishi 2025, arXiv:2501.19399): NoPE layers multiply q at absolute
   position p by log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1.
+- Query temperature (Ministral 3, ``llama_4_scaling_beta`` in the RoPE parameters): every layer multiplies its
+  rotated q at position p by 1 + beta * ln(1 + floor(p / L0)), L0 = original_max_position_embeddings.
 - Chunked attention (Llama 4): RoPE layers attend within blocks of ``attention_chunk_size`` tokens.
+- Sink logits (gpt-oss): each head has a learned logit that joins every softmax as one more column and is dropped
+  after it, so a query may give part of its weight to no key. No token is kept for it: StreamingLLM's attention
+  sinks (the ``sinks`` attention method, the first tokens kept in the cache) are another thing.
 - DeepSeek's softmax scale (DeepSeek-V2/V3, MiniCPM3, Kimi K2, ...): with a scaled rope type and
   ``mscale_all_dim``, the softmax scale is qk_head_dim^-0.5 * g(factor, mscale_all_dim)^2, g = YaRN's mscale
   (``posenc.rope.scaling.yarn_mscale``): 1.3689^2 = 1.874 for DeepSeek-V3 (factor 40, mscale_all_dim 1).
@@ -34,25 +39,29 @@ import torch
 from posenc._internal.validate import check_float, check_int, is_int
 from posenc._internal.errors import ConfigError
 from posenc.rope.config import (CONFIG_DEFAULTS, RopeConfig, as_mapping, config_value,  # noqa: F401 (re-exported)
-                                layer_type_parameters, load_rope_config, model_type_of, rope_section)
+                                layer_type_parameters, load_rope_config, model_type_of, rope_attention_keys,
+                                rope_section)
 from posenc.rope.scaling import yarn_mscale
-from posenc.temperature import attention_temperature
+from posenc.temperature import attention_temperature, query_temperature
 
 # model types whose attention rotates interleaved pairs (2j, 2j+1): complex-number RoPE (Llama 4, DeepSeek-V2),
 # rotate_every_two (GPT-J, CodeGen), repeat_interleave'd cos/sin (Cohere, GLM); DeepSeek-V3 when rope_interleave
 INTERLEAVED_LAYOUT_TYPES = frozenset({"llama4", "llama4_text", "llama4_vision_model", "deepseek_v2", "gptj",
                                       "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text",
                                       "deepseek_v3", "kimi_k2"})
-# model types whose configs carry mscale_all_dim but whose attention does not rescale the softmax (Hunyuan)
-NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe"})
+# model types whose configs carry mscale_all_dim but whose attention does not rescale the softmax (Hunyuan;
+# Ministral 3, whose attention keeps head_dim^-0.5 and scales q by its query temperature instead)
+NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe", "ministral3"})
 # model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning
 NOPE_LAYER_TYPES = frozenset({"llama4", "llama4_text", "smollm3", "mistral_large4"})
 TEMPERATURE_TUNING_TYPES = frozenset({"llama4", "llama4_text"})
+# model types whose attention adds a learned per-head sink logit to every softmax (transformers' s_aux)
+SINK_LOGIT_TYPES = frozenset({"gpt_oss"})
 # model types whose layer_types default to a repeating local/global pattern, as their transformers config classes
 # build it: (key giving the period or None, default period). Layer i is global when (i + 1) % period == 0
 # (ModernBERT: when i % period == 0), sliding otherwise.
 LAYER_PATTERNS = {"gemma2": (None, 2), "gemma3_text": ("sliding_window_pattern", 6), "gemma3n_text": (None, 5),
-                  "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4),
+                  "cohere2": ("sliding_window_pattern", 4), "olmo3": (None, 4), "gpt_oss": (None, 2),
                   "modernbert": ("global_attn_every_n_layers", 3),
                   "modernbert-decoder": ("global_attn_every_n_layers", 3)}
 
@@ -79,6 +88,22 @@ class TemperatureTuning:
 
 
 @dataclass(frozen=True)
+class QueryTemperature:
+    """Ministral 3's query temperature on every layer: q (after RoPE) is multiplied by
+    1 + beta * ln(1 + floor(p / original)) at absolute position p (1 below ``original``)."""
+
+    beta: float
+    original: int
+
+    def query_scale(self, positions) -> torch.Tensor:
+        """float32 multipliers for q at ``positions`` (any shape of absolute positions, integers)."""
+        positions = torch.as_tensor(positions)
+        if positions.is_floating_point() or positions.dtype == torch.bool or positions.is_complex():
+            raise ConfigError(f"positions must be integers, got {positions.dtype}")
+        return query_temperature(positions, beta=self.beta, original=self.original)
+
+
+@dataclass(frozen=True)
 class LayerSchedule:
     """What each layer does with positions, plus the logit-scale effects outside cos/sin.
 
@@ -94,6 +119,8 @@ class LayerSchedule:
         temperature_tuning: Llama 4's NoPE-layer query temperature, else None.
         softmax_scale_multiplier: multiplies qk_head_dim^-0.5 (DeepSeek's mscale^2; 1 elsewhere).
         layout: "half" or "interleaved", the pairing the model's attention rotates.
+        query_temperature: Ministral 3's every-layer query temperature (llama_4_scaling_beta), else None.
+        sink_logits: whether each head's softmax has a learned sink logit (gpt-oss), which no token carries.
     """
 
     num_layers: int | None
@@ -105,6 +132,8 @@ class LayerSchedule:
     temperature_tuning: TemperatureTuning | None
     softmax_scale_multiplier: float
     layout: str
+    query_temperature: QueryTemperature | None = None
+    sink_logits: bool = False
 
     @property
     def nope_layers(self) -> list[int]:
@@ -156,6 +185,21 @@ def softmax_scale_multiplier(config, *, rope: RopeConfig | None = None) -> float
         raise ConfigError(f"mscale_all_dim {mscale_all_dim!r} with factor {factor!r} gives a softmax-scale multiplier "
                           "g(factor, mscale_all_dim)^2 that is not finite")
     return g * g
+
+
+def _query_temperature(cfg: Mapping) -> QueryTemperature | None:
+    """Ministral 3's query temperature from its RoPE parameters (llama_4_scaling_beta with the original length), or
+    None when the family's attention reads none. A given beta needs original_max_position_embeddings, as the
+    attention divides the position by it."""
+    beta = rope_attention_keys(cfg).get("llama_4_scaling_beta")
+    if beta is None:
+        return None
+    beta = check_float(beta, "llama_4_scaling_beta", min=0, error=ConfigError)
+    original = load_rope_config(cfg).original_max_position_embeddings
+    if original is None:
+        raise ConfigError("llama_4_scaling_beta needs original_max_position_embeddings in the RoPE parameters: the "
+                          "query temperature divides each position by it")
+    return QueryTemperature(beta=beta, original=original)
 
 
 def _num_layers(cfg: Mapping) -> int | None:
@@ -254,4 +298,6 @@ def layer_schedule(config) -> LayerSchedule:
                          else None,
                          sliding_window=window if layer_types is None or "sliding_attention" in layer_types
                          else None,
-                         temperature_tuning=tuning, softmax_scale_multiplier=multiplier, layout=rope_layout(cfg))
+                         temperature_tuning=tuning, softmax_scale_multiplier=multiplier, layout=rope_layout(cfg),
+                         query_temperature=_query_temperature(cfg),
+                         sink_logits=model_type_of(cfg) in SINK_LOGIT_TYPES)

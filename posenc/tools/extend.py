@@ -37,6 +37,7 @@ from posenc.attention.registry import attention_method_names
 from posenc._internal.errors import ConfigError
 from posenc.extensions import ExtensionSpec, get_method, method_config, method_names, transformers_config
 from posenc.rope.config import BASE_KEY_TYPES, KEY_ALIASES, RopeConfig, load_rope_config
+from posenc.rope.families import SCALED_BY_DEFAULT_TYPES
 from posenc.rope.scaling import dynamic_ntk_theta, frequency_bands, ntk_theta, rope_parameters
 from posenc.tools._io import read_config, write_json_atomic
 from posenc.tools.lab_evidence import fill
@@ -123,7 +124,7 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
 
 def _validated(config, target_length, method, transformers_version, factor, replace) -> _Request:
     """Every check of the request before anything is computed; ConfigError naming the argument otherwise."""
-    from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
+    from posenc.rope.config import layer_type_parameters, rope_attention_keys, rope_section, vision_config_of
 
     m = get_method(method)
     if m.fit is not None:
@@ -153,6 +154,10 @@ def _validated(config, target_length, method, transformers_version, factor, repl
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
     old_warnings = {str(w.message) for w in caught}
+    if "llama_4_scaling_beta" in rope_attention_keys(cfg):
+        raise ConfigError("the config's RoPE parameters carry a query temperature (llama_4_scaling_beta, Ministral 3) "
+                          "that divides positions by their original_max_position_embeddings: extend would rewrite "
+                          "that dict without it, which the model's attention cannot run; edit rope_parameters by hand")
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"the config already uses rope_type {rc.rope_type!r} (original context "
                           f"{trained_length(rc)}); pass --replace to swap it for {method!r} computed from that "
@@ -196,6 +201,12 @@ def _computed(req: _Request, method: str, target_length: int, options: dict):
     # gives them (a default filled in by posenc's reader is not written: transformers would flag the unknown key)
     given = {k for d in (cfg.get("rope_scaling"), cfg.get("rope_parameters")) if isinstance(d, Mapping) for k in d}
     scaling.update({k: rc.params[k] for k in sorted(MULTI_AXIS_KEYS) if k in rc.params and k in given})
+    if scaling["rope_type"] == "yarn" and rc.rope_type == "yarn" and rc.params.get("truncate") is False:
+        # gpt-oss trains YaRN with an unrounded correction range: a YaRN written over it keeps that (a rounded
+        # range moves the ramp's ends by up to a pair each side)
+        scaling["truncate"] = False
+        notes.append("kept truncate: false from the replaced yarn: the model was trained with an unrounded "
+                     "correction range")
     return own, scaling, written.max_position_embeddings, notes
 
 
@@ -222,7 +233,8 @@ def _written(req: _Request, scaling: dict, max_positions: int, transformers_vers
         new.pop("rope_scaling", None)   # transformers 5 prefers rope_scaling when both exist: drop the stale one
         new.pop("rope_theta", None)     # moved inside rope_parameters
     else:
-        new["rope_scaling"] = None if scaling == {"rope_type": "default"} else scaling
+        unscaled = scaling == {"rope_type": "default"} and cfg.get("model_type") not in SCALED_BY_DEFAULT_TYPES
+        new["rope_scaling"] = None if unscaled else scaling
         base_key = BASE_KEY_TYPES.get(cfg.get("model_type"))
         if base_key is not None and base_key in cfg:     # the key transformers reads first for this family
             new[base_key] = theta

@@ -70,6 +70,8 @@ def _rope_lines(e: dict[str, Any]) -> list[str]:
         a = e["position_axes"]
         lines.append(f"  position axes        {' / '.join(a['axes'])} rows on {a['pairs_per_axis']} pairs "
                      f"({'interleaved' if a['interleaved'] else 'chunked'} M-RoPE; positions [3, batch, seq])")
+    if e["rope_type"] == "yarn" and e["parameters"].get("truncate") is False:
+        lines.append("  correction range     unrounded (truncate: false): the ramp's ends stay fractional dims")
     lines += [
         f"  pairs                {e['bands']['kept']} kept / {e['bands']['blended']} blended / "
         f"{e['bands']['interpolated']} interpolated"
@@ -111,6 +113,13 @@ def _layer_lines(layers: dict[str, Any] | None) -> list[str]:
     if layers["temperature_tuning"]:
         t = layers["temperature_tuning"]
         lines.append(f"  temperature tuning   floor_scale {t['floor_scale']:g}, attn_scale {t['attn_scale']:g} "
+                     f"({t['applies_to']})")
+    if layers.get("sink_logits"):
+        lines.append("  sink logits          a learned logit per head joins every softmax and takes weight from all "
+                     "keys (no token kept: not the 'sinks' attention method)")
+    if layers.get("query_temperature"):
+        t = layers["query_temperature"]
+        lines.append(f"  query temperature    llama_4_scaling_beta {t['beta']:g}, original {t['original']:,} "
                      f"({t['applies_to']})")
     return lines
 

@@ -1,4 +1,4 @@
-"""The published-config corpus (tests/fixtures/configs, the position keys of 44 real config.json files):
+"""The published-config corpus (tests/fixtures/configs, the position keys of 49 real config.json files):
 ``posenc inspect`` describes each as published (facts below, typed from the model cards / papers) with no error and
 no warning except the true ones listed; posenc's frequencies equal the family's own transformers rotary class built
 from the same file; ``posenc extend`` extends or refuses with the reason; ``posenc pick`` reads theta and length."""
@@ -34,7 +34,8 @@ def g(m, s):
 # name: (scheme, {layer type or None: (rope_type, theta, rotary_dim, head_dim)}, original, claimed, extra facts)
 # extra: nope (count of NoPE layers), chunk, layout, axes (M-RoPE pairs per t/h/w), interleaved, vision
 # (rope_type, head_dim), mult (softmax multiplier), warnings (substrings of the true warnings), extend (reason
-# substring when extend must refuse), kinds ({attention kind: layers})
+# substring when extend must refuse), kinds ({attention kind: layers}), query_temperature ((beta, original)),
+# sink_logits
 CORPUS = {
     "bert-base-uncased": ("learned", None, None, 512, {}),
     "bloom-560m": ("alibi", None, None, None, {}),
@@ -61,6 +62,10 @@ CORPUS = {
     "glm-4-9b-0414": ("rope", {None: ("default", 1e4, 64, 128)}, 32768, 32768, {"layout": "interleaved"}),
     "glm-4-9b-chat-hf": ("rope", {None: ("default", 5e6, 64, 128)}, 131072, 131072, {"layout": "interleaved"}),
     "gpt-j-6b": ("rope", {None: ("default", 1e4, 64, 256)}, 2048, 2048, {"layout": "interleaved"}),
+    # gpt-oss: yarn x32 with an unrounded correction range, 128-token window on alternate layers, sink logits
+    "gpt-oss-20b": ("rope", {None: ("yarn", 150000.0, 64, 64)}, 4096, 131072,
+                    {"extend": "already uses", "kinds": {"sliding_attention": 12, "full_attention": 12},
+                     "sink_logits": True}),
     "gpt2": ("learned", None, None, 1024, {}),
     "hunyuan-7b-instruct": ("rope", {None: ("ntk_alpha", 1e4, 128, 128)}, 32768, 32768,
                             {"extend": "already uses rope_type 'ntk_alpha'"}),
@@ -75,6 +80,9 @@ CORPUS = {
     "llama-4-scout": ("rope", {None: ("llama3", 5e5, 128, 128)}, 8192, 10485760,
                       {"nope": 12, "chunk": 8192, "layout": "interleaved", "extend": "already uses",
                        "vision": ("axial", 88)}),
+    # Ministral 3: yarn x16 with the every-layer query temperature (llama_4_scaling_beta) and no softmax multiplier
+    "ministral-3-8b-instruct-2512": ("rope", {None: ("yarn", 1e6, 128, 128)}, 16384, 262144,
+                                     {"extend": "query temperature", "query_temperature": (0.1, 16384)}),
     "mistral-7b-instruct-v0.3": ("rope", {None: ("default", 1e6, 128, 128)}, 32768, 32768, {}),
     "mistral-7b-v0.1": ("rope", {None: ("default", 1e4, 128, 128)}, 32768, 32768, {}),
     "mistral-nemo-base-2407": ("rope", {None: ("default", 1e6, 128, 128)}, 1024000, 1024000, {}),
@@ -85,9 +93,15 @@ CORPUS = {
                                  "sliding_attention": ("default", 1e4, 64, 64)}, 8192, 8192,
                         {"kinds": {"full_attention": 8, "sliding_attention": 14}, "extend": "per layer type"}),
     "mpt-7b": ("alibi", None, None, None, {}),
+    # OLMo 3: yarn x8 (attention_factor 1.208) on the 8 full-attention layers only; sliding layers plain RoPE
+    "olmo-3-1025-7b": ("rope", {"full_attention": ("yarn", 5e5, 128, 128),
+                                "sliding_attention": ("default", 5e5, 128, 128)}, 8192, 65536,
+                       {"kinds": {"sliding_attention": 24, "full_attention": 8}, "extend": "per layer type"}),
     "olmo-2-1124-7b": ("rope", {None: ("default", 5e5, 128, 128)}, 4096, 4096, {}),
     "phi-2": ("rope", {None: ("default", 1e4, 32, 80)}, 2048, 2048, {}),
     "phi-3.5-mini-instruct": ("rope", {None: ("longrope", 1e4, 96, 96)}, 4096, 131072, {"extend": "already uses"}),
+    # Phi-4-mini: LongRoPE over 96 of 128 dims (partial 0.75), mscale sqrt(1 + ln 32 / ln 4096)
+    "phi-4-mini-instruct": ("rope", {None: ("longrope", 1e4, 96, 128)}, 4096, 131072, {"extend": "already uses"}),
     "phi-4": ("rope", {None: ("default", 250000.0, 128, 128)}, 16384, 16384, {}),
     "pixtral-12b": ("rope", {None: ("default", 1e9, 128, 128)}, 1024000, 1024000, {"vision": ("axial_pixtral", 64)}),
     "pixtral-12b-vision": ("rope", {}, None, None, {"vision": ("axial_pixtral", 64), "extend": "vision tower"}),
@@ -99,6 +113,10 @@ CORPUS = {
                                  {"warnings": ["equals the original context"], "extend": "already uses"}),
     "qwen2.5-vl-7b-instruct": ("rope", {None: ("default", 1e6, 128, 128)}, 128000, 128000,
                                {"axes": [16, 24, 24], "interleaved": False, "vision": ("axial", 80)}),
+    # Qwen3.5 text: interleaved M-RoPE on 64 of 256 dims (partial 0.25) with the cards' YaRN x4 block
+    "qwen3.5-text-yarn": ("rope", {None: ("yarn", 1e7, 64, 256)}, 262144, 1048576,
+                          {"axes": [11, 11, 10], "interleaved": True, "warnings": ["equals the original context"],
+                           "extend": "already uses", "kinds": {"linear_attention": 24, "full_attention": 8}}),
     "qwen3-8b": ("rope", {None: ("default", 1e6, 128, 128)}, 40960, 40960, {}),
     "qwen3-vl-8b-instruct": ("rope", {None: ("default", 5e6, 128, 128)}, 262144, 262144,
                              {"axes": [24, 20, 20], "interleaved": True, "vision": ("axial", 72)}),
@@ -153,6 +171,9 @@ def test_inspect_describes_each_published_config(name):
         assert layers["attention_chunk_size"] == extra.get("chunk")
         if "kinds" in extra:
             assert layers["layer_types"] == extra["kinds"]
+        assert layers["sink_logits"] == extra.get("sink_logits", False)
+        q = layers.get("query_temperature")
+        assert (q and (q["beta"], q["original"])) == extra.get("query_temperature")
     vision = report.get("vision")
     assert (vision and (vision["rope_type"], vision["head_dim"])) == extra.get("vision")
 
