@@ -289,9 +289,9 @@ class STRING(AttentionRule):
     "lm-infinite", label="LM-Infinite",
     costs="three score passes (recent window, starting tokens near and past the ceiling), one softmax over "
           "n_global + n_local keys per query; keys cached unrotated; middle tokens cannot be retrieved",
-    note="zero-shot (Han et al. 2024, NAACL): Llama-2 trained at 4k keeps a flat perplexity to 128k and beyond, "
-         "but like attention sinks it attends only the first n_global and the last n_local tokens, so passkeys "
-         "farther back than n_local are lost.")
+    note="zero-shot (Han et al. 2024, NAACL; the Glaciohound/LM-Infinite README: Llama-2, LLaMA, GPT-J and MPT "
+         "generalize to 128k tokens with no training). Like attention sinks it attends only the first n_global and "
+         "the last n_local tokens, so nothing from the middle of a longer input can be retrieved.")
 @dataclass(frozen=True)
 class LMInfinite(AttentionRule):
     """LM-Infinite: the first ``n_global`` and the last ``n_local`` tokens, every distance capped at ``ceiling``."""
