@@ -108,6 +108,8 @@ _EXPORTS = {
     "LeakyReRoPE": "posenc.attention.methods",
     "DualChunk": "posenc.attention.methods",
     "Sinks": "posenc.attention.methods",
+    "STRING": "posenc.attention.methods",
+    "LMInfinite": "posenc.attention.methods",
     "register_task": "posenc.lab.tasks",
     # the lab's model pieces
     "CausalSelfAttention": "posenc.nn.attention",

@@ -1,5 +1,5 @@
 """Context-extension methods that change attention instead of RoPE's frequencies (Self-Extend, ReRoPE, Leaky
-ReRoPE, Dual Chunk Attention, attention sinks), with a registry of their own.
+ReRoPE, Dual Chunk Attention, attention sinks, STRING, LM-Infinite), with a registry of their own.
 
     rules.py      AttentionRule (a rule is a frozen dataclass: its fields are the method's options) and its modes
     registry.py   ATTENTION_METHODS, register_attention_method, attention_rule (name or typed rule -> resolved rule)
@@ -18,8 +18,8 @@ from posenc.attention.registry import (ATTENTION_METHODS, AttentionMethod, as_ru
                                        attention_rule, get_attention_method, is_attention_method,
                                        register_attention_method)
 from posenc.attention.rules import AttentionRule, Mode, window_mode
-from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
+from posenc.attention.methods import STRING, DualChunk, LeakyReRoPE, LMInfinite, ReRoPE, SelfExtend, Sinks
 
-__all__ = ["ATTENTION_METHODS", "AttentionMethod", "AttentionRule", "DualChunk", "LeakyReRoPE", "Mode", "ReRoPE",
-           "SelfExtend", "Sinks", "as_rule", "attention_method_names", "attention_rule", "get_attention_method",
+__all__ = ["ATTENTION_METHODS", "AttentionMethod", "AttentionRule", "DualChunk", "LeakyReRoPE", "LMInfinite", "Mode",
+           "ReRoPE", "STRING", "SelfExtend", "Sinks", "as_rule", "attention_method_names", "attention_rule", "get_attention_method",
            "is_attention_method", "register_attention_method", "window_mode"]

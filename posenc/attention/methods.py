@@ -1,7 +1,7 @@
 """The built-in attention methods, one typed rule each (a frozen dataclass registered with
-``register_attention_method``): Self-Extend, ReRoPE, Leaky ReRoPE, Dual Chunk Attention, attention sinks. A field
-left None is derived by ``resolve(original, target)`` from the trained length L and the target N, as the method's
-paper or official code suggests (each ``resolve`` says how).
+``register_attention_method``): Self-Extend, ReRoPE, Leaky ReRoPE, Dual Chunk Attention, attention sinks, STRING,
+LM-Infinite. A field left None is derived by ``resolve(original, target)`` from the trained length L and the target
+N, as the method's paper or official code suggests (each ``resolve`` says how).
 
 Notation: i query index, j key index (absolute token positions 0, 1, ...; j <= i), L the trained length.
 
@@ -17,6 +17,11 @@ Notation: i query index, j key index (absolute token positions 0, 1, ...; j <= i
 - Attention sinks (Xiao et al. 2023, StreamingLLM, arXiv 2309.17453): the cache keeps the first n_sink tokens and
   the last ``window`` tokens (the current one included); positions are places in the cache, so a recent key keeps
   distance i - j and a sink s is at distance min(i, n_sink + window - 1) - s. Evicted keys are not attended.
+- STRING (An et al. 2024, arXiv 2410.18745; HKUNLP/STRING): distances d = i - j below the shift S keep d; from S on
+  the query moves back by S - W, so d becomes d - S + W (W the small local window): the rarely trained largest
+  distances are never used, the well-trained ones from W on are used twice. Reach L + S - W.
+- LM-Infinite (Han et al. 2024, NAACL, arXiv 2308.16137; Glaciohound/LM-Infinite): a Lambda-shaped mask (the first
+  n_global tokens and the last n_local) with a distance ceiling c: a pair is at min(i - j, c).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 
 from posenc._internal.validate import check_float, check_int
 from posenc.attention.registry import register_attention_method
-from posenc.attention.rules import AttentionRule, Mode, constant, same, zeros, window_mode
+from posenc.attention.rules import AttentionRule, Mode, capped_mode, constant, same, zeros, window_mode
 from posenc._internal.errors import ConfigError
 
 TWO_SCORE_PASSES = "two score passes per far pair region (normal and remapped), one softmax; keys cached unrotated"
@@ -103,9 +108,7 @@ class ReRoPE(AttentionRule):
 
     def modes(self):
         w = self.window
-        return (window_mode("local", w),
-                Mode("clamped", constant(w), lambda j: torch.zeros(j.shape, dtype=torch.float64, device=j.device),
-                     zeros, lambda i: (i - w + 1).clamp(min=0)))
+        return (window_mode("local", w), capped_mode("clamped", w, zeros, lambda i: (i - w + 1).clamp(min=0)))
 
     def identity_for(self, n):
         return self.window >= n
@@ -237,3 +240,94 @@ class Sinks(AttentionRule):
     @property
     def keeps(self):
         return f"first {self.n_sink} + last {self.window} tokens only"
+
+
+@register_attention_method(
+    "string", label="STRING",
+    costs="two score passes (the exact diagonal band and the shifted rest), one softmax; keys cached unrotated",
+    note="zero-shot (An et al. 2024, arXiv 2410.18745): with S = L/3 and W = 128, Llama 3.1 8B/70B and Qwen2 72B "
+         "gain on RULER and InfiniteBench at their own 128k training length (the HKUNLP/STRING README lists "
+         "Llama3.1-70B-STRING at 81.9 average on RULER 128k). Works inside the trained length; reach L + S - W.")
+@dataclass(frozen=True)
+class STRING(AttentionRule):
+    """STRING: relative distance d below ``shift`` (S) kept, d - S + ``local_window`` (W) from S on (W < S)."""
+
+    shift: int | None = None
+    local_window: int | None = None
+
+    def __post_init__(self):
+        _int(self.shift, "shift", 2)
+        _int(self.local_window, "local_window", 1)
+        if None not in (self.shift, self.local_window) and self.local_window >= self.shift:
+            raise ConfigError(f"local_window must be below shift ({self.shift}), got {self.local_window}")
+
+    def resolve(self, original, target):
+        """shift default L // 3 (the paper's S = L/3; the README's int(0.33 * L)); local_window default 128 (the
+        paper's and README's W), capped at shift // 4 so that short trained lengths still shift (posenc's choice)."""
+        shift = max(2, original // 3) if self.shift is None else self.shift
+        return self.with_defaults(shift=shift, local_window=max(1, min(128, shift // 4)))
+
+    def modes(self):
+        s, w = self.shift, self.local_window
+        # the shifted query position i - S + W: distance d = i - j >= S is seen as d - S + W
+        return (window_mode("diagonal", s),
+                Mode("shifted", lambda i: (i - s + w).double(), same, zeros, lambda i: (i - s + 1).clamp(min=0)))
+
+    def identity_for(self, n):
+        return self.shift >= n
+
+    def reach(self, train_len: int) -> int:
+        """Longest input whose largest shifted distance stays below train_len: L + S - W."""
+        return train_len + self.shift - self.local_window
+
+    @property
+    def keeps(self):
+        return f"exact within {self.shift}, shifted back by {self.shift - self.local_window} beyond"
+
+
+@register_attention_method(
+    "lm-infinite", label="LM-Infinite",
+    costs="three score passes (recent window, starting tokens near and past the ceiling), one softmax over "
+          "n_global + n_local keys per query; keys cached unrotated; middle tokens cannot be retrieved",
+    note="zero-shot (Han et al. 2024, NAACL; the Glaciohound/LM-Infinite README: Llama-2, LLaMA, GPT-J and MPT "
+         "generalize to 128k tokens with no training). Like attention sinks it attends only the first n_global and "
+         "the last n_local tokens, so nothing from the middle of a longer input can be retrieved.")
+@dataclass(frozen=True)
+class LMInfinite(AttentionRule):
+    """LM-Infinite: the first ``n_global`` and the last ``n_local`` tokens, every distance capped at ``ceiling``."""
+
+    n_global: int | None = None
+    n_local: int | None = None
+    ceiling: int | None = None
+
+    def __post_init__(self):
+        _int(self.n_global, "n_global", 0)
+        _int(self.n_local, "n_local", 1)
+        _int(self.ceiling, "ceiling", 1)
+        if None not in (self.n_local, self.ceiling) and self.ceiling < self.n_local:
+            raise ConfigError(f"ceiling must be at least n_local ({self.n_local}), got {self.ceiling}")
+
+    def resolve(self, original, target):
+        """n_global default 10 (the README's convert_llama_model(model, 4096, 10); it finds 10-100 alike); n_local
+        and ceiling default L (the paper's L_pretrain for both)."""
+        return self.with_defaults(n_global=10, n_local=original, ceiling=original)
+
+    def modes(self):
+        g, w, c = self.n_global, self.n_local, self.ceiling
+
+        def split(i):  # starting tokens before it are farther than the ceiling
+            return (i - c).clamp(min=0, max=g)
+
+        recent = window_mode("recent", w)
+        if g == 0:
+            return (recent,)
+        return (recent,
+                Mode("global", same, same, split, lambda i: (i - w + 1).clamp(min=0, max=g)),
+                capped_mode("global-capped", c, zeros, split))
+
+    def identity_for(self, n):
+        return self.n_local >= n
+
+    @property
+    def keeps(self):
+        return f"first {self.n_global} + last {self.n_local} tokens, distances capped at {self.ceiling}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from posenc import reference as ref
-from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
+from posenc.attention.methods import DualChunk, LeakyReRoPE, LMInfinite, ReRoPE, SelfExtend, Sinks, STRING
 
 
 def self_extend_pair(i: int, j: int, group_size: int, window: int):
@@ -59,6 +59,21 @@ def sinks_pair(i: int, j: int, n_sink: int, window: int):
     return float(kept.index(i)), float(kept.index(j))
 
 
+def string_pair(i: int, j: int, shift: int, local_window: int):
+    """An et al. 2024 (the decoding path of HKUNLP/STRING's string_for_llama.py): a distance d = i - j below S is
+    kept, a farther one is d - S + W. Written as (relative position, 0): RoPE reads only the difference."""
+    d = i - j
+    return float(d if d < shift else d - shift + local_window), 0.0
+
+
+def lm_infinite_pair(i: int, j: int, n_global: int, n_local: int, ceiling: int):
+    """Han et al. 2024: the Lambda-shaped mask keeps the first n_global keys and the last n_local; every kept pair is
+    at min(i - j, ceiling)."""
+    if j >= n_global and i - j >= n_local:
+        return None
+    return float(min(i - j, ceiling)), 0.0
+
+
 def pair_positions(rule, i: int, j: int):
     if isinstance(rule, SelfExtend):
         return self_extend_pair(i, j, rule.group_size, rule.window)
@@ -70,6 +85,10 @@ def pair_positions(rule, i: int, j: int):
         return dual_chunk_pair(i, j, rule.chunk_size, rule.local_window)
     if isinstance(rule, Sinks):
         return sinks_pair(i, j, rule.n_sink, rule.window)
+    if isinstance(rule, STRING):
+        return string_pair(i, j, rule.shift, rule.local_window)
+    if isinstance(rule, LMInfinite):
+        return lm_infinite_pair(i, j, rule.n_global, rule.n_local, rule.ceiling)
     raise TypeError(f"no reference rule for {type(rule).__name__}")
 
 

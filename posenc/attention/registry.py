@@ -43,7 +43,8 @@ class AttentionMethod:
         return tuple(f.name for f in fields(self.rule))
 
 
-# name -> method, in registration order (built-ins: self-extend, rerope, leaky-rerope, dca, sinks)
+# name -> method, in registration order (built-ins: self-extend, rerope, leaky-rerope, dca, sinks, string,
+# lm-infinite)
 ATTENTION_METHODS: dict[str, AttentionMethod] = {}
 
 

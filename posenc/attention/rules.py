@@ -54,6 +54,12 @@ def window_mode(name: str, window: int) -> Mode:
     return Mode(name, same, same, lambda i: (i - window + 1).clamp(min=0), lambda i: i + 1)
 
 
+def capped_mode(name: str, distance: int, lo: IntFn, hi: IntFn) -> Mode:
+    """Every key of [lo(i), hi(i)) seen at relative position ``distance`` (query at it, key at 0): the distance
+    ceiling that ReRoPE puts past its window and LM-Infinite puts on its far starting tokens."""
+    return Mode(name, constant(distance), lambda j: torch.zeros(j.shape, dtype=torch.float64, device=j.device), lo, hi)
+
+
 class AttentionRule:
     """Base of the rules. A rule is a frozen dataclass whose fields are the method's options (the typed form
     ``posenc.SelfExtend(group_size=4, window=1024)``); a field left None is derived from the model's trained length

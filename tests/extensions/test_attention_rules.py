@@ -14,7 +14,7 @@ import pytest
 from posenc._internal.errors import ConfigError
 from posenc.attention import attention_method_names, attention_rule, reference
 from posenc.attention.kernel import rotate, rule_attention
-from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks
+from posenc.attention.methods import STRING, DualChunk, LeakyReRoPE, LMInfinite, ReRoPE, SelfExtend, Sinks
 from posenc.extensions import ExtensionSpec, method_config, method_names
 from posenc.rope.apply import default_inv_freq
 
@@ -39,7 +39,9 @@ def oracle(q, k, v, rule, inv_freq, attention_scaling=1.0):
 
 RULES = [SelfExtend(group_size=3, window=4), SelfExtend(group_size=2, window=5), ReRoPE(window=5),
          LeakyReRoPE(window=4, leak=2.5), DualChunk(chunk_size=6, local_window=2), DualChunk(chunk_size=5, local_window=0),
-         Sinks(n_sink=2, window=5), Sinks(n_sink=0, window=4)]
+         Sinks(n_sink=2, window=5), Sinks(n_sink=0, window=4), STRING(shift=7, local_window=2),
+         STRING(shift=3, local_window=1), LMInfinite(n_global=3, n_local=5, ceiling=8),
+         LMInfinite(n_global=2, n_local=4, ceiling=4), LMInfinite(n_global=0, n_local=6, ceiling=6)]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.name}{tuple(r.params().values())}")
@@ -60,7 +62,11 @@ rules = st.one_of(
     st.builds(LeakyReRoPE, window=st.integers(1, 12), leak=st.floats(1.0, 8.0)),
     st.tuples(st.integers(2, 10), st.integers(0, 9)).filter(lambda t: t[1] < t[0])
     .map(lambda t: DualChunk(chunk_size=t[0], local_window=t[1])),
-    st.builds(Sinks, n_sink=st.integers(0, 4), window=st.integers(1, 10)))
+    st.builds(Sinks, n_sink=st.integers(0, 4), window=st.integers(1, 10)),
+    st.tuples(st.integers(2, 12), st.integers(1, 11)).filter(lambda t: t[1] < t[0])
+    .map(lambda t: STRING(shift=t[0], local_window=t[1])),
+    st.tuples(st.integers(0, 4), st.integers(1, 8), st.integers(0, 6))
+    .map(lambda t: LMInfinite(n_global=t[0], n_local=t[1], ceiling=t[1] + t[2])))
 
 
 @settings(max_examples=30, deadline=None)
@@ -88,7 +94,8 @@ def plain_rope_attention(q, k, v, inv, layout="half"):
 
 @pytest.mark.parametrize("rule", [SelfExtend(group_size=4, window=40), SelfExtend(group_size=1, window=3),
                                   ReRoPE(window=40), LeakyReRoPE(window=3, leak=1.0), LeakyReRoPE(window=40, leak=3.0),
-                                  DualChunk(chunk_size=50, local_window=10), Sinks(n_sink=4, window=40)],
+                                  DualChunk(chunk_size=50, local_window=10), Sinks(n_sink=4, window=40),
+                                  STRING(shift=40, local_window=8), LMInfinite(n_global=4, n_local=40, ceiling=40)],
                          ids=lambda r: f"{r.name}{tuple(r.params().values())}")
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_identity_settings_equal_plain_rope_attention(rule, layout):
@@ -124,6 +131,41 @@ def test_sinks_keep_only_first_and_recent_tokens():
         assert changed == (j < 3 or j >= 30 - 6), j
 
 
+def test_lm_infinite_keeps_only_first_and_recent_tokens():
+    """Changing a value outside the first n_global + last n_local keys changes nothing; inside, it does."""
+    q, k, v = qkv(30)
+    inv = default_inv_freq(8).double()
+    rule = LMInfinite(n_global=3, n_local=6, ceiling=9)
+    base = rule_attention(q, k, v, rule, inv)[:, :, -1]
+    for j in range(30):
+        v2 = v.clone()
+        v2[:, :, j] += 10.0
+        changed = not torch.allclose(rule_attention(q, k, v2, rule, inv)[:, :, -1], base)
+        assert changed == (j < 3 or j >= 30 - 6), j
+
+
+def test_string_and_lm_infinite_distances():
+    """STRING: distances below S kept, from S on moved back by S - W, so the farthest pair of an input of its reach
+    L + S - W sits at L - 1; LM-Infinite: kept pairs at min(i - j, ceiling)."""
+    L, rule = 96, STRING(shift=32, local_window=4)
+    n = rule.reach(L)
+    assert [reference.string_pair(i, 0, 32, 4)[0] for i in (31, 32, 33, n - 1)] == [31.0, 4.0, 5.0, L - 1.0]
+    dist = {d for i in range(n) for d in [reference.string_pair(i, 0, 32, 4)[0]]}
+    assert max(dist) == L - 1 and 3.0 in dist and 4.0 in dist
+    assert reference.lm_infinite_pair(50, 2, 3, 6, 9) == (9.0, 0.0)
+    assert reference.lm_infinite_pair(50, 46, 3, 6, 9) == (4.0, 0.0)
+    assert reference.lm_infinite_pair(50, 10, 3, 6, 9) is None
+
+
+def test_string_and_lm_infinite_defaults_follow_their_papers():
+    """STRING: S = L // 3 and W = 128 (capped at S // 4 on short trained lengths); LM-Infinite: 10 starting tokens,
+    n_local and the ceiling at L."""
+    assert attention_rule("string", ExtensionSpec(original=4096, factor=2.0, rotary_dim=16)) == STRING(1365, 128)
+    assert attention_rule("string", ExtensionSpec(original=32, factor=2.0, rotary_dim=8)) == STRING(10, 2)
+    assert attention_rule("lm-infinite", ExtensionSpec(original=4096, factor=8.0, rotary_dim=16)) \
+        == LMInfinite(n_global=10, n_local=4096, ceiling=4096)
+
+
 def test_far_positions_stay_in_range():
     """Self-Extend's farthest distance at its reach is below L; DCA's never exceeds chunk_size."""
     L = 64
@@ -138,7 +180,8 @@ def test_far_positions_stay_in_range():
 
 
 def test_registry_and_validation():
-    assert set(attention_method_names()) >= {"self-extend", "rerope", "leaky-rerope", "dca", "sinks"}
+    assert set(attention_method_names()) >= {"self-extend", "rerope", "leaky-rerope", "dca", "sinks", "string",
+                                            "lm-infinite"}
     assert not set(attention_method_names()) & set(method_names())
     spec = ExtensionSpec(original=128, factor=4.0, rotary_dim=16)
     rule = attention_rule("self-extend", spec)
@@ -152,6 +195,12 @@ def test_registry_and_validation():
         attention_rule("leaky-rerope", spec, leak=0.5)
     with pytest.raises(ConfigError, match="n_sink"):
         attention_rule("sinks", spec, n_sink=-1)
+    with pytest.raises(ConfigError, match="local_window must be below shift"):
+        attention_rule("string", spec, shift=8, local_window=8)
+    with pytest.raises(ConfigError, match="ceiling must be at least n_local"):
+        attention_rule("lm-infinite", spec, n_local=16, ceiling=8)
+    with pytest.raises(ConfigError, match="n_global"):
+        attention_rule("lm-infinite", spec, n_global=-1)
     with pytest.raises(ConfigError, match="takes no option window_size"):
         attention_rule("rerope", spec, window_size=3)
     with pytest.raises(ConfigError, match="changes attention"):
@@ -172,7 +221,9 @@ def test_a_typed_rule_is_the_named_method_with_the_same_options():
                                  (posenc.ReRoPE(), "rerope", {}), (posenc.LeakyReRoPE(leak=2.0), "leaky-rerope",
                                                                    dict(leak=2.0)),
                                  (posenc.DualChunk(chunk_size=64), "dca", dict(chunk_size=64)),
-                                 (posenc.Sinks(n_sink=2), "sinks", dict(n_sink=2))]:
+                                 (posenc.Sinks(n_sink=2), "sinks", dict(n_sink=2)),
+                                 (posenc.STRING(), "string", {}), (posenc.STRING(shift=40), "string", dict(shift=40)),
+                                 (posenc.LMInfinite(n_global=4), "lm-infinite", dict(n_global=4))]:
         assert typed.name == name
         resolved = attention_rule(typed, spec)
         assert resolved == attention_rule(name, spec, **options)

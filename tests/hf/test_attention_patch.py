@@ -24,10 +24,12 @@ T = 40  # longer than LMAX = 32
 
 IDENTITY = {"self-extend": dict(group_size=4, window=T), "rerope": dict(window=T),
             "leaky-rerope": dict(window=T, leak=3.0), "dca": dict(chunk_size=T + 8, local_window=8),
-            "sinks": dict(n_sink=4, window=T)}
+            "sinks": dict(n_sink=4, window=T), "string": dict(shift=T, local_window=8),
+            "lm-infinite": dict(n_global=4, n_local=T, ceiling=T)}
 REAL = {"self-extend": dict(group_size=3, window=8), "rerope": dict(window=8),
         "leaky-rerope": dict(window=8, leak=2.0), "dca": dict(chunk_size=24, local_window=4),
-        "sinks": dict(n_sink=4, window=12)}
+        "sinks": dict(n_sink=4, window=12), "string": dict(shift=12, local_window=4),
+        "lm-infinite": dict(n_global=4, n_local=12, ceiling=16)}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -78,7 +80,7 @@ def test_gemma3_local_layers_keep_plain_rope_in_their_window():
 
 
 TYPED = {"self-extend": posenc.SelfExtend, "rerope": posenc.ReRoPE, "leaky-rerope": posenc.LeakyReRoPE,
-         "dca": posenc.DualChunk, "sinks": posenc.Sinks}
+         "dca": posenc.DualChunk, "sinks": posenc.Sinks, "string": posenc.STRING, "lm-infinite": posenc.LMInfinite}
 
 
 @pytest.mark.parametrize("method", sorted(REAL))

@@ -300,6 +300,24 @@ def test_eval_of_attention_methods_alone_writes_its_report(tmp_path, text_file, 
     assert "- method rerope: rerope on attention through posenc.patch" in report
 
 
+def test_eval_runs_string_and_lm_infinite_by_name(tmp_path, text_file, capsys):
+    """A registered rule runs in posenc eval with nothing else edited: --methods string,lm-infinite with options,
+    each row the patched model's perplexity, past the window different from plain RoPE."""
+    tiny_hf("llama", tmp_path / "m")
+    assert eval_main([str(tmp_path / "m"), "--data", text_file, "--eval-lens", "16,48", "--eval-tokens", "200",
+                      "--sliding-stride", "0", "--methods", "none,string,lm-infinite", "--method-options",
+                      "string.shift=12,string.local_window=3,lm-infinite.n_global=2,lm-infinite.n_local=8",
+                      "--threads", "1", "--no-progress", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "- method string: string on attention through posenc.patch" in report
+    assert "- method lm-infinite: lm-infinite on attention through posenc.patch" in report
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    ppl = {(r["scaling"], r["eval_len"]): r["value"] for r in doc["results"] if r["metric"] == "ppl"}
+    for method in ("string", "lm-infinite"):
+        assert ppl[(method, 48)] != pytest.approx(ppl[("none", 48)], rel=1e-6)
+    assert doc["meta"]["methods"]["lm-infinite"]["attention_rule"]["ceiling"] == 32   # the trained length
+
+
 @pytest.mark.parametrize("sliding_tokens", [300, 700, 2100])
 def test_sliding_tokens_reproduces_the_labs_sliding_rows(exported, text_file, sliding_tokens, tmp_path, capsys):
     """posenc eval --sliding-tokens N scores N tokens per sliding length, as the lab's --sliding-tokens does (the
