@@ -34,6 +34,8 @@ def add_arguments(parser) -> None:
     add_shared(parser, "target_length", required=True)
     parser.add_argument("--budget", default="45m", help="time to spend: 45m, 2h, 90s or seconds (default 45m)")
     add_shared(parser, "data", default=None)
+    add_shared(parser, "methods", default=None, help="the methods to race, comma-separated (default: every "
+               "registered frequency method eval runs as a config edit and every attention method)")
     parser.add_argument("--tasks", default="lm", help="lm (the race, always) and passkey (on the race's survivors)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate; measure nothing")
     add_shared(parser, "out", default=None, help="folder for the deploy file, results.json and report.md")
@@ -61,6 +63,7 @@ def _checked(args):
 
     threads = check_threads(args.threads)
     budget = planning.parse_budget(args.budget)
+    planning.check_methods(args.methods)
     tasks = _tasks(args.tasks)
     if not args.dry_run and not args.out:
         raise ConfigError("out: tune writes its deploy file and report into a folder: pass --out DIR (or --dry-run)")
@@ -114,7 +117,7 @@ def make_plan(args, config, trained: int, budget: float) -> tuple[planning.Plan,
     from posenc.hf.loading import DTYPES
     from posenc.hf.throughput import matmul_peak
 
-    cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length)
+    cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length, args.methods)
     flops_at = _flops_at(config)
     peak = matmul_peak(DTYPES[args.dtype], n=1024, repeats=3, device=args.device)
     plan = planning.make_plan(cands, skipped, target=args.target_length, trained=trained,
@@ -131,7 +134,7 @@ def run(args) -> int:
         return 0
     if plan.fitting_rounds() == 0:
         raise ConfigError(f"budget: {args.budget} cannot measure one window per candidate (the first window alone "
-                          f"is estimated at {plan.first_round_s:.0f} s); see the alternatives above")
+                          f"is estimated at {plan.first_round_s:.3g} s); see the alternatives above")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = Tune(args, plan, text, trained, tasks).run()
@@ -160,7 +163,9 @@ def _resumed(args) -> dict:
 
 
 def _key(args) -> dict:
-    return {"model": str(args.model), "target": args.target_length, "data": args.data, "dtype": args.dtype}
+    """What a resumed tune must share with the interrupted one."""
+    return {"model": str(args.model), "target": args.target_length, "data": args.data, "dtype": args.dtype,
+            "methods": args.methods}
 
 
 class Tune:

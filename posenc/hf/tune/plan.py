@@ -61,17 +61,44 @@ def attention_settings(method: str, trained: int, target: int) -> list[dict]:
     return [{}]                      # sinks and plug-in methods: the rule's own defaults for (t, target)
 
 
-def candidates(config: dict, trained: int, target: int) -> tuple[list[Candidate], list[tuple[str, str]]]:
-    """-> (the candidates, [(method, why it is left out)]): frequency methods this config takes at factor
-    target / trained (``extend_for_factor`` decides, as eval's loading does), then every attention method's
-    settings."""
+def tunable_methods() -> tuple[str, ...]:
+    """Every method tune races: the frequency methods eval runs as a config edit, then the attention methods
+    (registered ones, plug-ins' included)."""
+    from posenc.attention import attention_method_names
+    from posenc.hf.lab_bridge import config_methods
+
+    return (*config_methods(), *attention_method_names())
+
+
+def check_methods(methods) -> list[str]:
+    """``methods`` (None: every one of ``tunable_methods``), each checked: ConfigError naming --methods and listing
+    the methods tune races for an unknown one, or saying what to use for a registered one eval cannot run."""
+    from posenc._internal.validate import check_choice
+    from posenc.extensions import METHODS
+    from posenc.hf.lab_bridge import check_config_method
+
+    if methods is None:
+        return list(tunable_methods())
+    for name in methods:
+        if name in METHODS:
+            check_config_method(name, "methods")
+        check_choice(name, "methods", tunable_methods(), error=ConfigError)
+    return list(methods)
+
+
+def candidates(config: dict, trained: int, target: int,
+               methods=None) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """-> (the candidates, [(method, why it is left out)]): the frequency methods of ``methods`` (default: every
+    one, ``tunable_methods``) this config takes at factor target / trained (``extend_for_factor`` decides, as
+    eval's loading does), then the attention methods' settings."""
     from posenc.attention import attention_method_names, attention_rule
     from posenc.extensions import ExtensionSpec
     from posenc.hf.lab_bridge import config_methods
     from posenc.hf.scaling import extend_for_factor
 
+    methods = check_methods(methods)
     out, skipped = [], []
-    for method in config_methods():
+    for method in (m for m in config_methods() if m in methods):
         try:
             extend_for_factor(config, method, target / trained)
         except ConfigError as exc:
@@ -79,7 +106,7 @@ def candidates(config: dict, trained: int, target: int) -> tuple[list[Candidate]
             continue
         out.append(Candidate(method, "config"))
     spec = ExtensionSpec(original=trained, factor=target / trained, rotary_dim=None, target=target)
-    for method in attention_method_names():
+    for method in (m for m in attention_method_names() if m in methods):
         for options in attention_settings(method, trained, target):
             try:
                 rule = attention_rule(method, spec, **options)
@@ -175,21 +202,23 @@ def alternatives(plan: Plan, flops_at) -> list[str]:
     sentences (the config methods first among fewer candidates: they deploy without posenc; the longest length,
     halving from the target, at which every candidate fits). ``flops_at(length)``: model_flops of one window."""
     out = []
-    left = plan.budget_s - plan.trained_check_s
-    ranked = sorted(plan.candidates, key=lambda c: (c.kind != "config", plan.seconds[c.name]))
+    # a candidate's first window at the target and its trained-length check (the unchanged model's too)
+    own = {c.name: plan.seconds[c.name] + plan.measurement_s(c, plan.flops_trained) for c in plan.candidates}
+    left = plan.budget_s - plan.measurement_s(Candidate("none", "config"), plan.flops_trained)
+    ranked = sorted(plan.candidates, key=lambda c: (c.kind != "config", own[c.name]))
     kept, spent = [], 0.0
     for c in ranked:
-        if spent + plan.seconds[c.name] <= left:
+        if spent + own[c.name] <= left:
             kept.append(c.name)
-            spent += plan.seconds[c.name]
+            spent += own[c.name]
     if kept:
         out.append(f"fewer candidates: {len(kept)} of {len(plan.candidates)} fit ({', '.join(kept)})")
     length = plan.target // 2
     while length > plan.trained:
         scale = flops_at(length) / plan.flops
-        if sum(plan.seconds.values()) * scale <= left:
+        if sum(own.values()) * scale <= left:
             out.append(f"a shorter length: --target-length {length} measures every candidate on one window "
-                       f"(about {sum(plan.seconds.values()) * scale:.0f} s)")
+                       f"(about {sum(own.values()) * scale:.3g} s)")
             break
         length //= 2
     if not out:
