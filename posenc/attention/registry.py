@@ -89,13 +89,8 @@ def get_attention_method(name, argument: str = "method") -> AttentionMethod:
 
 
 def as_rule(method, argument: str = "method", **options) -> AttentionRule:
-    """The rule that ``method`` names: a rule object as it is (it takes no further ``options``), a patch spec (a dict
-    or .json file, posenc.attention.spec), or a method name with its options, built into its rule class (ConfigError
-    for an option the method lacks)."""
-    from posenc.attention.spec import is_patch_spec, read_patch_spec
-
-    if is_patch_spec(method) and not (isinstance(method, str) and method in ATTENTION_METHODS):
-        method = read_patch_spec(method)   # a patch spec (dict or .json file, posenc tune's patch_spec.json)
+    """The rule that ``method`` names: a rule object as it is (it takes no further ``options``), or a method name
+    with its options, built into its rule class (ConfigError for an option the method lacks)."""
     if isinstance(method, AttentionRule):
         if options:
             raise ConfigError(f"{', '.join(sorted(options))}: a {method.name or type(method).__name__} rule holds "

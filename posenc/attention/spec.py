@@ -35,7 +35,7 @@ def is_patch_spec(source) -> bool:
 def read_patch_spec(source):
     """The typed rule a patch spec names (``source``: a dict or a .json path). ConfigError naming the spec for an
     unreadable file, a spec without "method", or an option its method lacks."""
-    from posenc.attention.registry import as_rule
+    from posenc.attention.registry import as_rule  # (imported when read: the registry never imports this module)
 
     what = "patch spec"
     if not isinstance(source, dict):
