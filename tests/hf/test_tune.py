@@ -110,6 +110,33 @@ def test_answer_prefers_a_config_within_the_noise():
     assert clear["winner"] == "att" and clear["tie"] == ["att"]
 
 
+def test_synthetic_scorer_known_answer_and_trained_length_flag(model, text, tmp_path, monkeypatch):
+    """A scorer whose answer is known (through the command, no model run): yarn is best at the target by a clear
+    margin, linear is worse and raises the trained length's loss by 0.1 nats (flagged), rerope's windows lose."""
+    at_target = {"yarn": 1.0, "linear": 1.5, "rerope": 2.0}
+    seen = []
+
+    def loss(model_dir, s):
+        method, length, window = s.methods[0], s.eval_lens[0], s.eval_offset // s.eval_lens[0]
+        seen.append((method, length, window, tuple(sorted(s.method_options.items()))))
+        if length == TRAIN_LEN:
+            return 3.0 + (0.1 if method == "linear" else 0.0)
+        return at_target[method] + 0.01 * window * (1 if method == "yarn" else -1) + 0.001 * (window % 2)
+
+    monkeypatch.setattr(measure, "window_loss", loss)
+    out = tmp_path / "o"
+    assert tune(model, text, "--methods", "linear,yarn,rerope", "--out", str(out)) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["answer"]["winner"] == "yarn" and doc["answer"]["tie"] == ["yarn"]
+    assert doc["flagged"] == ["linear"]
+    assert "linear: +0.1000 nats vs unchanged **flagged**" in (out / "report.md").read_text()
+    # window 1 for all five candidates (rerope has three settings); window 2 for the better half (three); then
+    # yarn alone is left, and the third window is not measured
+    at = [sum(L == TARGET and w == k for m, L, w, _ in seen) for k in range(3)]
+    assert at == [5, 3, 0]
+    assert len(seen) == len(set(seen))         # nothing measured twice
+
+
 def test_frequency_winner_writes_a_config_transformers_loads(model, text, tmp_path, capsys):
     out = tmp_path / "o"
     assert tune(model, text, "--methods", "linear,yarn", "--out", str(out)) == 0

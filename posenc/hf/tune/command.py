@@ -192,6 +192,8 @@ class Tune:
         value = self.store.get(f"{c.name}@{length}#{window}",
                                lambda: measure.window_loss(self.args.model, self.settings(c, length, window)))
         if self.bar is not None:
+            # the plan's later rounds assume the field halves: a race that keeps more grows the bar's total
+            self.bar.total = max(self.bar.total, self.bar.n + estimate)
             self.bar.update(estimate)
         return value
 
@@ -230,7 +232,7 @@ class Tune:
         from tqdm import tqdm
 
         self.bar = tqdm(total=round(self.plan.total_s, 3), unit="s", desc="tune (estimated seconds)",
-                        disable=self.args.no_progress, bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} est s "
+                        disable=self.args.no_progress, bar_format="{l_bar}{bar}| {n:.3g}/{total:.3g} est s "
                         "[{elapsed}<{remaining}]")
         try:
             trained = self.trained_check()

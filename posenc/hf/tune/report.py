@@ -71,6 +71,10 @@ def report_markdown(doc: dict) -> str:
     if doc.get("passkey"):
         lines += ["", "## Passkey (survivors)", ""]
         lines += [f"- {name}: {_num(rate, 2)}" for name, rate in doc["passkey"].items()]
-    lines += ["", "## Answer", "", f"Winner: **{ans['winner']}** ({ans['reason']}).", "",
-              f"Deploy: {doc['deploy']} ({WHERE[doc['winner_kind']]}).", ""]
+    lines += ["", "## Answer", "", f"Winner: **{ans['winner']}** ({ans['reason']}).", ""]
+    if ans["winner"] in doc["flagged"]:
+        lines += [f"Note: {ans['winner']} raises log-perplexity at the trained length by "
+                  f"{doc['trained_check'][ans['winner']]:.4f} nats (more than {doc['margin']}): short inputs get "
+                  "worse with it.", ""]
+    lines += [f"Deploy: {doc['deploy']} ({WHERE[doc['winner_kind']]}).", ""]
     return "\n".join(lines)
