@@ -164,6 +164,31 @@ def test_attention_winner_writes_a_patch_spec(model, text, tmp_path):
     torch.testing.assert_close(ids["spec"], ids["typed"], rtol=0, atol=0)
 
 
+def test_patch_spec_refusals_are_one_line(tmp_path):
+    from posenc._internal.errors import ConfigError
+    from posenc.attention import read_patch_spec, rule_spec
+
+    bad = tmp_path / "spec.json"
+    bad.write_text('{"window": 8}')
+    with pytest.raises(ConfigError, match='expected a JSON object with "method"'):
+        read_patch_spec(bad)
+    with pytest.raises(ConfigError, match="takes no option group_size"):
+        read_patch_spec({"method": "rerope", "group_size": 2})
+    assert read_patch_spec(rule_spec(posenc.ReRoPE(window=8))) == \
+        posenc.ReRoPE(window=8)
+
+
+def test_gguf_plan(tmp_path, capsys):
+    """A GGUF file is planned as a folder is (its config from the file's metadata; trained 64 here)."""
+    from posenc_hf_folders import tiny_gguf
+
+    path = tiny_gguf(tmp_path / "m.gguf")
+    assert main(["tune", str(path), "--target-length", "128", "--methods", "yarn,rerope", "--dry-run",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "(trained 64, factor 2)" in out and "\n  yarn" in out and "\n  rerope(window=32)" in out
+
+
 def test_resume_measures_nothing_twice(model, text, tmp_path, monkeypatch):
     out = tmp_path / "o"
     assert tune(model, text, "--methods", "linear,yarn", "--out", str(out)) == 0
