@@ -26,6 +26,7 @@ COMMANDS = {
     "eval": "posenc.hf.eval.command",
     "convert": "posenc.hf.gguf",
     "audit": "posenc.tools.audit",
+    "tune": "posenc.hf.tune.command",
 }
 
 

@@ -213,7 +213,7 @@ def patch_attention(model: nn.Module, method, *, target: int | None = None, **op
     """Apply attention method ``method`` to ``model``: a rule (``posenc.SelfExtend(window=1024)``), or a method
     name with its options (group_size, window, ...); see the module docstring. target: the length the defaults plan
     for (default 4x the trained length). Returns ``model``."""
-    from posenc.attention import as_rule, attention_rule
+    from posenc.attention import as_rule, attention_rule, is_attention_method
     from posenc.extensions import ExtensionSpec, method_names
     from posenc.hf.families import check_supported, find_rotary
     from posenc.rope.contexts import trained_length
@@ -222,6 +222,10 @@ def patch_attention(model: nn.Module, method, *, target: int | None = None, **op
         raise PosencError(f"method: {method!r} rescales RoPE's frequencies; write it into the config instead "
                           f"(posenc extend CONFIG --method {method}); posenc.patch's method= takes "
                           f"attention methods ({', '.join(attention_method_names())})")
+    from posenc.attention.spec import is_patch_spec, read_patch_spec
+
+    if is_patch_spec(method) and not (isinstance(method, str) and is_attention_method(method)):
+        method = read_patch_spec(method)     # a patch spec: a dict or .json file (posenc tune's patch_spec.json)
     rule = as_rule(method, **options)    # an unknown name or option is refused before the model is looked at
     check_supported(model)     # (a model posenc has patched already is refused by posenc.patch, which calls this)
     if getattr(model.config, "model_type", None) == "gpt_neox":

@@ -227,7 +227,9 @@ def patch(model: nn.Module, method=None, **options) -> nn.Module:
     group_size=4, window=1024))``, or a registered name with the rule's fields as options, ``posenc.patch(model,
     method="self-extend", group_size=4, window=1024)``: the two forms are the same rule (self-extend, rerope,
     leaky-rerope, dca, sinks; options group_size, window, leak, chunk_size, local_window, n_sink). Fields left out
-    are derived from the model's trained length; ``target`` = the length those defaults plan for.
+    are derived from the model's trained length; ``target`` = the length those defaults plan for. ``method`` may
+    also be a patch spec, a dict or a .json file ``{"method": "rerope", "window": 16}`` (posenc.attention.spec;
+    posenc tune writes one).
 
     Supported: the model types in ``SUPPORTED_MODEL_TYPES`` (Llama, Mistral, Mixtral, Qwen2/3 and their MoE
     variants, Phi-3, Gemma 1/2/3-text, GPT-NeoX). Anything else raises PosencError naming the class. Patching a

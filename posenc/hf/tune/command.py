@@ -1,0 +1,276 @@
+"""``posenc tune MODEL --target-length L --out DIR``: measure every context-extension method on the user's own
+checkpoint within a budget, and write what to deploy (docs/tune.md).
+
+Steps: the plan (posenc.hf.tune.plan: candidates, estimates, what the budget leaves out; ``--dry-run`` stops
+there), the trained-length check, the race on paired windows (posenc.hf.tune.race), passkey on the survivors, the
+answer, and the files (posenc.hf.tune.report). Every measurement runs through ``posenc eval``'s loop
+(posenc.hf.tune.measure) and is saved in results.json as it lands, so ``--resume`` measures nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from posenc._internal.errors import ConfigError, DataError
+from posenc._internal.flags import add_shared
+from posenc.hf.tune import measure, plan as planning, race as racing
+from posenc.hf.tune.report import OUTPUT_FILES, check_out_folder, report_markdown, write_deploy
+
+HELP = "Measure every context-extension method on your own model within a budget and write what to deploy."
+TASKS = ("lm", "passkey")
+RULES = {"race": f"after each window, a candidate stays while its mean paired log-perplexity difference to the best "
+                 f"is at most {racing.Z:g} standard errors of the paired differences (sd / sqrt(windows)); after "
+                 "one window, the better half stays (at least two)",
+         "trained": f"a candidate whose log-perplexity at the trained length exceeds the unchanged model's on the "
+                    f"same window by more than {racing.TRAINED_MARGIN} nats (about 2% perplexity) is flagged; "
+                    "attention rules that leave the trained length's positions unchanged are not measured there"}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="a local transformers causal LM folder or a .gguf file")
+    add_shared(parser, "target_length", required=True)
+    parser.add_argument("--budget", default="45m", help="time to spend: 45m, 2h, 90s or seconds (default 45m)")
+    add_shared(parser, "data", default=None)
+    add_shared(parser, "methods", default=None, help="the methods to race, comma-separated (default: every "
+               "registered frequency method eval runs as a config edit and every attention method)")
+    parser.add_argument("--tasks", default="lm", help="lm (the race, always) and passkey (on the race's survivors)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate; measure nothing")
+    add_shared(parser, "out", default=None, help="folder for the deploy file, results.json and report.md")
+    add_shared(parser, "resume", help="continue an interrupted tune in --out: its measurements are kept")
+    add_shared(parser, "overwrite", help="replace what an earlier tune wrote into --out")
+    add_shared(parser, "threads", default=None)
+    add_shared(parser, "dtype", default="float32")
+    add_shared(parser, "device", default="cpu")
+    add_shared(parser, "no_progress")
+
+
+def _tasks(text: str) -> list[str]:
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    for t in tasks:
+        if t not in TASKS:
+            raise ConfigError(f"tasks: expected lm and/or passkey, got {t!r}")
+    return ["lm"] + [t for t in tasks if t != "lm"]
+
+
+def _checked(args):
+    """The checks before anything is measured -> (config, trained length, budget seconds, tasks)."""
+    from posenc.hf.eval.settings import check_threads
+    from posenc.hf.loading import check_model_folder
+    from posenc.rope.contexts import trained_length
+
+    threads = check_threads(args.threads)
+    budget = planning.parse_budget(args.budget)
+    planning.check_methods(args.methods)
+    tasks = _tasks(args.tasks)
+    if not args.dry_run and not args.out:
+        raise ConfigError("out: tune writes its deploy file and report into a folder: pass --out DIR (or --dry-run)")
+    if args.out:
+        from posenc._internal.outputs import check_output
+
+        check_output(args.out, f"out {args.out} (--out)", inputs=[("model", args.model), ("--data", args.data)])
+        if not args.resume and not args.dry_run:
+            check_out_folder(args.out, args.overwrite)
+    config = check_model_folder(args.model)
+    trained = trained_length(config)
+    if not trained:
+        raise ConfigError(f"model {args.model}: its config states no trained context (max_position_embeddings)")
+    if not isinstance(args.target_length, int) or args.target_length <= trained:
+        raise ConfigError(f"target_length: expected more than the model's trained length {trained}, got "
+                          f"{args.target_length}")
+    if threads:
+        torch.set_num_threads(threads)
+    return config, trained, budget, tasks
+
+
+def _windows(model: str, data, length: int) -> int:
+    """Windows of ``length`` tokens the held-out text holds (at most MAX_WINDOWS); DataError when none."""
+    from posenc.hf.eval.adapter import token_stream
+    from posenc.hf.lab_bridge import scored_text
+    from posenc.hf.loading import load_tokenizer
+
+    text, meta, _ = scored_text(data, "validation")
+    stream, _ = token_stream(load_tokenizer(model), text, planning.MAX_WINDOWS * length + 1)
+    n = min(planning.MAX_WINDOWS, (len(stream) - 1) // length)
+    if n < 1:
+        raise DataError(f"data: the held-out text ({meta.get('source')}) has {len(stream)} tokens, fewer than one "
+                        f"window of --target-length {length} (+1): give a longer text")
+    return n
+
+
+def _flops_at(config):
+    """model_flops(length) of one window, counted on a weightless copy of the model (meta device)."""
+    from transformers import AutoModelForCausalLM
+
+    from posenc.hf.remote_code import NO_REMOTE_CODE
+    from posenc.hf.throughput import model_flops
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, **NO_REMOTE_CODE)
+    return lambda length: model_flops(skeleton, length)
+
+
+def make_plan(args, config, trained: int, budget: float) -> tuple[planning.Plan, str]:
+    """The plan and its printed form."""
+    from posenc.hf.loading import DTYPES
+    from posenc.hf.throughput import matmul_peak
+
+    cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length, args.methods)
+    flops_at = _flops_at(config)
+    peak = matmul_peak(DTYPES[args.dtype], n=1024, repeats=3, device=args.device)
+    plan = planning.make_plan(cands, skipped, target=args.target_length, trained=trained,
+                              windows=_windows(args.model, args.data, args.target_length), budget_s=budget,
+                              peak_flops=peak, flops=flops_at(args.target_length), flops_trained=flops_at(trained))
+    return plan, planning.format_plan(plan, flops_at)
+
+
+def run(args) -> int:
+    config, trained, budget, tasks = _checked(args)
+    plan, text = make_plan(args, config, trained, budget)
+    print(text)
+    if args.dry_run:
+        return 0
+    if plan.fitting_rounds() == 0:
+        raise ConfigError(f"budget: {args.budget} cannot measure one window per candidate (the first window alone "
+                          f"is estimated at {plan.first_round_s:.3g} s); see the alternatives above")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = Tune(args, plan, text, trained, tasks).run()
+    write_deploy(out, doc["answer_row"], config, args.target_length, trained)
+    from posenc._internal.atomic import atomic_write_json, atomic_write_text
+
+    atomic_write_json(out / "results.json", doc)
+    atomic_write_text(out / "report.md", report_markdown(doc))
+    print(f"winner: {doc['answer']['winner']} ({doc['answer']['reason']})")
+    print(f"wrote {doc['deploy']}, results.json, report.md into {out}")
+    return 0
+
+
+def _resumed(args) -> dict:
+    """The measurements of the interrupted tune in --out (none without --resume); ConfigError when it measured
+    another model, length, text or dtype."""
+    path = Path(args.out) / "results.json"
+    if not args.resume or not path.exists():
+        return {}
+    from posenc._internal.json_io import loads
+
+    doc = loads(path.read_text(encoding="utf-8"), f"out {args.out}: results.json")
+    if doc.get("key") != _key(args):
+        raise ConfigError(f"resume: {path} measured {doc.get('key')}, not {_key(args)}: use another --out")
+    return dict(doc.get("measurements") or {})
+
+
+def _key(args) -> dict:
+    """What a resumed tune must share with the interrupted one."""
+    return {"model": str(args.model), "target": args.target_length, "data": args.data, "dtype": args.dtype,
+            "methods": args.methods}
+
+
+class Tune:
+    """One tune run after its plan: the trained-length check, the race, passkey, the answer (the document that
+    results.json holds)."""
+
+    def __init__(self, args, plan: planning.Plan, plan_text: str, trained: int, tasks: list[str]):
+        self.args, self.plan, self.plan_text, self.trained, self.tasks = args, plan, plan_text, trained, tasks
+        self.by_name = {c.name: c for c in plan.candidates}
+        self.store = measure.Measurements(_resumed(args), on_new=self.save)
+        self.started = time.perf_counter()
+        self.doc: dict = {}
+        self.bar = None
+
+    def settings(self, c, length: int, window: int, tasks=("lm",)):
+        return measure.eval_settings(c, length=length, trained=self.trained, target=self.args.target_length,
+                                     window=window, data=self.args.data, dtype=self.args.dtype,
+                                     device=self.args.device, tasks=tasks)
+
+    def loss(self, c, length: int, window: int) -> float:
+        """Candidate ``c``'s log-perplexity on ``window`` at ``length`` (measured once; kept for --resume)."""
+        estimate = self.plan.measurement_s(c, self.plan.flops if length == self.plan.target else
+                                           self.plan.flops_trained)
+        value = self.store.get(f"{c.name}@{length}#{window}",
+                               lambda: measure.window_loss(self.args.model, self.settings(c, length, window)))
+        if self.bar is not None:
+            # the plan's later rounds assume the field halves: a race that keeps more grows the bar's total
+            self.bar.total = max(self.bar.total, self.bar.n + estimate)
+            self.bar.update(estimate)
+        return value
+
+    def save(self) -> None:
+        """results.json with what is measured so far (atomically), so an interrupted tune can --resume."""
+        from posenc._internal.atomic import atomic_write_json
+
+        atomic_write_json(Path(self.args.out) / "results.json",
+                          {"key": _key(self.args), "incomplete": True, "measurements": self.store.done})
+
+    def trained_check(self) -> dict[str, float]:
+        """Each candidate's paired log-perplexity difference to the unchanged model on the first window at the
+        trained length (rules that keep those positions are skipped)."""
+        from posenc.attention import attention_rule
+        from posenc.extensions import ExtensionSpec
+
+        spec = ExtensionSpec(original=self.trained, factor=self.plan.target / self.trained, rotary_dim=None,
+                             target=self.plan.target)
+        base = self.loss(planning.Candidate("none", "config"), self.trained, 0)
+        out = {}
+        for c in self.plan.candidates:
+            if c.kind == "attention" and attention_rule(c.method, spec, **c.options).identity_for(self.trained):
+                continue
+            out[c.name] = self.loss(c, self.trained, 0) - base
+        return out
+
+    def can_afford(self, alive: list[str]) -> bool:
+        """Whether another window for ``alive`` fits what is left, its estimate scaled by the measured / estimated
+        ratio so far."""
+        spent = time.perf_counter() - self.started
+        done = self.bar.n if self.bar is not None and self.bar.n else None
+        ratio = spent / done if done else 1.0
+        return spent + ratio * sum(self.plan.seconds[n] for n in alive) <= self.plan.budget_s
+
+    def run(self) -> dict:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=round(self.plan.total_s, 3), unit="s", desc="tune (estimated seconds)",
+                        disable=self.args.no_progress, bar_format="{l_bar}{bar}| {n:.3g}/{total:.3g} est s "
+                        "[{elapsed}<{remaining}]")
+        try:
+            trained = self.trained_check()
+            result = racing.race([c.name for c in self.plan.candidates], self.plan.windows,
+                                 lambda name, w: self.loss(self.by_name[name], self.plan.target, w),
+                                 can_afford=self.can_afford, log=self.bar.write)
+            passkey = self.passkey(result["alive"]) if "passkey" in self.tasks else {}
+        finally:
+            self.bar.close()
+        return self.document(result, trained, passkey)
+
+    def passkey(self, names: list[str]) -> dict:
+        """Mean passkey accuracy at the target length of each survivor (measured once; kept for --resume)."""
+        return {name: self.store.get(f"{name}@{self.plan.target}#passkey", lambda c=self.by_name[name]:
+                                     measure.passkey_rate(self.args.model,
+                                                          self.settings(c, self.plan.target, 0, ("passkey",))))
+                for name in names}
+
+    def document(self, result: dict, trained: dict, passkey: dict) -> dict:
+        kinds = {c.name: c.kind for c in self.plan.candidates}
+        ans = racing.answer(result["losses"], kinds)
+        winner = self.by_name[ans["winner"]]
+        return {"key": _key(self.args), "model": str(self.args.model), "target": self.plan.target,
+                "trained": self.trained, "budget_s": self.plan.budget_s, "plan": self.plan.to_dict(),
+                "plan_text": self.plan_text, "rules": RULES, "margin": racing.TRAINED_MARGIN,
+                "measurements": self.store.done, "race": result, "trained_check": trained,
+                "flagged": [n for n, d in trained.items() if d > racing.TRAINED_MARGIN], "passkey": passkey,
+                "answer": ans, "answer_row": {"method": winner.method, "kind": winner.kind,
+                                              "options": winner.options},
+                "winner_kind": winner.kind, "deploy": "config.json" if winner.kind == "config" else "patch_spec.json",
+                "spent_s": round(time.perf_counter() - self.started, 1)}
+
+
+def tune_main(argv: list[str] | None = None) -> int:
+    """``posenc tune`` as a function (exit status; errors as one line on stderr)."""
+    from posenc.hf.command import run_command
+
+    return run_command("tune", add_arguments, run, argv)
+
+
+__all__ = ["HELP", "OUTPUT_FILES", "add_arguments", "run", "tune_main"]

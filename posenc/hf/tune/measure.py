@@ -1,0 +1,58 @@
+"""``posenc tune``'s measurements through ``posenc eval``'s loop (``evaluate_model``, the one owner of scoring): one
+candidate on one window of the held-out text (the window's ``eval_offset``, so every candidate scores the same
+tokens), and passkey on the race's survivors. Each measurement is kept in ``Measurements`` by its key, so a resumed
+tune measures nothing twice."""
+
+from __future__ import annotations
+
+import math
+
+from posenc.hf.tune.plan import Candidate
+
+
+def eval_settings(c: Candidate, *, length: int, trained: int, target: int, window: int, data, dtype: str,
+                  device: str, tasks=("lm",), options: dict | None = None):
+    """The EvalSettings that measure candidate ``c`` on window ``window`` (tokens [window x length, (window + 1) x
+    length) of the scored text) at ``length``: its method as eval runs it (a config edit at factor target /
+    trained, or the attention rule with its options)."""
+    from posenc.hf.eval.settings import EvalSettings
+
+    factor = None if c.method == "none" else target / trained
+    return EvalSettings(eval_lens=[length], tasks=list(tasks), methods=[c.method], factor=factor,
+                        method_options={f"{c.method}.{k}": v for k, v in c.options.items()}, data=data,
+                        eval_tokens=length, eval_offset=window * length, sliding_stride=0, dtype=dtype,
+                        device=device, options=dict(options or {}))
+
+
+def window_loss(model_dir: str, settings) -> float:
+    """Mean log-perplexity (nats per token) of the one window ``settings`` scores; inf when it diverged."""
+    from posenc.hf.eval.loop import evaluate_model
+
+    doc = evaluate_model(model_dir, settings, progress=False, log=lambda *_: None)
+    ppl = next(r["value"] for r in doc["results"] if r["metric"] == "ppl")
+    return math.log(ppl) if ppl else math.inf
+
+
+def passkey_rate(model_dir: str, settings) -> float | None:
+    """Mean passkey accuracy over the depths of ``settings`` (tasks=["passkey"])."""
+    from posenc.hf.eval.loop import evaluate_model
+
+    doc = evaluate_model(model_dir, settings, progress=False, log=lambda *_: None)
+    values = [r["value"] for r in doc["results"] if r["value"] is not None]
+    return sum(values) / len(values) if values else None
+
+
+class Measurements:
+    """The measurements made so far, by key (``"yarn@64#0"``: candidate, length, window): what results.json keeps,
+    and what ``--resume`` reads back so that nothing is measured twice."""
+
+    def __init__(self, done: dict | None = None, on_new=None):
+        self.done = dict(done or {})
+        self.on_new = on_new             # called after each new measurement (saves results.json)
+
+    def get(self, key: str, measure):
+        if key not in self.done:
+            self.done[key] = measure()
+            if self.on_new is not None:
+                self.on_new()
+        return self.done[key]

@@ -1,0 +1,249 @@
+"""``posenc tune``'s plan: the candidates, what each measurement costs, and what the budget leaves out.
+
+Candidates: every registered frequency method that ``posenc eval`` runs as a config edit (plug-ins' included), at
+factor L / trained length, and every registered attention method with the settings ``attention_settings`` derives
+from the trained length.
+
+The estimate's rule: one measurement (one window of ``length`` tokens) costs ``passes x model_flops(length) /
+(EFFICIENCY x matmul_peak)`` seconds, where ``model_flops`` is posenc.hf.throughput's forward count, ``matmul_peak``
+this machine's measured FLOP/s of one square matmul in the run's dtype, and ``passes`` the score passes of the
+method (1 for a config edit; an attention rule's modes, each a score pass over its keys, for an attention method).
+The race's rounds after the first are estimated as the field halving each window (the race's rule decides).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from posenc._internal.errors import ConfigError
+
+# a forward pass reaches about half the square-matmul peak (smaller, oddly shaped matmuls, attention, norms)
+EFFICIENCY = 0.5
+# windows of held-out text the race may use per candidate (the text's own length may allow fewer)
+MAX_WINDOWS = 8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One measured configuration: ``method`` with its attention ``options`` (a config method has none)."""
+
+    method: str
+    kind: str                        # "config" (written into config.json) or "attention" (posenc.patch)
+    options: dict = field(default_factory=dict)
+    passes: int = 1                  # score passes per forward, for the estimate
+
+    @property
+    def name(self) -> str:
+        """The candidate's label: the method, with its options when it has any (``self-extend(window=8,...)``)."""
+        if not self.options:
+            return self.method
+        return f"{self.method}({','.join(f'{k}={v}' for k, v in self.options.items())})"
+
+
+def attention_settings(method: str, trained: int, target: int) -> list[dict]:
+    """The 2-3 option sets tune races for attention ``method`` of a model trained at ``trained`` tokens run at
+    ``target``. Why these: each method's quality turns on how much of the trained range stays exact (the window or
+    chunk) against how far the rest is compressed, so the settings span a small, a middle and a large exact part
+    of the trained length, and the compression is then set so that the longest input still lands inside it."""
+    t = trained
+    if method == "self-extend":      # window W exact; group G so that the farthest grouped distance stays below t
+        return [{"window": w, "group_size": max(1, math.ceil((target - w) / max(t - w, 1)))}
+                for w in sorted({max(1, t // 8), max(1, t // 4), max(1, t // 2)})]
+    if method == "rerope":           # distances capped at the window: a quarter, half, three quarters of t
+        return [{"window": w} for w in sorted({max(1, t // 4), max(1, t // 2), max(1, 3 * t // 4)})]
+    if method == "leaky-rerope":     # the leak is derived so that the farthest pair lands at t - 1
+        return [{"window": w} for w in sorted({max(1, t // 4), max(1, t // 2)})]
+    if method == "dca":              # ChunkLlama's local window t // 16; chunk sizes around its 3t // 4 default
+        local = t // 16
+        return [{"chunk_size": c, "local_window": local} for c in sorted({max(local + 2, t // 2),
+                                                                         max(local + 2, 3 * t // 4)})]
+    return [{}]                      # sinks and plug-in methods: the rule's own defaults for (t, target)
+
+
+def tunable_methods() -> tuple[str, ...]:
+    """Every method tune races: the frequency methods eval runs as a config edit, then the attention methods
+    (registered ones, plug-ins' included)."""
+    from posenc.attention import attention_method_names
+    from posenc.hf.lab_bridge import config_methods
+
+    return (*config_methods(), *attention_method_names())
+
+
+def check_methods(methods) -> list[str]:
+    """``methods`` (None: every one of ``tunable_methods``), each checked: ConfigError naming --methods and listing
+    the methods tune races for an unknown one, or saying what to use for a registered one eval cannot run."""
+    from posenc._internal.validate import check_choice
+    from posenc.extensions import METHODS
+    from posenc.hf.lab_bridge import check_config_method
+
+    if methods is None:
+        return list(tunable_methods())
+    for name in methods:
+        if name in METHODS:
+            check_config_method(name, "methods")
+        check_choice(name, "methods", tunable_methods(), error=ConfigError)
+    return list(methods)
+
+
+def candidates(config: dict, trained: int, target: int,
+               methods=None) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """-> (the candidates, [(method, why it is left out)]): the frequency methods of ``methods`` (default: every
+    one, ``tunable_methods``) this config takes at factor target / trained (``extend_for_factor`` decides, as
+    eval's loading does), then the attention methods' settings."""
+    from posenc.attention import attention_method_names, attention_rule
+    from posenc.extensions import ExtensionSpec
+    from posenc.hf.lab_bridge import config_methods
+    from posenc.hf.scaling import extend_for_factor
+
+    methods = check_methods(methods)
+    out, skipped = [], []
+    for method in (m for m in config_methods() if m in methods):
+        try:
+            extend_for_factor(config, method, target / trained)
+        except ConfigError as exc:
+            skipped.append((method, str(exc)))
+            continue
+        out.append(Candidate(method, "config"))
+    spec = ExtensionSpec(original=trained, factor=target / trained, rotary_dim=None, target=target)
+    for method in (m for m in attention_method_names() if m in methods):
+        for options in attention_settings(method, trained, target):
+            try:
+                rule = attention_rule(method, spec, **options)
+            except ConfigError as exc:
+                skipped.append((method, str(exc)))
+                continue
+            out.append(Candidate(method, "attention", options, passes=len(rule.modes())))
+    return out, skipped
+
+
+def parse_budget(text) -> float:
+    """Seconds of a budget: ``45m``, ``2h``, ``90s`` or a plain number of seconds. ConfigError naming --budget for
+    anything else, or for a budget that is not positive."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    raw = str(text).strip().lower()
+    scale = units.get(raw[-1:], None)
+    try:
+        seconds = float(raw[:-1] if scale else raw) * (scale or 1)
+    except ValueError:
+        raise ConfigError(f"budget: expected a duration like 45m, 2h, 90s or seconds, got {text!r}") from None
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigError(f"budget: expected a positive duration (e.g. 45m), got {text!r}")
+    return seconds
+
+
+@dataclass
+class Plan:
+    """What tune measures and the estimated seconds of it (see the module docstring for the estimate's rule)."""
+
+    target: int
+    trained: int
+    windows: int                     # windows of held-out text available at the target length
+    budget_s: float
+    peak_flops: float
+    flops: float                     # model_flops of one window at the target length
+    flops_trained: float             # ... at the trained length
+    candidates: list[Candidate]
+    skipped: list[tuple[str, str]]
+    seconds: dict[str, float] = field(default_factory=dict)          # candidate name -> one window at target
+    rounds: list[float] = field(default_factory=list)                # estimated seconds of each window round
+    trained_check_s: float = 0.0
+
+    def measurement_s(self, c: Candidate, length_flops: float | None = None) -> float:
+        """The estimate of one window of ``c`` (at the target length unless ``length_flops`` says otherwise)."""
+        return c.passes * (self.flops if length_flops is None else length_flops) / (EFFICIENCY * self.peak_flops)
+
+    @property
+    def first_round_s(self) -> float:
+        return self.rounds[0] if self.rounds else 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.trained_check_s + sum(self.rounds)
+
+    def fitting_rounds(self) -> int:
+        """How many window rounds the budget holds after the trained-length check."""
+        left, n = self.budget_s - self.trained_check_s, 0
+        for seconds in self.rounds:
+            if seconds > left:
+                break
+            left -= seconds
+            n += 1
+        return n
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["candidates"] = [{"name": c.name, **asdict(c), "estimate_s": self.seconds[c.name]}
+                             for c in self.candidates]
+        out["total_s"] = self.total_s
+        out["fitting_rounds"] = self.fitting_rounds()
+        return out
+
+
+def make_plan(candidates_: list[Candidate], skipped, *, target: int, trained: int, windows: int, budget_s: float,
+              peak_flops: float, flops: float, flops_trained: float) -> Plan:
+    """The plan's estimates: each candidate's window at the target, the rounds (all candidates on the first
+    window, then the field halving each window), and the trained-length check (every candidate and the
+    unchanged model, one window at the trained length)."""
+    plan = Plan(target=target, trained=trained, windows=windows, budget_s=budget_s, peak_flops=peak_flops,
+                flops=flops, flops_trained=flops_trained, candidates=list(candidates_), skipped=list(skipped))
+    plan.seconds = {c.name: plan.measurement_s(c) for c in plan.candidates}
+    by_cost = sorted(plan.seconds.values())
+    for w in range(windows):
+        alive = len(by_cost) if w == 0 else max(min(2, len(by_cost)), math.ceil(len(by_cost) / 2 ** w))
+        plan.rounds.append(sum(by_cost[:alive]))
+    plan.trained_check_s = sum(plan.measurement_s(c, flops_trained) for c in plan.candidates) + \
+        plan.measurement_s(Candidate("none", "config"), flops_trained)
+    return plan
+
+
+def alternatives(plan: Plan, flops_at) -> list[str]:
+    """When the budget cannot measure one window per candidate: the largest budget-fitting alternatives, as
+    sentences (the config methods first among fewer candidates: they deploy without posenc; the longest length,
+    halving from the target, at which every candidate fits). ``flops_at(length)``: model_flops of one window."""
+    out = []
+    # a candidate's first window at the target and its trained-length check (the unchanged model's too)
+    own = {c.name: plan.seconds[c.name] + plan.measurement_s(c, plan.flops_trained) for c in plan.candidates}
+    left = plan.budget_s - plan.measurement_s(Candidate("none", "config"), plan.flops_trained)
+    ranked = sorted(plan.candidates, key=lambda c: (c.kind != "config", own[c.name]))
+    kept, spent = [], 0.0
+    for c in ranked:
+        if spent + own[c.name] <= left:
+            kept.append(c.name)
+            spent += own[c.name]
+    if kept:
+        out.append(f"fewer candidates: {len(kept)} of {len(plan.candidates)} fit ({', '.join(kept)})")
+    length = plan.target // 2
+    while length > plan.trained:
+        scale = flops_at(length) / plan.flops
+        if sum(own.values()) * scale <= left:
+            out.append(f"a shorter length: --target-length {length} measures every candidate on one window "
+                       f"(about {sum(own.values()) * scale:.3g} s)")
+            break
+        length //= 2
+    if not out:
+        out.append("nothing fits: raise --budget")
+    return out
+
+
+def format_plan(plan: Plan, flops_at=None) -> str:
+    """The plan as printed before anything runs: candidates with their estimates, the total, what the budget
+    leaves out (and, when not even one window per candidate fits, the alternatives)."""
+    lines = [f"plan: {len(plan.candidates)} candidates at {plan.target} tokens (trained {plan.trained}, factor "
+             f"{plan.target / plan.trained:g}); {plan.windows} windows of held-out text; matmul peak "
+             f"{plan.peak_flops / 1e9:.1f} GFLOP/s, one window {plan.flops / 1e9:.3g} GFLOP",
+             f"estimate per window = passes x model FLOPs / ({EFFICIENCY} x matmul peak)"]
+    lines += [f"  {c.name:<44} {c.kind:<9} {plan.seconds[c.name]:9.3g} s" for c in plan.candidates]
+    lines += [f"  left out: {m}: {why}" for m, why in plan.skipped]
+    lines.append(f"trained-length check {plan.trained_check_s:.3g} s; rounds (window 1..{len(plan.rounds)}): "
+                 + ", ".join(f"{s:.3g}" for s in plan.rounds) + " s")
+    lines.append(f"estimated total {plan.total_s:.3g} s; budget {plan.budget_s:.3g} s")
+    n = plan.fitting_rounds()
+    if n == 0:
+        lines.append("the budget cannot measure one window per candidate; alternatives:")
+        lines += [f"  {a}" for a in alternatives(plan, flops_at or (lambda L: plan.flops))]
+    elif n < len(plan.rounds):
+        lines.append(f"the budget leaves out windows {n + 1}..{len(plan.rounds)} of the race")
+    else:
+        lines.append("the budget holds the whole plan")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""What ``posenc tune`` writes into --out: the deploy file (config.json for a frequency method, patch_spec.json for
+an attention method), results.json and report.md, each written atomically."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from posenc._internal.errors import ConfigError
+
+# what --out receives; a folder already holding one needs --overwrite (or --resume for an interrupted tune)
+OUTPUT_FILES = ("results.json", "report.md", "config.json", "patch_spec.json")
+WHERE = {"config": "config.json: transformers and vLLM load it as the model's config (copy it beside the weights)",
+         "attention": "patch_spec.json: posenc.patch(model, 'patch_spec.json') applies it to a transformers model "
+                      "loaded through posenc; vLLM and llama.cpp do not run attention methods"}
+
+
+def check_out_folder(out: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse (one line naming --out) a folder that already holds tune's outputs without ``overwrite``."""
+    from posenc._internal.atomic import check_writable_folder
+
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"out {out}: exists and is not a folder")
+    held = [name for name in OUTPUT_FILES if (folder / name).exists()]
+    if held and not overwrite:
+        raise ConfigError(f"out {out}: already holds {', '.join(held)} (an earlier tune); pass --overwrite to "
+                          "replace them, --resume to continue an interrupted tune, or choose another folder")
+    check_writable_folder(folder, f"out {out} (--out)")
+
+
+def write_deploy(out: Path, winner: dict, config, target: int, trained: int) -> Path:
+    """The winner's deploy file: a frequency method's complete config (written by ``extend_for_factor``, the code
+    eval loads it with, so it is the config that was measured), or an attention method's patch spec (its rule
+    resolved for this model and target, every field set)."""
+    from posenc._internal.atomic import atomic_write_json
+
+    if winner["kind"] == "config":
+        from posenc.hf.scaling import extend_for_factor
+
+        return atomic_write_json(out / "config.json",
+                                 extend_for_factor(config.to_dict(), winner["method"], target / trained).config)
+    from posenc.attention import attention_rule, rule_spec
+    from posenc.extensions import ExtensionSpec
+
+    spec = ExtensionSpec(original=trained, factor=target / trained, rotary_dim=None, target=target)
+    return atomic_write_json(out / "patch_spec.json", rule_spec(attention_rule(winner["method"], spec,
+                                                                               **winner["options"])))
+
+
+def _num(x, digits: int = 4) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def report_markdown(doc: dict) -> str:
+    """report.md: the plan, the race (per-candidate mean log-perplexity, paired difference to the best and its
+    spread), the trained-length check, passkey, the answer and the deploy file."""
+    ans = doc["answer"]
+    lines = [f"# posenc tune: {doc['model']} at {doc['target']} tokens", "", "## Plan", "", "```",
+             doc["plan_text"], "```", "", "## Race", "",
+             f"Rule: {doc['rules']['race']}", "",
+             "| candidate | kind | windows | mean log-ppl | diff to best | sd | tie |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['kind']} | {r['windows']} | {_num(r['mean_loss'])} | {_num(r['diff_to_best'])} | "
+              f"{_num(r['sd'])} | {'tie' if r['tie'] else ''} |" for r in ans["ranking"]]
+    lines += ["", f"Stopped: {doc['race']['stopped']}. Spent {doc['spent_s']:.1f} s of a {doc['budget_s']:.0f} s "
+              f"budget (estimated {doc['plan']['total_s']:.1f} s).", "", "## Trained length", "",
+              f"Rule: {doc['rules']['trained']}", ""]
+    lines += [f"- {name}: {'+' if d >= 0 else ''}{d:.4f} nats vs unchanged{' **flagged**' if d > doc['margin'] else ''}"
+              for name, d in doc["trained_check"].items()] or ["- no candidate changes the trained length's positions"]
+    if doc.get("passkey"):
+        lines += ["", "## Passkey (survivors)", ""]
+        lines += [f"- {name}: {_num(rate, 2)}" for name, rate in doc["passkey"].items()]
+    lines += ["", "## Answer", "", f"Winner: **{ans['winner']}** ({ans['reason']}).", ""]
+    if ans["winner"] in doc["flagged"]:
+        lines += [f"Note: {ans['winner']} raises log-perplexity at the trained length by "
+                  f"{doc['trained_check'][ans['winner']]:.4f} nats (more than {doc['margin']}): short inputs get "
+                  "worse with it.", ""]
+    lines += [f"Deploy: {doc['deploy']} ({WHERE[doc['winner_kind']]}).", ""]
+    return "\n".join(lines)
