@@ -9,6 +9,8 @@
                    optionally with a RoPE extension method written into its config
     search.py      ``posenc.search_model(...)`` / ``search_main``: LongRoPE's factor search on a model folder,
                    candidates run by transformers' own longrope code; the searched config is written beside the model
+    request_yarn.py  ``posenc.hf.request_yarn.generate(model, ids, max_new_tokens, factors=...)``: request-sized YaRN,
+                   the smallest factor of a set covering prompt + new tokens, chosen per request (1: unscaled)
     lab_bridge.py  the one module here that reads the lab (checkpoints, TinyLM anatomy, lm_eval, passkey episodes,
                    corpus splits, report tables and plots)
 

@@ -4,6 +4,8 @@ the model's tokens (``token_stream``) and the passkey episode that fills a lengt
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from posenc.hf.loading import input_device
@@ -30,8 +32,11 @@ def token_stream(tokenizer, data: torch.Tensor, needed: int) -> tuple[torch.Tens
 
 
 def logits_model(model, *, max_len: int | None, bar=None, tokenizer=None, byte_level: bool = True,
-                 batch_tokens: int = 1 << 16):
+                 batch_tokens: int = 1 << 16, sized=None):
     """A ``LogitsModel`` over a transformers causal LM: forward = logits of input_ids (no cache), generate = greedy.
+
+    ``sized(n)``: a context manager each call runs inside, given the tokens it needs (a window's length; a prompt
+    plus its new tokens): request-sized YaRN's factor for that length (``posenc.hf.request_yarn``). None: nothing.
 
     For the byte tokenizer, generate continues the byte prompts directly; otherwise prompts are decoded to text,
     encoded with ``tokenizer`` and the continuation decoded back to characters (ASCII codes, '?' for others).
@@ -40,9 +45,11 @@ def logits_model(model, *, max_len: int | None, bar=None, tokenizer=None, byte_l
 
     device = input_device(model)
     pad = getattr(tokenizer, "pad_token_id", None) or getattr(tokenizer, "eos_token_id", None) or 0
+    sized = sized or (lambda n: contextlib.nullcontext())
 
     def forward(tokens):
-        out = model(input_ids=tokens.to(device), use_cache=False).logits
+        with sized(tokens.shape[1]):
+            out = model(input_ids=tokens.to(device), use_cache=False).logits
         if bar is not None:
             bar.tick()
         return out
@@ -50,7 +57,8 @@ def logits_model(model, *, max_len: int | None, bar=None, tokenizer=None, byte_l
     scored = chunked_losses(model)
 
     def token_losses(tokens, targets):
-        out = scored(tokens, targets)
+        with sized(tokens.shape[1]):
+            out = scored(tokens, targets)
         if bar is not None:
             bar.tick()
         return out
@@ -60,13 +68,16 @@ def logits_model(model, *, max_len: int | None, bar=None, tokenizer=None, byte_l
         outs = []
         for chunk in prompts.split(rows):
             if byte_level:
-                got = model.generate(chunk.to(device), max_new_tokens=n_new, min_new_tokens=n_new,
-                                     do_sample=False, pad_token_id=pad)[:, chunk.shape[1]:]
+                with sized(chunk.shape[1] + n_new):
+                    got = model.generate(chunk.to(device), max_new_tokens=n_new, min_new_tokens=n_new,
+                                         do_sample=False, pad_token_id=pad)[:, chunk.shape[1]:]
                 outs.append(got.cpu())
                 continue
             for row in chunk.tolist():
                 ids = tokenizer(bytes(row).decode("ascii", errors="replace"), return_tensors="pt")["input_ids"]
-                got = model.generate(ids.to(device), max_new_tokens=n_new + 3, do_sample=False, pad_token_id=pad)
+                with sized(ids.shape[1] + n_new + 3):
+                    got = model.generate(ids.to(device), max_new_tokens=n_new + 3, do_sample=False,
+                                         pad_token_id=pad)
                 text = tokenizer.decode(got[0, ids.shape[1]:], skip_special_tokens=True).lstrip()[:n_new]
                 text = text.ljust(n_new, "?")
                 outs.append(torch.tensor([[ord(c) if ord(c) < 128 else ord("?") for c in text]]))

@@ -77,7 +77,28 @@ def check_methods(config, s: EvalSettings) -> None:
 
             check_config(config)
         elif method != "none":
-            extend_for_factor(config.to_dict(), method, s.factor, replace=s.replace_scaling)
+            extend_for_factor(config.to_dict(), config_edit(method), s.factor, replace=s.replace_scaling)
+
+
+def config_edit(method: str) -> str:
+    """The frequency method written into the config ``method`` is loaded with: request-sized YaRN loads YaRN at
+    --factor (its limit and trained length), and each length then takes its own factor (``request_sizer``)."""
+    from posenc.hf.request_yarn import EVAL_METHOD
+
+    return "yarn" if method == EVAL_METHOD else method
+
+
+def request_sizer(model, model_dir, method: str, s: EvalSettings, meta_entry: dict):
+    """For request-sized YaRN: ``sized(n)``, the context manager that runs a length-n call at the smallest factor of
+    ``eval_factors(--factor)`` covering n, over the folder's own config (recorded in ``meta_entry``); else None."""
+    from posenc.hf.request_yarn import EVAL_METHOD, eval_factors, request_yarn
+
+    if method != EVAL_METHOD:
+        return None
+    base = check_model_folder(model_dir, s.config, tokenizer=False)
+    factors = eval_factors(s.factor)
+    meta_entry["request_factors"] = list(factors)
+    return lambda n: request_yarn(model, n, factors, base_config=base)
 
 
 def start_meta(model_dir, s: EvalSettings, byte_level: bool, data_meta, scored) -> dict:
@@ -157,7 +178,7 @@ def run_method(model_dir, method: str, s: EvalSettings, *, meta: dict, curves: d
     from posenc.rope.describe import detect_scheme
 
     attention = attention_methods(s.methods)
-    model, config, extended = load_causal_lm(model_dir, method=None if method in attention else method,
+    model, config, extended = load_causal_lm(model_dir, method=None if method in attention else config_edit(method),
                                              factor=s.factor, replace_scaling=s.replace_scaling, device=s.device,
                                              dtype=s.dtype, device_map=s.device_map,
                                              attn_implementation=s.attn_implementation, config_file=s.config,
@@ -179,8 +200,9 @@ def run_method(model_dir, method: str, s: EvalSettings, *, meta: dict, curves: d
                                "attention_rule": rule and {"name": rule.name, **rule.params(), "keeps": rule.keeps},
                                "attn_implementation": getattr(model.config, "_attn_implementation", None),
                                "device_map": getattr(model, "hf_device_map", None)}
+    sized = request_sizer(model, model_dir, method, s, meta["methods"][method])
     vocab = model.get_output_embeddings().weight.shape[0]
-    labels = dict(scheme=scheme, scaling=method if method != "none" or s.config is None else config_method(config),
+    labels = dict(sized=sized, scheme=scheme, scaling=method if method != "none" or s.config is None else config_method(config),
                   train_len=train_len, limit=limit,
                   batch_tokens=s.batch_tokens or max(max(s.eval_lens + s.sliding_lens), LOGIT_BUDGET // vocab))
     return [row for task in s.tasks
@@ -192,14 +214,14 @@ def run_method(model_dir, method: str, s: EvalSettings, *, meta: dict, curves: d
 def run_task(task_name: str, model, s: EvalSettings, *, scheme: str, scaling: str, train_len: int | None,
              limit: int | None, tokenizer, codec, batch_tokens: int, progress: bool, model_name: str,
              corpus=None, meta: dict | None = None, curves: dict | None = None,
-             out: str | os.PathLike | None = None) -> list[dict]:
+             out: str | os.PathLike | None = None, sized=None) -> list[dict]:
     """Rows of registered task ``task_name`` on a loaded transformers ``model``, through the lab's task interface:
     its own ``evaluate(ev)`` on a ``ModelEvaluation`` (``ev.model`` the LogitsModel adapter, ``logits_model``:
     forward = logits of the model's token ids, generate = greedy; positions past ``limit`` unsupported;
     ``ev.encode``/``ev.decode`` the model's tokenizer, ``codec``). Nothing here names a task: a plug-in task runs
     as the built-ins do, under the lab's contract (``posenc.lab.tasks.checks.evaluate_task``: a row that breaks it
     is the task's error, naming its file). ``run.out`` is ``out`` (--out), else a temporary folder removed after:
-    never the current directory."""
+    never the current directory. ``sized``: ``logits_model``'s per-call context (request-sized YaRN)."""
     import tempfile
 
     from posenc.lab.context import Run
@@ -211,7 +233,7 @@ def run_task(task_name: str, model, s: EvalSettings, *, scheme: str, scaling: st
     task.check(cfg)
     encode, decode, byte_level = codec
     adapter = logits_model(model, max_len=limit, tokenizer=tokenizer, byte_level=byte_level,
-                           batch_tokens=batch_tokens)
+                           batch_tokens=batch_tokens, sized=sized)
     peak_dtype = DTYPES["bfloat16" if s.dtype in ("float32", "fp32") else s.dtype]
     with tempfile.TemporaryDirectory(prefix="posenc-eval-task-") as temporary:
         folder = Path(out if out is not None else temporary)

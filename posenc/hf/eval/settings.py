@@ -182,11 +182,13 @@ class EvalSettings:
 
 
 def method_choices() -> tuple[str, ...]:
-    """Every name --methods takes: none, the frequency methods a config edit expresses, the attention methods."""
+    """Every name --methods takes: none, the frequency methods a config edit expresses, request-sized YaRN (each
+    length its own factor, ``posenc.hf.request_yarn``), the attention methods."""
     from posenc.attention import attention_method_names
     from posenc.hf.lab_bridge import config_methods
+    from posenc.hf.request_yarn import EVAL_METHOD
 
-    return ("none", *config_methods(), *attention_method_names())
+    return ("none", *config_methods(), EVAL_METHOD, *attention_method_names())
 
 
 def check_method(name) -> str:
@@ -195,7 +197,10 @@ def check_method(name) -> str:
     from posenc._internal.validate import check_choice
     from posenc.extensions import METHODS
     from posenc.hf.lab_bridge import check_config_method
+    from posenc.hf.request_yarn import EVAL_METHOD
 
+    if name == EVAL_METHOD:
+        return name
     if name not in METHODS:
         check_choice(name, "methods", method_choices(), error=ConfigError)
     return check_config_method(name, "methods", also=("none",))
