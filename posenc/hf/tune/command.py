@@ -138,6 +138,9 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = Tune(args, plan, text, trained, tasks).run()
+    from posenc.tools.evidence import identity
+
+    doc["identity"] = identity(config.to_dict())      # what posenc pick --evidence checks the model by
     write_deploy(out, doc["answer_row"], config, args.target_length, trained)
     from posenc._internal.atomic import atomic_write_json, atomic_write_text
 
