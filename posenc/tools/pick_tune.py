@@ -99,15 +99,16 @@ def tune_evidence(rec: Recommendation, folder, config, L: int, T: int, entry: di
     if written.get("max_position_embeddings") not in (None, entry["max_position_embeddings"] or L):
         snippet["max_position_embeddings"] = written["max_position_embeddings"]
     old = rec.method
+    old_type = (rec.config_snippet.get("rope_parameters") or {}).get("rope_type")
     rec.method = f"{winner} (the best measured on this model by posenc tune at {T:,})"
     rec.config_snippet = snippet
     rec.parameters = {**snippet["rope_parameters"], **{k: v for k, v in snippet.items() if k != "rope_parameters"}}
     rec.reasons = [measured, *[f"the papers and the lab, which rank {old} first for this case: {r}"
                                if i == 0 else r for i, r in enumerate(rec.reasons)]]
-    rec.alternatives.insert(0, alt(old, "the papers' and the lab's choice for this case; tune measured it on this "
-                                   "model (see the runners-up above)" if old.split(" ")[0] in
-                                   {r["name"] for r in doc["answer"]["ranking"]} else
-                                   "the papers' and the lab's choice for this case; not among tune's candidates"))
+    raced = old_type in {r["name"] for r in doc["answer"]["ranking"]}
+    rec.alternatives.insert(0, alt(old, "the papers' and the lab's choice for this case; " +
+                                   ("tune measured it on this model (see the runners-up above)" if raced else
+                                    "not among tune's candidates")))
     rec.notes.append(f"the snippet is {folder}/{doc['deploy']}'s RoPE entry, the config tune measured; copy that "
                      "file beside the weights to deploy it")
 

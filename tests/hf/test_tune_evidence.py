@@ -59,6 +59,9 @@ def test_pick_cites_and_recommends_a_config_winner(model, config_tune):
     why = rec.reasons[0]
     assert why.startswith(f"measured on this model by posenc tune ({config_tune}/results.json")
     assert f"winner {winner}" in why and f"{other['name']} {other['diff_to_best']:+.4f}" in why
+    # the papers' choice (dynamic NTK at 2x) stays an alternative; this tune did not race it
+    assert rec.alternatives[0]["option"].startswith("dynamic") and \
+        rec.alternatives[0]["why_not"].endswith("not among tune's candidates")
     assert "another model" not in format_recommendation(rec)    # the study of SmolLM2 is not cited
 
 
