@@ -20,14 +20,6 @@ from posenc.tools.pick_rules import Recommendation, alt
 TUNE_KEYS = ("identity", "target", "trained", "answer", "race", "deploy", "winner_kind")
 
 
-def _differs(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    """The identity keys (posenc.tools.evidence.identity) on which two models differ."""
-    def norm(d):
-        return {**d, "rope_theta": None if d.get("rope_theta") is None else float(d["rope_theta"])}
-    mine, theirs = norm(mine), norm(theirs)
-    return [k for k, v in theirs.items() if mine.get(k) != v]
-
-
 def _keys(differ: list[str]) -> str:
     return f"{', '.join(differ)} {'differs' if len(differ) == 1 else 'differ'}"
 
@@ -36,7 +28,7 @@ def read_tune_result(folder, config) -> dict[str, Any]:
     """DIR/results.json of a finished ``posenc tune`` of the model ``config`` describes; PosencError naming
     --evidence for a missing or unreadable file, one that is not a finished tune result, or another model's."""
     from posenc.tools._io import read_config
-    from posenc.tools.evidence import identity
+    from posenc.tools.evidence import differing_keys, identity
 
     path = Path(folder) / "results.json"
     try:
@@ -47,7 +39,7 @@ def read_tune_result(folder, config) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("incomplete") or any(k not in doc for k in TUNE_KEYS):
         raise PosencError(f"evidence {folder} (--evidence): {path} is not a finished posenc tune result (expected "
                           f"the keys {', '.join(TUNE_KEYS)}; an interrupted tune continues with --resume)")
-    differ = _differs(identity(read_config(config)), doc["identity"])
+    differ = differing_keys(identity(read_config(config)), doc["identity"])
     if differ:
         raise PosencError(f"evidence {folder} (--evidence): tune measured another model ({doc.get('model')}; its "
                           f"{_keys(differ)} from --config's): pass the tune of this model")
@@ -117,11 +109,11 @@ def other_model_evidence(rec: Recommendation, config, T: int) -> None:
     """Label each committed real-model study that measured another model than ``config``'s as such (its numbers
     are not this model's), and say how to measure this one."""
     from posenc.tools._io import read_config
-    from posenc.tools.evidence import FIRST_TEXT, identity, studies, zero_shot
+    from posenc.tools.evidence import FIRST_TEXT, differing_keys, identity, studies, zero_shot
 
     mine = identity(read_config(config))
     for path, study in studies():
-        differ = _differs(mine, study["model"])
+        differ = differing_keys(mine, study["model"])
         if not differ:
             continue
         table = zero_shot(study, T, text=FIRST_TEXT)
