@@ -52,6 +52,10 @@ def test_yarn_winner_writes_the_gguf_posenc_extend_writes(tmp_path, monkeypatch,
     assert main(["extend", str(src), "--method", "yarn", "--target-length", str(TARGET), "--out",
                  str(tmp_path / "e.gguf")]) == 0
     assert (tmp_path / "e.gguf").read_bytes() == (out / "extended.gguf").read_bytes()
+    # posenc pick --config MODEL.gguf --evidence reads the GGUF's identity as tune recorded it, and recommends yarn
+    from posenc.tools.pick import pick
+
+    assert pick(TARGET, budget="none", config=str(src), evidence=str(out)).method.startswith("yarn (the best")
 
 
 def test_a_winner_llama_cpp_cannot_run_writes_no_gguf(tmp_path, monkeypatch, capsys):
