@@ -80,11 +80,17 @@ def matching_study(config, root: Path | None = None) -> tuple[Path, dict[str, An
 
     mine = identity(read_config(config))
     for path, doc in studies(root):
-        theirs = {**doc["model"], "rope_theta": None if doc["model"].get("rope_theta") is None
-                  else float(doc["model"]["rope_theta"])}
-        if all(mine.get(k) == v for k, v in theirs.items()):
+        if not differing_keys(mine, doc["model"]):
             return path, doc
     return None
+
+
+def differing_keys(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """The keys of a recorded model identity ``theirs`` (a study's ``model``, a tune's ``identity``) on which the
+    identity ``mine`` differs (rope_theta compared as a float); [] for the same model."""
+    theta = theirs.get("rope_theta")
+    theirs = {**theirs, "rope_theta": None if theta is None else float(theta)}
+    return [k for k, v in theirs.items() if mine.get(k) != v]
 
 
 def _blocks(rows: list[dict[str, Any]], length: int) -> list[tuple[frozenset, float, float, float]]:

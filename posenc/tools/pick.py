@@ -94,7 +94,8 @@ def _existing_scaling(entry: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def pick(target_context: int, train_context: int | None = None, budget: str = "none", task: str = "lm",
-         extrapolation_needed: bool = False, *, rope_theta: float | None = None, config=None) -> Recommendation:
+         extrapolation_needed: bool = False, *, rope_theta: float | None = None, config=None,
+         evidence=None) -> Recommendation:
     """Recommend a positional-encoding strategy.
 
     target_context: tokens the model must handle; train_context: tokens it was (budget none/finetune: an existing
@@ -103,9 +104,14 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
     "retrieval" or "encoder" (bidirectional); extrapolation_needed: inputs may exceed every length ever trained on;
     rope_theta: the existing model's base (budget none/finetune), written into the snippet (None: a placeholder
     string, never a made-up number); config: an existing model's config.json (path or mapping): rope_theta and
-    train_context default to what it says (``config_context``).
+    train_context default to what it says (``config_context``); evidence: the --out folder of a ``posenc tune`` of
+    that model, cited (and its config winner recommended) in place of studies of other models
+    (posenc.tools.pick_tune).
     """
     existing, theta_from = None, "given"
+    if evidence is not None and config is None:
+        raise PosencError("evidence: --evidence cites a posenc tune of the model --config describes: pass --config "
+                          "with it")
     if config is not None and budget != "pretrain":
         kept = non_rope_model(config, target_context, train_context, budget, task, extrapolation_needed)
         if kept is not None:
@@ -168,11 +174,30 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
             rec.parameters["rope_theta"] = THETA_PLACEHOLDER
             rec.notes.append("rope_theta in the snippet is a placeholder: use your model's own value (`--config "
                              "config.json` or `--rope-theta` fills it in; `posenc inspect config.json` shows it)")
-    if config is not None and budget == "none" and existing is None and rec.config_snippet:
-        real_model_evidence(rec, config, train_context, target_context,
-                             10_000.0 if rope_theta is None else float(rope_theta), entry)
+    _measured_evidence(rec, config, evidence, budget, existing, train_context, target_context, rope_theta,
+                       entry if config is not None else None)
     rec.inputs = inputs
     return rec
+
+
+def _measured_evidence(rec: Recommendation, config, evidence, budget: str, existing, L: int, T: int, rope_theta,
+                       entry) -> None:
+    """The measured evidence of real models: a tune of this model (``evidence``), else a committed study of it
+    (posenc.tools.pick_study), and the studies of other models labelled as such (posenc.tools.pick_tune)."""
+    from posenc.tools.pick_tune import other_model_evidence, read_tune_result, tune_evidence, tune_summary
+
+    applies = config is not None and budget == "none" and existing is None and bool(rec.config_snippet)
+    if evidence is not None and not applies:
+        rec.notes.append(tune_summary(read_tune_result(evidence, config), evidence) + ": tune measures the model "
+                         "as is (budget none) and this case keeps or retrains it, so the recommendation rests on "
+                         "the rules above")
+    if not applies:
+        return
+    if evidence is not None:
+        tune_evidence(rec, evidence, config, L, T, entry)
+        return
+    real_model_evidence(rec, config, L, T, 10_000.0 if rope_theta is None else float(rope_theta), entry)
+    other_model_evidence(rec, config, T)
 
 
 def _family_rope_types(rec: Recommendation, config: dict, L: int, T: int, theta: float, lmax,
@@ -264,11 +289,14 @@ def add_arguments(parser) -> None:
                              "into the snippet (without it the snippet "
                              "shows a placeholder); with --budget pretrain, the base to train with instead of the "
                              "published anchor")
+    parser.add_argument("--evidence", default=None,
+                        help="the --out folder of a posenc tune of the --config model: its winner, runners-up and "
+                             "paired differences are cited, and a config winner is recommended")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args) -> int:
     rec = pick(args.target_context, args.train_context, args.budget, args.task, args.extrapolation_needed,
-               rope_theta=args.rope_theta, config=args.config)
+               rope_theta=args.rope_theta, config=args.config, evidence=args.evidence)
     print(json.dumps(rec.to_dict(), indent=2) if args.json else format_recommendation(rec))
     return 0

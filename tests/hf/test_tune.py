@@ -178,6 +178,30 @@ def test_patch_spec_refusals_are_one_line(tmp_path):
         posenc.ReRoPE(window=8)
 
 
+def test_eval_reads_a_patch_spec_as_its_method_and_options(model, text, tmp_path, capsys):
+    """`posenc eval --methods none,SPEC.json` gives the rows of `--methods none,self-extend --method-options ...`
+    (the spec's fields become the method's options); a spec whose field --method-options also sets is refused."""
+    from posenc.attention import rule_spec
+
+    spec = tmp_path / "patch_spec.json"
+    spec.write_text(json.dumps(rule_spec(posenc.SelfExtend(group_size=2, window=8))))
+    common = ["eval", model, "--eval-lens", f"{TRAIN_LEN},{TARGET}", "--eval-tokens", str(TARGET), "--data", text,
+              "--sliding-stride", "0", "--threads", "1", "--no-progress", "--factor", "2"]
+    rows = {}
+    for form, methods in (("spec", ["--methods", f"none,{spec}"]),
+                          ("options", ["--methods", "none,self-extend", "--method-options",
+                                       "self-extend.group_size=2,self-extend.window=8"])):
+        assert main([*common, *methods, "--out", str(tmp_path / form)]) == 0
+        # the rows without their timings (wall, rate, memory: this machine's, not the method's)
+        rows[form] = [{k: r[k] for k in ("scaling", "eval_len", "metric", "protocol", "value", "n_scored")}
+                      for r in json.loads((tmp_path / form / "results.json").read_text())["results"]]
+    assert rows["spec"] == rows["options"] and {r["scaling"] for r in rows["spec"]} >= {"none"}
+    assert len({r["scaling"] for r in rows["spec"]}) == 2
+    err = fails(capsys, main, "eval", [*common, "--methods", f"none,{spec}", "--method-options",
+                                       "self-extend.window=4"])
+    assert f"--methods: patch spec {spec} sets self-extend.window, and --method-options sets it too" in err
+
+
 def test_gguf_plan(tmp_path, capsys):
     """A GGUF file is planned as a folder is (its config from the file's metadata; trained 64 here)."""
     from posenc_hf_folders import tiny_gguf

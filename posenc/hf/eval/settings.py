@@ -115,6 +115,7 @@ class EvalSettings:
         for name in ("eval_lens", "tasks", "methods"):
             if not getattr(self, name):
                 raise ConfigError(f"{name}: expected at least one entry, got none")
+        self.methods, self.method_options = expand_patch_specs(self.methods, self.method_options)
         for name in ("eval_lens", "sliding_lens", "tasks", "methods"):
             check_distinct(getattr(self, name), name, error=ConfigError)
         from posenc.lab.tasks.registry import expand_tasks
@@ -179,6 +180,30 @@ class EvalSettings:
         from posenc.extensions.catalogue import method_options
 
         return method_options(self.method_options, attention_methods(self.methods), method, "method_options")
+
+
+def expand_patch_specs(methods, method_options) -> tuple[list[str], dict]:
+    """``methods`` with each patch spec file (an entry ending in .json, what ``posenc tune`` writes and
+    ``posenc.patch`` reads) replaced by its method, and its fields added to ``method_options`` as
+    "method.field" keys, so that the spec runs exactly as ``--methods M --method-options M.field=value`` does.
+    ConfigError (naming methods) for an unreadable spec, or a field that --method-options also sets."""
+    from posenc.attention.spec import is_patch_spec, read_patch_spec, rule_spec
+
+    out, options = [], dict(method_options or {})
+    for entry in methods:
+        if not is_patch_spec(entry):
+            out.append(entry)
+            continue
+        spec = rule_spec(read_patch_spec(entry))      # checked by the registry, as posenc.patch reads it
+        method = spec.pop("method")
+        for name, value in spec.items():
+            key = f"{method}.{name}"
+            if key in options:
+                raise ConfigError(f"methods: patch spec {entry} sets {key}, and method_options sets it too: "
+                                  "give it in one place")
+            options[key] = value
+        out.append(method)
+    return out, options
 
 
 def method_choices() -> tuple[str, ...]:

@@ -17,7 +17,7 @@ import torch
 from posenc._internal.errors import ConfigError, DataError
 from posenc._internal.flags import add_shared
 from posenc.hf.tune import measure, plan as planning, race as racing
-from posenc.hf.tune.report import OUTPUT_FILES, check_out_folder, report_markdown, write_deploy
+from posenc.hf.tune.report import OUTPUT_FILES, check_out_folder, report_markdown, write_deploy, write_gguf_deploy
 
 HELP = "Measure every context-extension method on your own model within a budget and write what to deploy."
 TASKS = ("lm", "passkey")
@@ -138,13 +138,22 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = Tune(args, plan, text, trained, tasks).run()
+    from posenc.tools.evidence import identity
+
+    doc["identity"] = identity(config.to_dict())      # what posenc pick --evidence checks the model by
     write_deploy(out, doc["answer_row"], config, args.target_length, trained)
+    doc["gguf"] = write_gguf_deploy(out, args.model, doc["answer_row"], args.target_length)
     from posenc._internal.atomic import atomic_write_json, atomic_write_text
 
     atomic_write_json(out / "results.json", doc)
     atomic_write_text(out / "report.md", report_markdown(doc))
     print(f"winner: {doc['answer']['winner']} ({doc['answer']['reason']})")
-    print(f"wrote {doc['deploy']}, results.json, report.md into {out}")
+    if doc["gguf"] and "text" in doc["gguf"]:
+        print(doc["gguf"]["text"])
+    elif doc["gguf"]:
+        print(f"no GGUF written: {doc['gguf']['refused']}")
+    print(f"wrote {doc['deploy']}{', ' + doc['gguf']['file'] if doc['gguf'] and 'file' in doc['gguf'] else ''}, "
+          f"results.json, report.md into {out}")
     return 0
 
 

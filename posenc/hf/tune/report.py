@@ -10,7 +10,9 @@ from pathlib import Path
 from posenc._internal.errors import ConfigError
 
 # what --out receives; a folder already holding one needs --overwrite (or --resume for an interrupted tune)
-OUTPUT_FILES = ("results.json", "report.md", "config.json", "patch_spec.json")
+OUTPUT_FILES = ("results.json", "report.md", "config.json", "patch_spec.json", "extended.gguf")
+# the GGUF file written for llama.cpp when the input is a GGUF file and a frequency method llama.cpp runs won
+GGUF_OUT = "extended.gguf"
 WHERE = {"config": "config.json: transformers and vLLM load it as the model's config (copy it beside the weights)",
          "attention": "patch_spec.json: posenc.patch(model, 'patch_spec.json') applies it to a transformers model "
                       "loaded through posenc; vLLM and llama.cpp do not run attention methods"}
@@ -49,6 +51,38 @@ def write_deploy(out: Path, winner: dict, config, target: int, trained: int) -> 
                                                                                **winner["options"])))
 
 
+def write_gguf_deploy(out: Path, model: str, winner: dict, target: int) -> dict | None:
+    """For a GGUF input whose winner is a frequency method: the GGUF file llama.cpp runs extended, written by
+    ``posenc extend MODEL.gguf --out NEW.gguf``'s own code (posenc.tools.extend.plan_gguf_extension and
+    posenc.tools.extend_gguf), and its llama.cpp flags -> {"file", "flags", "text"}; {"refused": reason} when
+    llama.cpp cannot run the method as posenc means it (dynamic NTK, a factor tensor its graph ignores); None for
+    a folder input or an attention winner."""
+    from posenc.gguf import is_gguf, read_gguf
+    from posenc.tools import extend_gguf
+    from posenc.tools.extend import plan_gguf_extension
+
+    if winner["kind"] != "config" or not is_gguf(model):
+        return None
+    try:
+        extend_gguf.check_method(winner["method"], read_gguf(model).architecture)
+        plan = plan_gguf_extension(model, target, winner["method"])
+    except ConfigError as exc:    # the tune's answer stands; only llama.cpp's file cannot carry it
+        return {"refused": str(exc)}
+    extend_gguf.write_gguf_extension(model, out / GGUF_OUT, plan)
+    return {"file": GGUF_OUT, "flags": plan.new_flags,
+            "text": extend_gguf.format_plan(plan, str(model), str(out / GGUF_OUT))}
+
+
+def _gguf_lines(gguf: dict | None) -> list[str]:
+    """report.md's llama.cpp section."""
+    if not gguf:
+        return []
+    if "refused" in gguf:
+        return ["## llama.cpp", "", f"No GGUF written: {gguf['refused']}", ""]
+    return ["## llama.cpp", "", f"{gguf['file']}: the input GGUF with the winner's RoPE scaling (`posenc extend "
+            "MODEL.gguf --out NEW.gguf`), every tensor copied.", "", "```", gguf["text"], "```", ""]
+
+
 def _num(x, digits: int = 4) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
@@ -77,4 +111,4 @@ def report_markdown(doc: dict) -> str:
                   f"{doc['trained_check'][ans['winner']]:.4f} nats (more than {doc['margin']}): short inputs get "
                   "worse with it.", ""]
     lines += [f"Deploy: {doc['deploy']} ({WHERE[doc['winner_kind']]}).", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _gguf_lines(doc.get("gguf")))
