@@ -93,6 +93,27 @@ def _existing_scaling(entry: dict[str, Any]) -> dict[str, Any] | None:
             "claimed_from": entry["claimed_context_from"], "max_position_embeddings": entry["max_position_embeddings"]}
 
 
+def _read_existing(config, rope_theta, theta_from: str, train_context):
+    """An existing model's RoPE entry, with the base and trained context it gives where the caller gave none:
+    -> (entry, rope_theta, where the base came from, train_context)."""
+    entry = _config_rope(config)
+    if rope_theta is None:
+        from posenc.rope.scaling import trained_theta
+
+        rope_theta, theta_from = entry["rope_theta"], "read from the config"
+        trained = trained_theta(entry["rope_type"], rope_theta, entry["parameters"], entry["rotary_dim"])
+        if trained != rope_theta:   # Hunyuan's NTK-alpha: the model trained with the raised base, keep it
+            rope_theta, theta_from = trained, (f"the base the model trained with: the config's rope_theta "
+                                               f"{entry['rope_theta']:g} raised by its {entry['rope_type']} "
+                                               "scaling at every length")
+    if train_context is None:
+        train_context = _entry_context(entry)
+        if train_context is None:
+            raise PosencError("the config states no context length (max_position_embeddings): give "
+                              "--train-context")
+    return entry, rope_theta, theta_from, train_context
+
+
 def pick(target_context: int, train_context: int | None = None, budget: str = "none", task: str = "lm",
          extrapolation_needed: bool = False, *, rope_theta: float | None = None, config=None,
          evidence=None) -> Recommendation:
@@ -117,21 +138,7 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
         if kept is not None:
             return kept
     if config is not None:   # explicit arguments win over what the config says
-        entry = _config_rope(config)
-        if rope_theta is None:
-            from posenc.rope.scaling import trained_theta
-
-            rope_theta, theta_from = entry["rope_theta"], "read from the config"
-            trained = trained_theta(entry["rope_type"], rope_theta, entry["parameters"], entry["rotary_dim"])
-            if trained != rope_theta:   # Hunyuan's NTK-alpha: the model trained with the raised base, keep it
-                rope_theta, theta_from = trained, (f"the base the model trained with: the config's rope_theta "
-                                                   f"{entry['rope_theta']:g} raised by its {entry['rope_type']} "
-                                                   "scaling at every length")
-        if train_context is None:
-            train_context = _entry_context(entry)
-            if train_context is None:
-                raise PosencError("the config states no context length (max_position_embeddings): give "
-                                  "--train-context")
+        entry, rope_theta, theta_from, train_context = _read_existing(config, rope_theta, theta_from, train_context)
         existing = _existing_scaling(entry)
     if train_context is None:
         raise PosencError("train_context is required (or give config= to read it from a model config)")
