@@ -21,7 +21,8 @@ In place: pass the inputs as outputs (each program reads a tile before writing i
 Backward: posenc.kernels.rope_dispatch wraps this in an autograd.Function whose backward is this same kernel
 with the angle negated (``inverse=True``).
 
-The kernel is jitted on first use rather than at import, because triton decides between compiling and its CPU
+The kernel and the device functions it calls (``_token_index``, ``_cos_sin_tile``, ``_rotate_rows``; triton inlines
+them) are jitted on first use rather than at import, because triton decides between compiling and its CPU
 interpreter (TRITON_INTERPRET=1, used by the tests) when ``triton.jit`` runs.
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+import types
 from collections.abc import Sequence
 
 import torch
@@ -68,36 +70,14 @@ _INT_ARGS = ["n_tok", "heads_per_prog",
              "nhk", "kh1", "xk_h0", "xk_h1", "ok_h0", "ok_h1"]
 
 
-def _rope_kernel(
-    XQ, OQ, XK, OK, SA, SB,
-    n_tok, heads_per_prog,
-    qt1, qt2, xq_t0, xq_t1, xq_t2, oq_t0, oq_t1, oq_t2, s_t0, s_t1, s_t2,
-    kt1, kt2, xk_t0, xk_t1, xk_t2, ok_t0, ok_t1, ok_t2,
-    nhq, qh1, xq_h0, xq_h1, oq_h0, oq_h1,
-    nhk, kh1, xk_h0, xk_h1, ok_h0, ok_h1,
-    DIM: tl.constexpr, ROT: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
-    ANGLES: tl.constexpr, SCALED: tl.constexpr, MATH64: tl.constexpr, INVERSE: tl.constexpr,
-    INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr,
-    TABLE_VEC: tl.constexpr,
-):
-    # ---- this program's tokens, and their element offsets in q, k (and their outputs) and the angle source
-    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)           # [T]
-    tmask = tok < n_tok
-    # a token index is row-major over three dims [*, t1, t2], sized per tensor (q's and k's dims may merge
-    # differently); the angle source follows q's
-    q2, k2 = tok % qt2, tok % kt2
-    q1, k1 = (tok // qt2) % qt1, (tok // kt2) % kt1
-    q0, k0 = tok // qt2 // qt1, tok // kt2 // kt1
-    xq_tok = q0 * xq_t0 + q1 * xq_t1 + q2 * xq_t2
-    oq_tok = q0 * oq_t0 + q1 * oq_t1 + q2 * oq_t2
-    s_tok = q0 * s_t0 + q1 * s_t1 + q2 * s_t2
-    xk_tok = k0 * xk_t0 + k1 * xk_t1 + k2 * xk_t2
-    ok_tok = k0 * ok_t0 + k1 * ok_t1 + k2 * ok_t2
+def _token_index(tok, t1, t2):
+    """The row-major index (i0, i1, i2) over three dims [*, t1, t2] of tokens ``tok`` [T]."""
+    return tok // t2 // t1, (tok // t2) % t1, tok % t2
 
-    # ---- the [T, HALF] cos/sin tile, formed once for every head this program rotates
-    j = tl.arange(0, HALF_PAD)                                                        # [HALF] pair index
-    jmask = j < ROT // 2
-    m = tmask[:, None] & jmask[None, :]
+
+def _cos_sin_tile(SA, SB, s_tok, tmask, j, jmask, ROT: tl.constexpr, ANGLES: tl.constexpr, SCALED: tl.constexpr,
+                  MATH64: tl.constexpr, INVERSE: tl.constexpr, TABLE_VEC: tl.constexpr):
+    """The [T, HALF] cos and sin of tokens at angle-source offsets s_tok [T], pairs j [HALF] (-sin if INVERSE)."""
     if ANGLES:   # SA: positions, SB: [ROT // 2] float64 frequencies followed by the scaling
         pos = tl.load(SA + s_tok, mask=tmask, other=0).to(tl.float64)
         inv = tl.load(SB + j, mask=jmask, other=0.0)
@@ -117,12 +97,67 @@ def _rope_kernel(
             c = (c * scaling).to(c.dtype)
             s = (s * scaling).to(s.dtype)
     else:        # SA, SB: cos and sin tables in the math dtype, read through the token strides
-        if TABLE_VEC > 1:   # table rows start on 16 bytes
-            s_tok = tl.multiple_of(s_tok, TABLE_VEC)
+        m = tmask[:, None] & jmask[None, :]
         c = tl.load(SA + s_tok[:, None] + j[None, :], mask=m, other=0.0)
         s = tl.load(SB + s_tok[:, None] + j[None, :], mask=m, other=0.0)
     if INVERSE:
         s = -s
+    return c, s
+
+
+def _rotate_rows(X, O, xoff, ooff, c, s, tmask, j, jmask, DIM: tl.constexpr, ROT: tl.constexpr,
+                 HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr):
+    """Rotate one head's [T, DIM] rows of X (row offsets xoff [T]) by the [T, HALF] c, s; write them at O + ooff."""
+    if INTERLEAVED:   # pairs (2j, 2j + 1): load whole rows and split the last dim in two
+        col = tl.arange(0, 2 * HALF_PAD)
+        m2 = tmask[:, None] & (col < ROT)[None, :]
+        v = tl.load(X + xoff[:, None] + col[None, :], mask=m2, other=0.0).to(c.dtype)
+        a, b = tl.split(tl.reshape(v, (BLOCK_T, HALF_PAD, 2)))
+        r = tl.reshape(tl.join(a * c - b * s, a * s + b * c), (BLOCK_T, 2 * HALF_PAD))
+        tl.store(O + ooff[:, None] + col[None, :], r.to(O.dtype.element_ty), mask=m2)
+    else:             # pairs (j, j + ROT / 2): two contiguous halves
+        m = tmask[:, None] & jmask[None, :]
+        a = tl.load(X + xoff[:, None] + j[None, :], mask=m, other=0.0).to(c.dtype)
+        b = tl.load(X + xoff[:, None] + (j + ROT // 2)[None, :], mask=m, other=0.0).to(c.dtype)
+        tl.store(O + ooff[:, None] + j[None, :], (a * c - b * s).to(O.dtype.element_ty), mask=m)
+        tl.store(O + ooff[:, None] + (j + ROT // 2)[None, :], (a * s + b * c).to(O.dtype.element_ty), mask=m)
+    if COPY_TAIL:     # partial rotary, out of place: the unrotated dims pass through
+        t = ROT + tl.arange(0, TAIL_PAD)
+        tm = tmask[:, None] & (t < DIM)[None, :]
+        tl.store(O + ooff[:, None] + t[None, :], tl.load(X + xoff[:, None] + t[None, :], mask=tm), mask=tm)
+
+
+def _rope_kernel(
+    XQ, OQ, XK, OK, SA, SB,
+    n_tok, heads_per_prog,
+    qt1, qt2, xq_t0, xq_t1, xq_t2, oq_t0, oq_t1, oq_t2, s_t0, s_t1, s_t2,
+    kt1, kt2, xk_t0, xk_t1, xk_t2, ok_t0, ok_t1, ok_t2,
+    nhq, qh1, xq_h0, xq_h1, oq_h0, oq_h1,
+    nhk, kh1, xk_h0, xk_h1, ok_h0, ok_h1,
+    DIM: tl.constexpr, ROT: tl.constexpr, HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+    ANGLES: tl.constexpr, SCALED: tl.constexpr, MATH64: tl.constexpr, INVERSE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr,
+    TABLE_VEC: tl.constexpr,
+):
+    # ---- this program's tokens, and their element offsets in q, k (and their outputs) and the angle source;
+    # q's and k's token dims may merge differently, and the angle source follows q's
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)           # [T]
+    tmask = tok < n_tok
+    q0, q1, q2 = _token_index(tok, qt1, qt2)
+    k0, k1, k2 = _token_index(tok, kt1, kt2)
+    xq_tok = q0 * xq_t0 + q1 * xq_t1 + q2 * xq_t2
+    oq_tok = q0 * oq_t0 + q1 * oq_t1 + q2 * oq_t2
+    s_tok = q0 * s_t0 + q1 * s_t1 + q2 * s_t2
+    xk_tok = k0 * xk_t0 + k1 * xk_t1 + k2 * xk_t2
+    ok_tok = k0 * ok_t0 + k1 * ok_t1 + k2 * ok_t2
+
+    # ---- the [T, HALF] cos/sin tile, formed once for every head this program rotates
+    j = tl.arange(0, HALF_PAD)                                                        # [HALF] pair index
+    jmask = j < ROT // 2
+    if TABLE_VEC > 1:   # table rows start on 16 bytes (said here: a hint given inside the callee is lost, and
+        s_tok = tl.multiple_of(s_tok, TABLE_VEC)    # the table loads compile to 4-byte accesses, not 16)
+    c, s = _cos_sin_tile(SA, SB, s_tok, tmask, j, jmask, ROT, ANGLES, SCALED, MATH64, INVERSE, TABLE_VEC)
 
     # ---- heads [h0, h1) of the list q's heads then k's heads
     h0 = tl.program_id(1).to(tl.int64) * heads_per_prog
@@ -140,32 +175,35 @@ def _rope_kernel(
         if ALIGNED:  # every row starts on 16 bytes: lets the loads and stores below be 16 bytes wide
             xoff = tl.multiple_of(xoff, VEC)
             ooff = tl.multiple_of(ooff, VEC)
-        X = tl.where(is_k, XK, XQ)
-        O = tl.where(is_k, OK, OQ)
-        if INTERLEAVED:   # pairs (2j, 2j + 1): load whole rows and split the last dim in two
-            col = tl.arange(0, 2 * HALF_PAD)
-            m2 = tmask[:, None] & (col < ROT)[None, :]
-            v = tl.load(X + xoff[:, None] + col[None, :], mask=m2, other=0.0).to(c.dtype)
-            a, b = tl.split(tl.reshape(v, (BLOCK_T, HALF_PAD, 2)))
-            r = tl.reshape(tl.join(a * c - b * s, a * s + b * c), (BLOCK_T, 2 * HALF_PAD))
-            tl.store(O + ooff[:, None] + col[None, :], r.to(O.dtype.element_ty), mask=m2)
-        else:             # pairs (j, j + ROT / 2): two contiguous halves
-            a = tl.load(X + xoff[:, None] + j[None, :], mask=m, other=0.0).to(c.dtype)
-            b = tl.load(X + xoff[:, None] + (j + ROT // 2)[None, :], mask=m, other=0.0).to(c.dtype)
-            tl.store(O + ooff[:, None] + j[None, :], (a * c - b * s).to(O.dtype.element_ty), mask=m)
-            tl.store(O + ooff[:, None] + (j + ROT // 2)[None, :], (a * s + b * c).to(O.dtype.element_ty), mask=m)
-        if COPY_TAIL:     # partial rotary, out of place: the unrotated dims pass through
-            t = ROT + tl.arange(0, TAIL_PAD)
-            tm = tmask[:, None] & (t < DIM)[None, :]
-            tl.store(O + ooff[:, None] + t[None, :], tl.load(X + xoff[:, None] + t[None, :], mask=tm), mask=tm)
+        _rotate_rows(tl.where(is_k, XK, XQ), tl.where(is_k, OK, OQ), xoff, ooff, c, s, tmask, j, jmask,
+                     DIM, ROT, HALF_PAD, TAIL_PAD, BLOCK_T, INTERLEAVED, COPY_TAIL)
+
+
+_DEVICE_FUNCTIONS = ("_token_index", "_cos_sin_tile", "_rotate_rows")    # what _rope_kernel calls
+
+
+def _jit_kernel():
+    """_rope_kernel and the device functions it calls, jitted in the mode triton is in now (compiled, or the
+    interpreter under TRITON_INTERPRET). The kernel looks its callees up in its globals, so each jitting gets its
+    own copy of the module's namespace holding that mode's callees: a mode's kernel never calls the other's."""
+    namespace = dict(globals())
+
+    def rebind(fn):
+        bound = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+        bound.__qualname__, bound.__module__ = fn.__qualname__, fn.__module__
+        return bound
+
+    for name in _DEVICE_FUNCTIONS:
+        namespace[name] = triton.jit(rebind(globals()[name]))
+    # integers are not specialised (a size or stride of 1 would otherwise become a compile-time constant, and
+    # every new geometry a recompile); ALIGNED carries the one fact about them that matters for speed
+    return triton.jit(rebind(_rope_kernel), do_not_specialize=_INT_ARGS)
 
 
 def _kernel():
     mode = _interpret()
     if mode not in _kernels:
-        # integers are not specialised (a size or stride of 1 would otherwise become a compile-time constant, and
-        # every new geometry a recompile); ALIGNED carries the one fact about them that matters for speed
-        _kernels[mode] = triton.jit(_rope_kernel, do_not_specialize=_INT_ARGS)
+        _kernels[mode] = _jit_kernel()
     return _kernels[mode]
 
 
@@ -352,7 +390,7 @@ def compile_offline(dtype: str, layout: str, angles: bool, *, arch: int = 90, di
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = triton.jit(_rope_kernel, do_not_specialize=_INT_ARGS)
+    fn = _jit_kernel()
     const = dict(DIM=dim, ROT=dim, HALF_PAD=triton.next_power_of_2(dim // 2), TAIL_PAD=1, BLOCK_T=block_t,
                  ANGLES=angles, SCALED=False, MATH64=False, INVERSE=False, INTERLEAVED=layout == "interleaved",
                  COPY_TAIL=False, ALIGNED=True, VEC=16 // {"fp32": 4, "bf16": 2, "fp16": 2}[dtype],
