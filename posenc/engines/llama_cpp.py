@@ -71,9 +71,16 @@ def converted_scaling(model: AuditModel, rc, layer_type: str | None) -> dict:
 def _file_scaling(model: AuditModel) -> dict:
     s = model.gguf.scaling
     kind = str(s.get("type", "none"))
-    if any(name.startswith(("rope_freqs", "rope_factors_")) for name in model.gguf.tensors):
-        return {"type": "unsupported", "why": "the file's per-frequency factor tensors (rope_freqs / rope_factors_*) "
-                                              "are not read by the audit"}
+    factors = _factor_tensors(model) if any(name.startswith(("rope_freqs", "rope_factors_"))
+                                             for name in model.gguf.tensors) else {}
+    if kind == "longrope" and {"rope_factors_long", "rope_factors_short"} <= set(factors):
+        return {"type": "longrope-file", "original": int(s.get("original_context_length") or 0) or None,
+                "attn_factor": float(s.get("attn_factor", 1.0)), **factors}
+    if factors and (set(factors) != {"rope_freqs"} or kind not in ("none", "")):
+        return {"type": "unsupported", "why": f"factor tensors {sorted(factors)} with rope.scaling.type {kind!r} "
+                                              "are not audited"}
+    if factors:     # Llama 3.1-style: each pair's angle divided by rope_freqs (llama_model::get_rope_factors)
+        return {"type": "divisors", "divisors": factors["rope_freqs"]}
     if kind in ("none", "") or kind == "linear" and not s.get("factor"):
         return {"type": "none"}
     if kind == "linear":
@@ -83,6 +90,21 @@ def _file_scaling(model: AuditModel) -> dict:
                 "original": int(s.get("original_context_length") or 0) or None,
                 "beta_fast": s.get("yarn_beta_fast"), "beta_slow": s.get("yarn_beta_slow")}
     return {"type": "unsupported", "why": f"{model.gguf.architecture}.rope.scaling.type {kind!r} is not audited"}
+
+
+def _factor_tensors(model: AuditModel) -> dict:
+    """{"rope_freqs" | "rope_factors_long" | "rope_factors_short": float64 tensor [rotary_dim / 2]} of the file."""
+    import torch
+    from gguf import GGUFReader
+
+    return {t.name.removesuffix(".weight"): torch.tensor(t.data.astype("float64").reshape(-1))
+            for t in GGUFReader(model.gguf.path).tensors if t.name.startswith(("rope_freqs", "rope_factors_"))}
+
+
+def _divided(rc, divisors):
+    """llama.cpp's inverse frequencies for per-pair divisors: the file's plain ones over the divisors, float32."""
+    base, _ = frequencies(variant(rc, "default", drop=tuple(rc.params)), None)
+    return (base.double() / divisors).float()
 
 
 def yarn_attention(s: float, rc, model_type: str | None, attn_factor: float = 1.0) -> float:
@@ -117,6 +139,14 @@ def llama_cpp_rope(model: AuditModel, layer_type: str | None) -> EngineRope:
             variant(rc, "linear", drop=tuple(rc.params), factor=f["factor"]), None)
     elif kind == "yarn":
         _yarn(row, model, rc, f)
+    elif kind == "divisors":
+        row.method = "rope_freqs tensor (each pair's angle divided by it)"
+        row.inv_freq, row.attention_factor = _divided(rc, f["divisors"]), 1.0
+    elif kind == "longrope-file":
+        row.switch, row.method = SWITCH, "longrope (rope_factors_long / _short tensors)"
+        long = f["original"] is not None and model.length > f["original"]
+        row.inv_freq = _divided(rc, f["rope_factors_long" if long else "rope_factors_short"])
+        row.attention_factor = f["attn_factor"]
     else:   # longrope: transformers' factors at the per-slot context L; the converter's attention factor
         row.switch = SWITCH
         row.inv_freq, row.attention_factor = frequencies(variant(rc, drop=("factor", "attention_factor")),

