@@ -100,7 +100,7 @@ def _row_dict(row: EngineRope, ref: EngineRope, length: int) -> dict[str, Any]:
             "reason": row.reason, "inv_freq": inv, "attention_factor": row.attention_factor,
             "max_delta_angle": None if gap is None else gap[0], "switch": row.switch,
             "context_limit": row.context_limit, "context_note": row.context_note, "layout": row.layout,
-            "notes": row.notes}
+            "notes": row.notes, "checked": row.checked}
 
 
 def audit(source, *, length: int | None = None, engines: list[str] | None = None) -> dict[str, Any]:

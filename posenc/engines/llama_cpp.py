@@ -153,7 +153,26 @@ def llama_cpp_rope(model: AuditModel, layer_type: str | None) -> EngineRope:
                                                          model.length)
     if f.get("unsupported"):
         row.supported, row.reason = False, f["unsupported"]
+    if model.gguf is not None and layer_type != "sliding_attention":
+        _check_in_llama_cpp(row, model, f)
     return row
+
+
+def _check_in_llama_cpp(row: EngineRope, model: AuditModel, f: dict) -> None:
+    """When llama.cpp is installed (the engines set-up), load the file in it and say whether what it read (trained
+    context, frequency scale 1 / factor, rope type) is what this row's rule assumes."""
+    from posenc.engines import llama_cpp_run
+
+    if not llama_cpp_run.available():
+        return
+    hp = llama_cpp_run.read_hparams(model.gguf.path)
+    scale = 1.0 / float(f["factor"]) if f["type"] in ("linear", "yarn") else 1.0
+    agree = hp["context_length"] == row.context_limit and abs(hp["rope_freq_scale"] - scale) <= 1e-6 * scale
+    row.checked = {**hp, "agrees": agree}
+    row.notes.append(f"llama.cpp itself (llama-cpp-python {hp['llama.cpp']}, the file loaded here) reads context "
+                     f"{hp['context_length']:,}, frequency scale {hp['rope_freq_scale']:g}, rope type "
+                     f"{hp['rope_type']}: " + ("as this row says" if agree else
+                                               f"NOT as this row says (context {row.context_limit}, scale {scale:g})"))
 
 
 def _yarn(row: EngineRope, model: AuditModel, rc, f: dict) -> None:

@@ -77,3 +77,34 @@ def _target_logprobs(logits: np.ndarray, targets: Sequence[int], rows: int = 102
         lse = peak[:, 0] + np.log(np.exp(block - peak).sum(axis=1))
         out[s:s + rows] = block[np.arange(len(block)), t[s:s + rows]] - lse
     return out
+
+
+# llama.cpp's rope types (include/llama.h): how it pairs the dims it rotates
+ROPE_TYPES = {-1: "none", 0: "norm: pairs (2j, 2j + 1)", 2: "neox: pairs (j, j + d/2)", 8: "mrope", 24: "vision",
+              40: "imrope"}
+
+
+def read_hparams(gguf_path: str | os.PathLike) -> dict:
+    """What llama.cpp itself reads from a GGUF file: the model loaded (memory-mapped, on the CPU, no context) and
+    asked for its trained context, its RoPE frequency scale (1 / the linear or YaRN factor) and rope type.
+
+    -> {"context_length": int, "rope_freq_scale": float, "rope_type": str, "llama.cpp": version}.
+    ConfigError (one line) when llama-cpp-python is missing or llama.cpp cannot load the file."""
+    if not available():
+        raise ConfigError("llama.cpp: llama-cpp-python is not installed; run `bash scripts/setup.sh engines`")
+    import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = 0
+    with suppress_stdout_stderr(disable=False):       # llama.cpp logs every metadata key to stderr
+        model = llama_cpp.llama_model_load_from_file(os.fsencode(os.fspath(gguf_path)), params)
+    if not model:
+        raise ConfigError(f"{gguf_path}: llama.cpp could not load the file")
+    try:
+        code = int(llama_cpp.llama_model_rope_type(model))
+        return {"context_length": int(llama_cpp.llama_model_n_ctx_train(model)),
+                "rope_freq_scale": float(llama_cpp.llama_model_rope_freq_scale_train(model)),
+                "rope_type": ROPE_TYPES.get(code, f"code {code}"), "llama.cpp": llama_cpp.__version__}
+    finally:
+        llama_cpp.llama_model_free(model)

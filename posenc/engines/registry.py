@@ -50,6 +50,8 @@ class EngineRope:
     supported: bool = True
     reason: str = ""
     notes: list[str] = field(default_factory=list)
+    # what the engine itself reported for the file, where the audit could run it (llama.cpp with the engines set-up)
+    checked: dict | None = None
 
 
 Rule = Callable[[AuditModel, "str | None"], EngineRope]

@@ -90,3 +90,18 @@ def test_token_logprobs_refuses_bad_ids_in_one_line():
         token_logprobs(GGUF, [1, 2, 10 ** 6], threads=1)
     with pytest.raises(ConfigError, match="ids: expected at least 2"):
         token_logprobs(GGUF, [1], threads=1)
+
+
+@pytest.mark.parametrize("method, scale", [("yarn", 0.5), ("linear", 0.5), ("ntk", 1.0)])
+def test_audit_of_an_extended_gguf_agrees_with_what_llama_cpp_reads(method, scale, tmp_path, capsys):
+    # with llama.cpp installed, the audit loads the file in it: the trained context and frequency scale llama.cpp
+    # reads are the ones the llama.cpp rule assumed (16,384 and 1 / factor; NTK-aware changes the base, not the scale)
+    from posenc.cli import main
+    from posenc.engines.audit import audit
+
+    new = _extend(method, tmp_path / f"{method}.gguf")
+    row = next(r for r in audit(new)["rows"] if r["engine"] == "llama.cpp")
+    assert row["checked"]["agrees"], row
+    assert row["checked"]["context_length"] == 16384 and row["checked"]["rope_freq_scale"] == pytest.approx(scale)
+    assert main(["audit", str(new)]) == 0
+    assert "llama.cpp itself (llama-cpp-python 0.3." in capsys.readouterr().out
