@@ -289,13 +289,16 @@ def _schedule(cfg: Mapping) -> dict[str, Any]:
     multiplier."""
     from collections import Counter
 
-    from posenc.rope.layers import layer_schedule
+    from posenc.rope.layers import POSITIONLESS_LAYER_KINDS, layer_schedule
 
     s = layer_schedule(cfg)
     tuning = s.temperature_tuning
     return {
         "num_layers": s.num_layers,
         "nope_layers": s.nope_layers,
+        # the kinds of layer with no q/k attention at all among them (linear attention, convolutions)
+        "positionless_kinds": sorted({s.layer_types[i] for i in s.nope_layers} & POSITIONLESS_LAYER_KINDS)
+        if s.layer_types else [],
         "rope_layers": None if s.rope is None else sum(s.rope),
         "layer_types": None if s.layer_types is None else dict(Counter(s.layer_types)),
         "attention_chunk_size": s.attention_chunk_size,

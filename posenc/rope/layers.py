@@ -55,6 +55,10 @@ NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe", "mini
 # model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning
 NOPE_LAYER_TYPES = frozenset({"llama4", "llama4_text", "smollm3", "mistral_large4"})
 TEMPERATURE_TUNING_TYPES = frozenset({"llama4", "llama4_text"})
+# layer kinds (layer_types entries) with no q/k attention, hence nothing to rotate: Qwen3-Next / Qwen3.5's Gated
+# DeltaNet layers ("linear_attention") and LFM2's short convolutions ("conv"), as their transformers decoder layers
+# build them (no self_attn module, no position embeddings read)
+POSITIONLESS_LAYER_KINDS = frozenset({"linear_attention", "conv"})
 # model types whose attention adds a learned per-head sink logit to every softmax (transformers' s_aux)
 SINK_LOGIT_TYPES = frozenset({"gpt_oss"})
 # model types whose layer_types default to a repeating local/global pattern, as their transformers config classes
@@ -275,6 +279,9 @@ def layer_schedule(config) -> LayerSchedule:
         rope_keys = tuple(t if entries[t] is not None else None for t in layer_types)
         rope = tuple(k is not None for k in rope_keys) if rope is None else \
             tuple(r and k is not None for r, k in zip(rope, rope_keys))
+    if layer_types is not None and any(t in POSITIONLESS_LAYER_KINDS for t in layer_types):
+        attends = tuple(t not in POSITIONLESS_LAYER_KINDS for t in layer_types)
+        rope = attends if rope is None else tuple(r and a for r, a in zip(rope, attends))
     tuning = None
     if model_type_of(cfg) in TEMPERATURE_TUNING_TYPES and cfg.get("attn_temperature_tuning", True):
         tuning = TemperatureTuning(

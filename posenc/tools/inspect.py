@@ -102,8 +102,10 @@ def _layer_lines(layers: dict[str, Any] | None) -> list[str]:
     lines = ["\nlayers"]
     if layers["num_layers"] is not None:
         nope = layers["nope_layers"]
+        kinds = layers.get("positionless_kinds") or []
         lines.append(f"  rotate q/k           {layers['num_layers'] - len(nope)} of {layers['num_layers']} layers"
-                     + (f"; NoPE layers {_ranges(nope)}" if nope else ""))
+                     + (f"; {'no RoPE on' if kinds else 'NoPE layers'} {_ranges(nope)}" if nope else "")
+                     + (f" ({' and '.join(kinds)} layers have no q/k attention)" if kinds else ""))
     if layers["layer_types"]:
         lines.append("  attention kinds      " + ", ".join(f"{k} x{v}" for k, v in layers["layer_types"].items()))
     if layers["attention_chunk_size"]:

@@ -324,3 +324,30 @@ def test_qwen3_5_interleaved_mrope_partial_yarn_matches_transformers_qk():
         assert torch.equal(q[..., 16:], calls[i]["query"][..., 16:])
         assert not torch.allclose(plain(q_in, k_in, positions)[0], calls[i]["query"], atol=1e-3)  # yarn acts
         assert not torch.allclose(rot(q_in, k_in, positions[0])[0], calls[i]["query"], atol=1e-3)  # rows act
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "lfm2"])
+def test_layers_without_qk_attention_do_not_count_as_rotating(family):
+    """Qwen3.5's Gated DeltaNet layers ("linear_attention") and LFM2's short convolutions ("conv") have no q/k
+    attention: the layers posenc's schedule says rotate are exactly those transformers builds an attention module
+    (``self_attn``) for, and inspect says why the others do not."""
+    import transformers
+
+    from posenc.rope.describe import inspect_config
+    from posenc.rope.layers import layer_schedule
+
+    other = "linear_attention" if family == "qwen3_5_text" else "conv"
+    kinds = [other, "full_attention", other, other, "full_attention"]
+    if family == "qwen3_5_text":
+        raw = dict(_qwen3_5("default")[0], num_hidden_layers=5, layer_types=kinds)
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**raw))
+    else:
+        raw = dict(TINY, model_type="lfm2", num_hidden_layers=5, layer_types=kinds, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e4})
+        model = transformers.Lfm2ForCausalLM(transformers.Lfm2Config(**{k: v for k, v in raw.items()
+                                                                         if k != "model_type"}))
+    rotating = [hasattr(layer, "self_attn") for layer in model.model.layers]
+    assert rotating == [k == "full_attention" for k in kinds]
+    schedule = layer_schedule(raw)
+    assert schedule.nope_layers == [i for i, r in enumerate(rotating) if not r]
+    assert inspect_config(raw)["layers"]["positionless_kinds"] == [other]
