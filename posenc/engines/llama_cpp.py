@@ -18,6 +18,7 @@ differences from posenc.rope.scaling (transformers' formulas):
 
 from __future__ import annotations
 
+from posenc._internal.errors import ConfigError
 from posenc.engines.common import frequencies, variant
 from posenc.engines.registry import AuditModel, EngineRope, register_engine
 from posenc.rope.scaling import yarn_betas, yarn_mscale
@@ -165,7 +166,11 @@ def _check_in_llama_cpp(row: EngineRope, model: AuditModel, f: dict) -> None:
 
     if not llama_cpp_run.available():
         return
-    hp = llama_cpp_run.read_hparams(model.gguf.path)
+    try:
+        hp = llama_cpp_run.read_hparams(model.gguf.path)
+    except ConfigError as exc:      # an architecture this llama.cpp does not know: the rule's row still stands
+        row.notes.append(f"llama.cpp itself could not check this row: {exc}")
+        return
     scale = 1.0 / float(f["factor"]) if f["type"] in ("linear", "yarn") else 1.0
     agree = hp["context_length"] == row.context_limit and abs(hp["rope_freq_scale"] - scale) <= 1e-6 * scale
     row.checked = {**hp, "agrees": agree}

@@ -105,3 +105,24 @@ def test_audit_of_an_extended_gguf_agrees_with_what_llama_cpp_reads(method, scal
     assert row["checked"]["context_length"] == 16384 and row["checked"]["rope_freq_scale"] == pytest.approx(scale)
     assert main(["audit", str(new)]) == 0
     assert "llama.cpp itself (llama-cpp-python 0.3." in capsys.readouterr().out
+
+
+def test_audit_of_a_file_llama_cpp_refuses_keeps_the_rules_row(tmp_path, monkeypatch):
+    # llama.cpp loads the tiny file and agrees with the rule; when it refuses a file (an architecture it does not
+    # know, say), the audit still gives the rule's row, with a note instead of the check
+    from posenc import ConfigError
+    from posenc.engines import llama_cpp_run
+    from posenc.engines.audit import audit
+    from posenc_gguf_files import tiny_llama_gguf
+
+    path = tiny_llama_gguf(tmp_path / "tiny.gguf")
+    row = next(r for r in audit(path)["rows"] if r["engine"] == "llama.cpp")
+    assert row["checked"]["agrees"] and row["checked"]["context_length"] == 64, row
+
+    def refuse(_path):
+        raise ConfigError(f"{_path}: llama.cpp could not load the file")
+
+    monkeypatch.setattr(llama_cpp_run, "read_hparams", refuse)
+    refused = next(r for r in audit(path)["rows"] if r["engine"] == "llama.cpp")
+    assert refused["checked"] is None and refused["inv_freq"] == row["inv_freq"]
+    assert any("llama.cpp itself could not check this row" in n for n in refused["notes"]), refused["notes"]
