@@ -116,7 +116,8 @@ CORPUS = {
     # Qwen3.5 text: interleaved M-RoPE on 64 of 256 dims (partial 0.25) with the cards' YaRN x4 block
     "qwen3.5-text-yarn": ("rope", {None: ("yarn", 1e7, 64, 256)}, 262144, 1048576,
                           {"axes": [11, 11, 10], "interleaved": True, "warnings": ["equals the original context"],
-                           "extend": "already uses", "kinds": {"linear_attention": 24, "full_attention": 8}}),
+                           "extend": "already uses", "kinds": {"linear_attention": 24, "full_attention": 8},
+                           "nope": 24}),   # the Gated DeltaNet layers have no q/k attention to rotate
     "qwen3-8b": ("rope", {None: ("default", 1e6, 128, 128)}, 40960, 40960, {}),
     "qwen3-vl-8b-instruct": ("rope", {None: ("default", 5e6, 128, 128)}, 262144, 262144,
                              {"axes": [24, 20, 20], "interleaved": True, "vision": ("axial", 72)}),
