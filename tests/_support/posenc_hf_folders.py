@@ -78,6 +78,16 @@ def tiny_gguf(path: Path, hidden: int = 32, ff: int = 64) -> Path:
     return path
 
 
+def short_text(path: Path) -> Path:
+    """Write 2,000 characters of real text (posenc's own cli.py and gguf.py) to ``path``: its held-out part (the last
+    10%) holds 3 windows of 64 byte tokens, a short race for ``posenc tune``."""
+    import posenc
+
+    root = Path(posenc.__file__).parent
+    path.write_text("".join((root / name).read_text() for name in ("cli.py", "gguf.py"))[:2000])
+    return path
+
+
 def lab_run(folder: Path, scheme: str = "rope", **extra) -> Path:
     """A lab run folder: results.json, a report and one checkpoint of ``scheme``."""
     from posenc.hf.lab_bridge import build_lab_model, save_lab_model

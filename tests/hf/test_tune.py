@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers", minversion="5.0", reason="tra
 import posenc  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.hf.tune import measure, plan as planning, race as racing  # noqa: E402
-from posenc_hf_folders import TRAIN_LEN, fails, tiny_llama  # noqa: E402
+from posenc_hf_folders import TRAIN_LEN, fails, short_text, tiny_llama  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 TARGET = 2 * TRAIN_LEN
@@ -29,12 +29,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    """Real text whose held-out part (its last 10%) holds 3 windows of 64 byte tokens: a short race."""
-    root = posenc.__file__.rsplit("/", 1)[0]
-    body = "".join(open(f"{root}/{name}").read() for name in ("cli.py", "gguf.py"))
-    path = tmp_path_factory.mktemp("text") / "text.txt"
-    path.write_text(body[:2000])
-    return str(path)
+    return str(short_text(tmp_path_factory.mktemp("text") / "text.txt"))
 
 
 def tune(model, text, *extra) -> int:
