@@ -3,12 +3,15 @@ posenc.irope, which read them):
 
     Llama 4, NoPE layers only:     tau(n) = 1 + attn_scale * log1p(floor((n + 1) / floor_scale))
     Ministral 3, every layer:      tau(n) = 1 + beta * ln(1 + floor(n / original))        (llama_4_scaling_beta)
+    log-length (Qwen's logn):      tau(n) = max(1, ln(n + 1) / ln(L))                      (the lab's rnope-swa)
 
 n = the query's absolute position (transformers ``models/llama4``, arXiv 2501.19399; ``models/ministral3``). Both
 are 1 for short contexts; they differ in the floor (n + 1 against n) and in which layers they scale.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -47,3 +50,17 @@ def query_temperature(positions, *, beta: float, original: int) -> torch.Tensor:
     if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
         raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
     return 1 + beta * torch.log(1 + torch.floor(positions / original))
+
+
+def log_length_temperature(positions, *, trained: int) -> torch.Tensor:
+    """tau(n) = ln(n + 1) / ln(trained) past the trained length, 1 inside it, float32 with positions' shape.
+
+    The log-length query scaling of Qwen (``use_logn_attn``: log base L of the 1-based position) and of the
+    NoPE/RoPE hybrids that scale their global layers' logits at inference (SWAN-GPT, Puvvada et al. 2025): a query
+    at n keeps the softmax's sharpness as the number of keys grows past what training saw.
+    """
+    trained = check_float(trained, "trained (the training length)", min=2.0)   # ln(1) = 0 divides
+    positions = as_positions(positions)
+    if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
+        raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
+    return torch.clamp(torch.log(positions.float() + 1.0) / math.log(trained), min=1.0)

@@ -124,6 +124,22 @@ PARTS = {
     # and sinks' second trial (the same other keys), so that every main method has two trials per depth
     "passkey-16k-sinks-t2": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths", "0.1,0.5,0.9",
                              "--passkey-trials", "1", "--seed", "1", "--methods", "sinks"],
+    # STRING and LM-Infinite (posenc.STRING, posenc.LMInfinite) with their defaults for L = 8192: STRING shifts
+    # distances >= S = 2730 down by S - W (W = 128), LM-Infinite keeps 4 sinks, a 8192 window and a distance ceiling
+    # of 8192; on the same three 16k windows as the other methods, inside the trained length, and on the passkey
+    **{f"cpython-16k-string-w{i + 1}": ["--eval-lens", "16384", "--eval-tokens", "16384", "--eval-offset",
+                                        str(16384 * i), "--methods", "string,lm-infinite"] for i in range(3)},
+    "cpython-8k-string": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "string"],
+    "passkey-8k-string": ["--tasks", "passkey", "--eval-lens", "8192", "--passkey-depths", "0.1,0.5,0.9",
+                          "--passkey-trials", "2", "--methods", "string"],
+    **{f"passkey-16k-string{suffix}": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths",
+                                       "0.1,0.5,0.9", "--passkey-trials", "1", "--seed", seed, "--methods",
+                                       "string,lm-infinite"] for suffix, seed in (("", "0"), ("-t2", "1"))},
+    # request-sized YaRN against static YaRN built for 4x (32k): the short-context cost of a static factor (Qwen's
+    # model cards advise against static YaRN for short texts); yarn-request picks the smallest of 1, 2, 4 covering
+    # each length, so it runs unscaled at 2k and 8k and with factor 2 at 16k
+    "cpython-yarn-request": ["--eval-lens", "2048,8192,16384", "--eval-tokens", "16384", "--methods",
+                             "none,yarn,yarn-request", "--factor", "4"],
 }
 
 

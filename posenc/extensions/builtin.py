@@ -127,3 +127,14 @@ def longrope(spec: ExtensionSpec, *, short_factor=None, long_factor=None) -> tup
         long = load_factor_list(long_factor, "long_factor", n_pairs)
     return ({"rope_type": "longrope", "factor": spec.factor, "short_factor": short, "long_factor": long,
              "original_max_position_embeddings": spec.original}, notes)
+
+
+@register_method("drope", label="DroPE", expects_finetune=True, recalibrates=True,
+                 note="DroPE drops RoPE from a trained model and recalibrates it at the trained length (0.5-2% of the "
+                      "pretraining tokens), then runs zero-shot at any length; Gelberg et al. 2025 (arXiv "
+                      "2512.12167) report it ahead of PI, NTK-aware and YaRN on needle retrieval at 2-8x. Without "
+                      "the recalibration the model has lost its position signal.")
+def drope(spec: ExtensionSpec) -> dict:
+    """DroPE (Gelberg et al. 2025): rope_type 'drope', every frequency 0 (``posenc.rope.lessons``); the factor plays
+    no part: the dropped model has no length limit from RoPE."""
+    return {"rope_type": "drope"}

@@ -104,6 +104,7 @@ class ExtensionMethod:
     transformers_form: Callable[[dict, ExtensionSpec], tuple[dict, list]] | None = None
     fit: Callable[[ExtensionSpec, FitContext], dict | tuple[dict, dict]] | None = None
     train_positions: Callable[..., Any] | None = None
+    recalibrates: bool = False
     needs_corpus: bool = False
     options: tuple[str, ...] = ()
     origin: str = ""
@@ -120,7 +121,7 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
                     defaults: Mapping | None = None, keeps_original_length: bool = False,
                     lab_factor: float | None = None, transformers_form: Callable | None = None,
                     fit: Callable | None = None, train_positions: Callable | None = None,
-                    needs_corpus: bool = False, settings=(), replace: bool = False):
+                    recalibrates: bool = False, needs_corpus: bool = False, settings=(), replace: bool = False):
     """Decorator registering ``write(spec, **options) -> rope scaling mapping`` as extension method ``name``.
 
     label: display name (reports, plots, extend). expects_finetune / note: whether the method is meant to be
@@ -132,11 +133,14 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
     calls it before evaluating; ``details``, e.g. the search time, go into results.json). train_positions(batch,
     seq_len, spec, generator) -> LongTensor [batch, seq_len]: a fine-tuning method that trains at the ORIGINAL
     length with these position ids (PoSE); the lab fine-tunes it at L0 and has no zero-shot row for it (its
-    zero-shot model is the plain scaling's). needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so
-    the lab refuses the method before training unless a task loads it. settings: the lab settings ``fit`` reads
-    from ``ctx.settings`` (``posenc._internal.settings.Setting`` declarations: ``posenc lab`` makes their flags and checks
-    them). Options: the write function's keyword-only arguments (e.g. longrope's factor lists). A method that
-    changes attention instead of the frequencies registers with ``posenc.attention.register_attention_method``.
+    zero-shot model is the plain scaling's). recalibrates: the method changes the model so much that it is
+    meant to be trained again at the ORIGINAL length with ordinary positions (DroPE drops RoPE): the lab fine-tunes
+    it at L0, and it has no config that a model runs without that training (``posenc extend`` refuses it).
+    needs_corpus: ``fit`` reads the lab's text corpus (``ctx.corpus``), so the lab refuses the method before training
+    unless a task loads it. settings: the lab settings ``fit`` reads from ``ctx.settings``
+    (``posenc._internal.settings.Setting`` declarations: ``posenc lab`` makes their flags and checks them). Options:
+    the write function's keyword-only arguments (e.g. longrope's factor lists). A method that changes attention
+    instead of the frequencies registers with ``posenc.attention.register_attention_method``.
     """
     check_new_name("extension method", name, METHODS, replace)
     if name in ATTENTION_METHODS:
@@ -165,6 +169,7 @@ def register_method(name: str, *, label: str, expects_finetune: bool = False, no
             lab_factor=None if lab_factor is None else check_float(lab_factor, "lab_factor", min=1.0,
                                                                     error=ConfigError),
             transformers_form=transformers_form, fit=fit, train_positions=train_positions,
+            recalibrates=check_bool(recalibrates, "recalibrates", error=ConfigError),
             needs_corpus=check_bool(needs_corpus, "needs_corpus", error=ConfigError), options=options,
             origin=origin_of(write), settings=declared)
         return write

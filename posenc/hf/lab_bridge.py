@@ -186,15 +186,17 @@ def lab_methods() -> tuple[str, ...]:
     from posenc.extensions import METHODS
 
     return tuple(name for name, m in METHODS.items()
-                 if m.fit is None and m.train_positions is None and name != "longrope")
+                 if m.fit is None and m.train_positions is None and not m.recalibrates and name != "longrope")
 
 
 def config_methods() -> tuple[str, ...]:
-    """The extension methods a config edit at a factor expresses: all but the searched (``fit``) methods and the
-    PoSE fine-tuning modes (``train_positions``). longrope is one: ``posenc extend`` writes its unsearched factors."""
+    """The extension methods a config edit at a factor expresses: all but the searched (``fit``) methods, the
+    PoSE fine-tuning modes (``train_positions``) and the methods that need recalibration (DroPE). longrope is one:
+    ``posenc extend`` writes its unsearched factors."""
     from posenc.extensions import METHODS
 
-    return tuple(name for name, m in METHODS.items() if m.fit is None and m.train_positions is None)
+    return tuple(name for name, m in METHODS.items()
+                 if m.fit is None and m.train_positions is None and not m.recalibrates)
 
 
 def check_config_method(name, argument: str, also: tuple[str, ...] = ()) -> str:
@@ -210,6 +212,9 @@ def check_config_method(name, argument: str, also: tuple[str, ...] = ()) -> str:
                           f"model with posenc.patch(model, method={name!r}, ...) or `posenc eval --methods {name}`")
     if name in METHODS and name not in config_methods():
         m = METHODS[name]
+        if m.recalibrates:
+            raise ConfigError(f"{argument}: {name} changes the model so much that it must be trained again at its "
+                              f"trained length first (posenc lab --extensions {name} --finetune-steps N does)")
         if m.train_positions is not None:
             raise ConfigError(f"{argument}: {name} is a fine-tuning mode (it trains with other positions); without "
                               f"its fine-tuning it is its base method's config: use {name.removeprefix('pose-')}")

@@ -12,6 +12,9 @@
     extend-passkey  passkey retrieval past the training length: PI and YaRN zero-shot vs fine-tuned at 512
     schemes  every registered scheme (+ rope with randomized positions) on the LM task to 8x, three seeds
     copy-cpu exercise 3 at CPU size: 4 layers, copy trained at 128, tested to 512, eleven schemes, three seeds
+    ruler    RULER's retrieval tasks on byte-level models, trained at 1024, tested to 4096, three seeds
+    hybrid, drope, variants   the 2025-26 lessons on the default model, three seeds: NoPE/RoPE hybrids, DroPE,
+             RoPE's frequency variants (Resonance RoPE, p-RoPE, HoPE)
 
 ``LabConfig`` holds the model (a ``ModelConfig`` template: the scheme and max_len are set per run), the training
 settings (a ``TrainSettings``) and the lab's own settings. Presets and ``get_preset`` take flat setting names
@@ -443,6 +446,18 @@ PRESETS: dict[str, dict] = {
     "ruler": dict(tasks=["niah_single_1", "niah_multikey_2", "vt"], schemes=["nope", "rope", "alibi"], d_model=64,
                   n_layers=2, n_heads=4, train_len=1024, batch_size=8, steps=400, seeds=[0, 1, 2],
                   eval_lens=[1024, 2048, 4096], sliding_stride=0, extensions=["ntk", "yarn"], ruler_samples=10),
+    # the 2025-26 lessons (docs/results/lessons.md), each on the default model (2 layers, trained at 128, to 8x),
+    # 3 seeds: NoPE/RoPE hybrids (one sliding-window RoPE layer of 64 keys, one global NoPE layer) beside RoPE, NoPE
+    # and Llama 4's iRoPE on the same layer split
+    "hybrid": dict(schemes=["rope", "nope", "irope", "rnope-swa"], seeds=[0, 1, 2], extensions=[],
+                   scheme_options={"nope_every": 2, "swa_window": 64}),
+    # DroPE: the RoPE model with RoPE dropped, zero-shot and recalibrated 60 steps (10% of its training) at 128,
+    # beside YaRN zero-shot and fine-tuned 60 steps at 1024, plain RoPE fine-tuned at 1024, and NoPE from scratch
+    "drope": dict(schemes=["rope", "nope"], seeds=[0, 1, 2], extensions=["yarn", "drope"], finetune_steps=60),
+    # RoPE's frequency variants: integer wavelengths (Resonance RoPE, with Resonance YaRN), the fastest quarter of
+    # the pairs (p-RoPE), the pairs with a full turn inside the training length (HoPE), beside RoPE (+ YaRN)
+    "variants": dict(schemes=["rope", "resonance-rope", "p-rope", "hope"], seeds=[0, 1, 2], extensions=["yarn"],
+                     extended_schemes=["rope", "resonance-rope"]),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
                     n_heads=4, train_len=128, batch_size=16, steps=3000, eval_lens=[128, 256, 512],
                     sliding_stride=0, extensions=["ntk", "yarn"]),

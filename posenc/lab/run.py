@@ -405,14 +405,15 @@ def finetune(run: Run, model: TinyLM, unit: Unit, method: str, config, curves: d
     evaluate it -> (rows, what it cost).
 
     Full-length methods train at --finetune-len (default the longest eval length); a method with
-    ``train_positions`` (PoSE) trains at the training length with those position ids covering the target. Same
+    ``train_positions`` (PoSE) trains at the training length with those position ids covering the target, and a
+    method that ``recalibrates`` (DroPE) at the training length with ordinary positions. Same
     steps, learning rate (0.3 x the pre-training peak, warmup then cosine) and fine-tuning data for every method.
     """
     cfg = run.cfg
     task, scheme, seed = unit.task, unit.scheme, unit.seed
     m = get_method(method) if method != "none" else None
     pose = m is not None and m.train_positions is not None
-    length = cfg.train_len if pose else finetune_length(cfg)
+    length = cfg.train_len if pose or (m is not None and m.recalibrates) else finetune_length(cfg)
     batch = finetune_batch(cfg, length)
     ft = copy.deepcopy(model)
     if config is not None:

@@ -130,6 +130,9 @@ def _validated(config, target_length, method, transformers_version, factor, repl
     if m.fit is not None:
         raise ConfigError(f"method {method!r} computes its config from a trained model and data, which extend does "
                           "not have; run it where the model is (posenc lab) and pass the result")
+    if m.recalibrates:
+        raise ConfigError(f"method {method!r} needs the model trained again at its trained length (recalibration), "
+                          "which a config cannot express; run it in posenc lab with --finetune-steps")
     check_choice(transformers_version, "transformers_version (4: rope_scaling, 5: rope_parameters)", (4, 5),
                  error=ConfigError)
     check_int(target_length, "target_length", min=1, max=MAX_CONTEXT, error=ConfigError)

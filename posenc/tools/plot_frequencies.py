@@ -215,7 +215,7 @@ def scaling_methods(*, head_dim: int = 128, theta: float = 10000.0, original: in
     configs = {"default (no scaling)": cfg({"rope_type": "default"}, original)}
     for name in method_names():  # attention methods keep the frequencies: nothing to plot here
         method = METHODS[name]
-        if method.fit is not None or method.train_positions is not None:
+        if method.fit is not None or method.train_positions is not None or method.recalibrates:
             continue
         label = method.label
         options = {}

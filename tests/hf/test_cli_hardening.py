@@ -366,6 +366,7 @@ def test_write_outputs_as_a_library_call_refuses_a_folder_with_results(model_dir
                     "fine-tuning it is its base method's config: use linear"),
     ("longrope-search", "methods: longrope-search computes its factors by a search on the model: run `posenc "
                         "search`"),
+    ("drope", "methods: drope changes the model so much that it must be trained again at its trained length first"),
 ])
 def test_methods_a_config_edit_cannot_express_are_refused_up_front(method, message):
     """A PoSE mode untrained is its base method (its rows would be the base's numbers under another name); a

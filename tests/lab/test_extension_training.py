@@ -50,7 +50,8 @@ def spy_method():
 def run(tmp_path_factory, text_file, spy_method):
     out = tmp_path_factory.mktemp("extend")
     cfg = get_preset("smoke", tasks=["lm"], schemes=["rope"], data=str(text_file), out=str(out), steps=3,
-                     sliding_stride=0, extensions=["yarn", "longrope-search", "test-pose-spy"], finetune_steps=2)
+                     sliding_stride=0, extensions=["yarn", "longrope-search", "test-pose-spy", "drope"],
+                     finetune_steps=2)
     doc = run_lab(cfg, progress=False, log=lambda *a: None)
     return cfg, out, doc
 
@@ -59,22 +60,23 @@ def test_zero_shot_rows_and_no_zero_shot_row_for_a_pose_method(run):
     cfg, _, doc = run
     zero = {r["scaling"] for r in doc["results"] if not r["finetuned"]}
     tuned = {r["scaling"] for r in doc["results"] if r["finetuned"]}
-    assert zero == {"none", "yarn", "longrope-search"}
-    assert tuned == {"none", "yarn", "longrope-search", "test-pose-spy"}
+    assert zero == {"none", "yarn", "longrope-search", "drope"}      # drope zero-shot: dropped, not recalibrated
+    assert tuned == {"none", "yarn", "longrope-search", "test-pose-spy", "drope"}
 
 
-def test_finetune_cost_is_recorded_and_pose_trains_at_the_original_length(run, spy_method):
+def test_finetune_cost_is_recorded_and_pose_and_drope_train_at_the_original_length(run, spy_method):
+    """PoSE trains at the training length with skipping positions; DroPE recalibrates there with ordinary ones."""
     cfg, _, doc = run
     target = max(cfg.eval_lens)
     for r in (r for r in doc["results"] if r["finetuned"]):
         ft = r["finetune"]
         pose = r["scaling"] == "test-pose-spy"
-        assert ft["len"] == (cfg.train_len if pose else target)
+        assert ft["len"] == (cfg.train_len if pose or r["scaling"] == "drope" else target)
         assert ft["batch"] == cfg.batch_size * cfg.train_len // ft["len"]  # the pre-training tokens per step
         assert ft["steps"] == 2 and ft["tokens"] == 2 * ft["batch"] * ft["len"]
         assert ft["positions"] == ("pose" if pose else "contiguous")
     info = doc["meta"]["extensions"]["lm/rope/seed0"]["finetune"]
-    assert set(info) == {"none", "yarn", "longrope-search", "test-pose-spy"}
+    assert set(info) == {"none", "yarn", "longrope-search", "test-pose-spy", "drope"}
     assert all(v["wall_s"] >= 0 and v["cpu_s"] >= 0 for v in info.values())
     # the hook was called once per fine-tuning step, at the training length, covering the target
     assert spy_method[-2:] == [(cfg.batch_size, cfg.train_len, target)] * 2

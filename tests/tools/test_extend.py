@@ -15,7 +15,8 @@ from posenc._internal.errors import ConfigError
 from posenc.extensions import METHODS as REGISTRY, method_names
 from posenc.tools.extend import extend_config
 
-METHODS = [m for m in method_names() if REGISTRY[m].fit is None]  # every config-writing method
+METHODS = [m for m in method_names()                   # every config-writing method (DroPE needs training first)
+           if REGISTRY[m].fit is None and not REGISTRY[m].recalibrates]
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
 QWEN = CONFIGS / "qwen2.5-7b-instruct.json"
@@ -279,3 +280,13 @@ def test_longrope_file_errors_name_the_flag(tmp_path, capsys):
                      "--out", str(tmp_path / "o.json")]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"posenc extend: error: --longrope {where}:") and "\n" not in err
+
+
+def test_drope_is_refused_because_a_config_cannot_recalibrate(tmp_path):
+    """DroPE's dropped RoPE only works after the model is trained again at its length: extend says so instead of
+    writing a config whose model has lost its position signal."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                                  "max_position_embeddings": 2048, "rope_theta": 10000.0}))
+    with pytest.raises(ConfigError, match="'drope' needs the model trained again at its trained length"):
+        extend_config(config, target_length=8192, method="drope")

@@ -75,9 +75,9 @@ def test_scaling_plot_properties(tmp_path):
     result = plot_scaling(tmp_path / "scaling.png", head_dim=128, theta=1e4, original=4096, factor=8.0)
     assert_sensible_png(result["path"])
     m = result["methods"]
-    # plain + every method with its own frequencies (no fit-only search, no PoSE fine-tuning mode)
-    assert len(m) == 1 + sum(1 for name in method_names()
-                             if METHODS[name].fit is None and METHODS[name].train_positions is None)
+    # plain + every method with its own frequencies (no fit-only search, no PoSE fine-tuning mode, no DroPE)
+    assert len(m) == 1 + sum(1 for name in method_names() if METHODS[name].fit is None
+                             and METHODS[name].train_positions is None and not METHODS[name].recalibrates)
     assert m["default (no scaling)"]["interpolation"] == pytest.approx([1.0] * 64)
     assert m["PI"]["interpolation"] == pytest.approx([8.0] * 64, rel=1e-6)
     ntk = m["NTK-aware"]["interpolation"]
