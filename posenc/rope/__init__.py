@@ -6,3 +6,4 @@ them without importing ``posenc.rope.scaling`` itself (the import graph runs sca
 """
 
 from posenc.rope import scaling as _builtin_types  # noqa: F401  (registers the built-in rope types)
+from posenc.rope import fope as _fope_type  # noqa: F401  (registers the "fope" rope type: FoPE's clipped floor)
