@@ -4,6 +4,7 @@
     registry.py  SCHEMES, register_scheme, make_scheme, scheme_names
     builtin.py   nope, sinusoidal, learned, rope (over posenc.Rotary), alibi, rope+alibi
     t5.py, kerple.py, fire.py, xpos.py, cope.py, p_rope.py, irope.py   one module per scheme of issue 11
+    fope.py      FoPE (issue 51)
 
 A new scheme is one module here (registered with ``@register_scheme``) plus one import line below.
 docs/architecture.md describes the interface.
@@ -21,6 +22,7 @@ from posenc.schemes import xpos  # noqa: F401
 from posenc.schemes import cope  # noqa: F401
 from posenc.schemes import p_rope  # noqa: F401
 from posenc.schemes import irope  # noqa: F401
+from posenc.schemes import fope  # noqa: F401
 from posenc.schemes.builtin import ALiBiScheme, LearnedScheme, RoPEALiBiScheme, RoPEScheme, SinusoidalScheme
 
 
