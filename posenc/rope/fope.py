@@ -8,8 +8,8 @@ A pair whose period is longer than the training length never completes a turn in
 are ones the model never saw; FoPE zeroes those "floor" frequencies, and the pair carries no position (a constant
 channel, as in NoPE). L is the config's ``original_max_position_embeddings`` (the training length), or
 ``max_position_embeddings`` when that is absent; a config with neither is a ConfigError. The comparison is made in
-float64 against the float32 default frequencies (the authors' code compares in float32; no default frequency at a
-lab-sized L lies within a float32 rounding of 2 pi / L).
+float64 against the float32 default frequencies (the authors' code compares in float32: only a frequency within a
+float32 rounding of 2 pi / L could land on the other side).
 
 What a config holds is only this: the clipped frequencies. The rest of FoPE, the learned Fourier coefficients that
 mix every kept frequency into each pair's cos and sin, lives in the model's weights (the lab scheme ``fope``,
