@@ -8,3 +8,4 @@ them without importing ``posenc.rope.scaling`` itself (the import graph runs sca
 
 from posenc.rope import scaling as _builtin_types  # noqa: F401  (registers the built-in rope types)
 from posenc.rope import lessons as _lesson_types  # noqa: F401,E402  (Resonance RoPE and DroPE's rope types)
+from posenc.rope import fope as _fope_type  # noqa: F401  (registers the "fope" rope type: FoPE's clipped floor)

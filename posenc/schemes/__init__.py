@@ -4,7 +4,7 @@
     registry.py  SCHEMES, register_scheme, make_scheme, scheme_names
     builtin.py   nope, sinusoidal, learned, rope (over posenc.Rotary), alibi, rope+alibi
     t5.py, kerple.py, fire.py, xpos.py, cope.py, p_rope.py, irope.py   one module per scheme of issue 11
-    resonance.py, hybrid.py   the 2025-26 lessons: resonance-rope, rnope-swa (p_rope.py also registers hope)
+    resonance.py, hybrid.py, fope.py   the 2025-26 lessons: resonance-rope, rnope-swa, fope (p_rope.py: hope)
 
 A new scheme is one module here (registered with ``@register_scheme``) plus one import line below.
 docs/architecture.md describes the interface.
@@ -24,6 +24,7 @@ from posenc.schemes import p_rope  # noqa: F401
 from posenc.schemes import irope  # noqa: F401
 from posenc.schemes import resonance  # noqa: F401
 from posenc.schemes import hybrid  # noqa: F401
+from posenc.schemes import fope  # noqa: F401
 from posenc.schemes.builtin import ALiBiScheme, LearnedScheme, RoPEALiBiScheme, RoPEScheme, SinusoidalScheme
 
 
