@@ -14,7 +14,7 @@
     copy-cpu exercise 3 at CPU size: 4 layers, copy trained at 128, tested to 512, eleven schemes, three seeds
     ruler    RULER's retrieval tasks on byte-level models, trained at 1024, tested to 4096, three seeds
     hybrid, drope, variants   the 2025-26 lessons on the default model, three seeds: NoPE/RoPE hybrids, DroPE,
-             RoPE's frequency variants (Resonance RoPE, p-RoPE, HoPE)
+             RoPE's frequency variants (Resonance RoPE, p-RoPE, HoPE, FoPE)
 
 ``LabConfig`` holds the model (a ``ModelConfig`` template: the scheme and max_len are set per run), the training
 settings (a ``TrainSettings``) and the lab's own settings. Presets and ``get_preset`` take flat setting names
@@ -455,8 +455,10 @@ PRESETS: dict[str, dict] = {
     # beside YaRN zero-shot and fine-tuned 60 steps at 1024, plain RoPE fine-tuned at 1024, and NoPE from scratch
     "drope": dict(schemes=["rope", "nope"], seeds=[0, 1, 2], extensions=["yarn", "drope"], finetune_steps=60),
     # RoPE's frequency variants: integer wavelengths (Resonance RoPE, with Resonance YaRN), the fastest quarter of
-    # the pairs (p-RoPE), the pairs with a full turn inside the training length (HoPE), beside RoPE (+ YaRN)
-    "variants": dict(schemes=["rope", "resonance-rope", "p-rope", "hope"], seeds=[0, 1, 2], extensions=["yarn"],
+    # the pairs (p-RoPE), the pairs with a full turn inside the training length (HoPE), and those pairs with learned
+    # Fourier coefficients (FoPE), beside RoPE (+ YaRN)
+    "variants": dict(schemes=["rope", "resonance-rope", "p-rope", "hope", "fope"], seeds=[0, 1, 2],
+                     extensions=["yarn"],
                      extended_schemes=["rope", "resonance-rope"]),
     "passkey": dict(tasks=["passkey"], schemes=["nope", "rope", "alibi", "rope+alibi"], d_model=64, n_layers=2,
                     n_heads=4, train_len=128, batch_size=16, steps=3000, eval_lens=[128, 256, 512],
