@@ -130,6 +130,9 @@ PARTS = {
     **{f"cpython-16k-string-w{i + 1}": ["--eval-lens", "16384", "--eval-tokens", "16384", "--eval-offset",
                                         str(16384 * i), "--methods", "string,lm-infinite"] for i in range(3)},
     "cpython-8k-string": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "string"],
+    # the other four 8k windows the unscaled model has (cpython-8k-w3, -w4-6), so STRING's 8k row shares all six
+    "cpython-8k-string-w3-6": ["--eval-lens", "8192", "--eval-tokens", "32768", "--eval-offset", "16384", "--methods",
+                               "string"],
     "passkey-8k-string": ["--tasks", "passkey", "--eval-lens", "8192", "--passkey-depths", "0.1,0.5,0.9",
                           "--passkey-trials", "2", "--methods", "string"],
     **{f"passkey-16k-string{suffix}": ["--tasks", "passkey", "--eval-lens", "16384", "--passkey-depths",
@@ -270,7 +273,9 @@ def model_identity(config: dict) -> dict:
 
 # parts that vary a method's options for a side check: their rows carry the variant, and the main tables (and the
 # picker's evidence) leave them out
-VARIANTS = {"passkey-16k-sinks4k": "a cache of 4 + 4092"}
+VARIANTS = {"passkey-16k-sinks4k": "a cache of 4 + 4092",
+            "cpython-yarn-request": "static YaRN built for 4x (32k) against request-sized YaRN"}
+REQUEST_PART = "cpython-yarn-request"
 
 
 def _text(part: str) -> str:
@@ -324,7 +329,8 @@ def collect(_args) -> int:
     atomic_write_text(OUT / "report.md", report(study, tables))
     for page, marker, text in ((ROOT / "docs" / "picker.md", "smollm2-table", picker_table(study)),
                                (ROOT / "docs" / "attention-extension.md", "smollm2-attention",
-                                attention_table(study))):
+                                attention_table(study)),
+                               (ROOT / "docs" / "hf.md", "smollm2-request-yarn", request_table(study))):
         print("\n" + text)
         doc = page.read_text(encoding="utf-8")
         start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
@@ -491,7 +497,36 @@ def result_tables(study: dict) -> dict:
     split = time_split_table(study)
     if split:
         out["split"] = split
+    request = request_table(study)
+    if request:
+        out["request-yarn"] = request
     return out
+
+
+def request_table(study: dict) -> str:
+    """Request-sized YaRN against static YaRN built for 32k (factor 4) and the unscaled model, per length, from the
+    REQUEST_PART rows: the short-context cost of a static factor, and what choosing the factor per request saves."""
+    rows = [r for r in study["rows"] if r["part"] == REQUEST_PART and r["task"] == "lm" and r["value"] is not None]
+    if not rows:
+        return ""
+    meta = study["parts"][REQUEST_PART]
+    cell = {(r["scaling"], r["eval_len"]): r["value"] for r in rows}
+    lengths = sorted({r["eval_len"] for r in rows})
+    windows = {L: 16384 // L for L in lengths}
+    lines = ["Request-sized YaRN (`--methods yarn-request --factor 4`: the smallest of 1, 2, 4 whose multiple of 8,192 "
+             "covers the length) against static YaRN at factor 4 (a config for 32k, used at every length) and the "
+             "unscaled model; CPython text, the first 16,384 tokens of the split at each length (windows per length "
+             "in brackets)", "",
+             "| length | unscaled | static YaRN, factor 4 | request-sized YaRN (factor) | static / request |",
+             "|---|---|---|---|---|"]
+    for L in lengths:
+        none, static, req = (cell.get((m, L)) for m in ("none", "yarn", "yarn-request"))
+        factor = next((f for f in (1, 2, 4) if f * 8192 >= L), 4)
+        ratio = f"{static / req:.3f}" if static and req else "-"
+        lines.append(f"| {L:,} ({windows[L]}) | {none:.2f} | {static:.2f} | {req:.2f} ({factor}) | {ratio} |"
+                     if None not in (none, static, req) else f"| {L:,} | - | - | - | - |")
+    lines += ["", f"Part {REQUEST_PART}: {meta['command']}; wall {sum(meta['timings_s'].values()):.0f} s."]
+    return "\n".join(lines)
 
 
 def time_split_table(study: dict) -> str:
