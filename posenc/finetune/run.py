@@ -138,6 +138,10 @@ def write_folders(model: torch.nn.Module, tokenizer, out: Path, s: FinetuneSetti
         with atomic_folder(out / "adapters") as tmp:
             save_adapters(model, tmp, s.train_embeddings_norms)
     full = merged(model)
+    if getattr(full.config, "quantization_config", None) is not None:
+        from posenc.hf.gguf import plain_copy
+
+        full = plain_copy(full)     # a model loaded from GGUF refuses save_pretrained while it keeps that config
     if s.gradient_checkpointing:       # a saved model loads without it, as transformers saves it
         full.gradient_checkpointing_disable()
     with atomic_folder(out / "model") as tmp:

@@ -288,3 +288,17 @@ def test_a_read_only_out_folder_is_refused(folder, tmp_path, capsys):
 def test_the_checkpoint_settings_are_the_lab_schedule():
     s = train_settings(FinetuneSettings(model="m", target_length=64, out="o", steps=5, warmup=10))
     assert isinstance(s, TrainSettings) and s.warmup == 5 and s.steps == 5
+
+
+def test_a_gguf_file_is_fine_tuned_into_a_folder(tmp_path):
+    """transformers dequantizes the GGUF file; the merged model is saved without its GGUF quantization config."""
+    pytest.importorskip("gguf")
+    from posenc_hf_folders import tiny_gguf
+
+    source = tiny_gguf(tmp_path / "tiny.gguf")
+    text = tmp_path / "letters.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 100)    # the file's 26 letters
+    assert main(["finetune", str(source), "--target-length", "256", "--out", str(tmp_path / "run"), "--data",
+                 str(text), "--steps", "2", "--no-progress"]) == 0
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "model"))
+    assert loaded.config.rope_parameters["rope_type"] == "yarn" and loaded.config.max_position_embeddings == 256
