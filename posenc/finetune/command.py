@@ -85,7 +85,7 @@ def run(args) -> int:
     print(f"finetune: {doc['steps']} steps, {doc['tokens']} tokens in {doc['train_s']:.1f} s"
           + (f" ({rate:.0f} tokens/s)" if rate else "")
           + (f"; held-out loss at {args.target_length}: {last:.4f}" if last is not None else ""))
-    print(f"wrote {args.out}/model (adapters merged), "
+    print(f"wrote {args.out}/model{'' if args.full else ' (adapters merged)'}, "
           + ("" if args.full else f"{args.out}/adapters, ") + f"{args.out}/finetune.json")
     return 0
 

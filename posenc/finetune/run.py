@@ -26,7 +26,8 @@ OUTPUTS = ("model", "adapters", "finetune.json", EXTENDED_CONFIG, CHECKPOINT_DIR
 
 def check_out(s: FinetuneSettings) -> Path:
     """-> the --out folder, checked: not an input, not a model's file, writable; one that holds an earlier
-    fine-tune needs --resume (continue it) or --overwrite (its checkpoint is deleted: start over)."""
+    fine-tune needs --resume (continue it) or --overwrite (start over: ``finetune`` deletes its checkpoint once
+    every check has passed)."""
     from posenc._internal.atomic import check_writable_folder
     from posenc._internal.outputs import check_output
 
@@ -39,26 +40,19 @@ def check_out(s: FinetuneSettings) -> Path:
     if held and not (s.resume or s.overwrite):
         raise ConfigError(f"{what}: already holds {', '.join(held)} (an earlier fine-tune); pass --resume to "
                           "continue it, --overwrite to start over, or choose another folder")
-    if s.overwrite and not s.resume and (out / CHECKPOINT_DIR).exists():
-        shutil.rmtree(out / CHECKPOINT_DIR)
     return out
 
 
-def extended_config(s: FinetuneSettings, config, out: Path) -> dict:
-    """Write the model's config extended to ``s.target_length`` with ``s.method`` to DIR/config.extended.json
-    (ConfigError for a method a config cannot express) -> the ExtendResult's summary."""
-    from posenc._internal.atomic import atomic_write_json
+def extended_config(s: FinetuneSettings, config):
+    """The model's config extended to ``s.target_length`` with ``s.method`` (posenc.tools.extend's ExtendResult;
+    ConfigError for a method a config cannot express)."""
     from posenc.hf.lab_bridge import check_config_method
     from posenc.hf.scaling import transformers_major
     from posenc.tools.extend import extend_config
 
     check_config_method(s.method, "method")
-    result = extend_config(config.to_dict(), s.target_length, s.method,
-                           transformers_version=5 if transformers_major() >= 5 else 4)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / EXTENDED_CONFIG, result.config)
-    return {"method": result.method, "factor": result.factor, "original_context": result.original_context,
-            "target_length": result.target_length, "changes": result.changes}
+    return extend_config(config.to_dict(), s.target_length, s.method,
+                         transformers_version=5 if transformers_major() >= 5 else 4)
 
 
 def run_settings(s: FinetuneSettings, window: int, data_meta: dict) -> dict:
@@ -77,6 +71,7 @@ def run_settings(s: FinetuneSettings, window: int, data_meta: dict) -> dict:
 def finetune(s: FinetuneSettings, *, stop_after: int | None = None, log=print) -> dict:
     """Run the fine-tune ``s`` describes -> the finetune.json document (see the module docstring).
     ``stop_after``: end after that many steps in all, leaving the checkpoint (an interruption, for tests)."""
+    from posenc._internal.atomic import atomic_write_json
     from posenc.finetune import adapters, data, loop
     from posenc.hf.loading import check_model_folder, load_causal_lm, load_tokenizer
     from posenc.rope.contexts import trained_length
@@ -85,10 +80,17 @@ def finetune(s: FinetuneSettings, *, stop_after: int | None = None, log=print) -
     out = check_out(s)
     config = check_model_folder(s.model)
     window = check_lengths(s, trained_length(config))
-    extension = extended_config(s, config, out)
+    result = extended_config(s, config)
     tokenizer = load_tokenizer(s.model)
     tokens, data_meta = data.training_tokens(tokenizer, s.data, s.steps * s.batch_size * (window + 1), window)
     windows = data.validation_windows(tokenizer, s.data, s.target_length, s.eval_windows)
+    # written only once every check has passed: a refused run leaves --out as it was
+    out.mkdir(parents=True, exist_ok=True)
+    if s.overwrite and not s.resume and (out / CHECKPOINT_DIR).exists():
+        shutil.rmtree(out / CHECKPOINT_DIR)      # starting over: the earlier run's state must not be resumed
+    atomic_write_json(out / EXTENDED_CONFIG, result.config)
+    extension = {"method": result.method, "factor": result.factor, "original_context": result.original_context,
+                 "target_length": result.target_length, "changes": result.changes}
     model, _, _ = load_causal_lm(s.model, config_file=str(out / EXTENDED_CONFIG), progress=s.progress, log=log)
     if s.gradient_checkpointing:   # activations recomputed in the backward pass: memory for time
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -110,8 +112,6 @@ def finetune(s: FinetuneSettings, *, stop_after: int | None = None, log=print) -
     if trained["step"] < s.steps:        # interrupted (stop_after): the checkpoint is the result so far
         return doc
     write_folders(model, tokenizer, out, s)
-    from posenc._internal.atomic import atomic_write_json
-
     atomic_write_json(out / "finetune.json", doc)
     return doc
 
