@@ -27,6 +27,7 @@ COMMANDS = {
     "convert": "posenc.hf.gguf",
     "audit": "posenc.tools.audit",
     "tune": "posenc.hf.tune.command",
+    "finetune": "posenc.finetune.command",
 }
 
 
