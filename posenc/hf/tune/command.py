@@ -2,8 +2,8 @@
 checkpoint within a budget, and write what to deploy (docs/tune.md).
 
 Steps: the plan (posenc.hf.tune.plan: candidates, estimates, what the budget leaves out; ``--dry-run`` stops
-there), the trained-length check, the race on paired windows (posenc.hf.tune.race), passkey on the survivors, the
-answer, and the files (posenc.hf.tune.report). Every measurement runs through ``posenc eval``'s loop
+there), the trained-length check, the race on paired windows (posenc.hf.tune.race), retrieval on the survivors
+(passkey, RULER's tasks), the answer, and the files (posenc.hf.tune.report). Every measurement runs through ``posenc eval``'s loop
 (posenc.hf.tune.measure) and is saved in results.json as it lands, so ``--resume`` measures nothing twice.
 """
 
@@ -17,10 +17,14 @@ import torch
 from posenc._internal.errors import ConfigError, DataError
 from posenc._internal.flags import add_shared
 from posenc.hf.tune import measure, plan as planning, race as racing
-from posenc.hf.tune.report import OUTPUT_FILES, check_out_folder, report_markdown, write_deploy, write_gguf_deploy
+from posenc.hf.tune.report import (OUTPUT_FILES, check_out_folder, report_markdown, retrieval_note, write_deploy,
+                                   write_gguf_deploy)
 
 HELP = "Measure every context-extension method on your own model within a budget and write what to deploy."
+# what --tasks takes besides the registered RULER-style tasks (those scored by string_match_all) and their groups
 TASKS = ("lm", "passkey")
+# RULER samples per task and survivor when --ruler-samples is not given: a CPU-sized check, not RULER's 500
+RULER_SAMPLES = 5
 RULES = {"race": f"after each window, a candidate stays while its mean paired log-perplexity difference to the best "
                  f"is at most {racing.Z:g} standard errors of the paired differences (sd / sqrt(windows)); after "
                  "one window, the better half stays (at least two)",
@@ -36,7 +40,10 @@ def add_arguments(parser) -> None:
     add_shared(parser, "data", default=None)
     add_shared(parser, "methods", default=None, help="the methods to race, comma-separated (default: every "
                "registered frequency method eval runs as a config edit and every attention method)")
-    parser.add_argument("--tasks", default="lm", help="lm (the race, always) and passkey (on the race's survivors)")
+    parser.add_argument("--tasks", default="lm", help="lm (the race, always), and retrieval on the race's survivors: "
+                        "passkey, ruler (RULER's eleven synthetic tasks) or RULER task names (niah_single_1, vt, ...)")
+    parser.add_argument("--ruler-samples", type=int, default=RULER_SAMPLES, help="RULER samples per task and "
+                        f"survivor (default {RULER_SAMPLES}: a small CPU-sized check; its Wilson interval is wide)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate; measure nothing")
     add_shared(parser, "out", default=None, help="folder for the deploy file, results.json and report.md")
     add_shared(parser, "resume", help="continue an interrupted tune in --out: its measurements are kept")
@@ -47,12 +54,30 @@ def add_arguments(parser) -> None:
     add_shared(parser, "no_progress")
 
 
+def retrieval_tasks() -> list[str]:
+    """The registered tasks tune measures on the survivors besides passkey: RULER's and RULER-style plug-ins'
+    (scored by string_match_all, sampled by --ruler-samples)."""
+    from posenc.lab.tasks import TASKS as REGISTERED
+
+    return [name for name, task in REGISTERED.items() if "string_match_all" in task.metrics]
+
+
 def _tasks(text: str) -> list[str]:
-    tasks = [t.strip() for t in text.split(",") if t.strip()]
-    for t in tasks:
-        if t not in TASKS:
-            raise ConfigError(f"tasks: expected lm and/or passkey, got {t!r}")
-    return ["lm"] + [t for t in tasks if t != "lm"]
+    """--tasks as run: lm first (the race), then the retrieval tasks in the order given, groups (ruler) expanded;
+    ConfigError naming --tasks for a name that is not a task, or a task that is not retrieval."""
+    from posenc.lab.tasks import TASK_GROUPS, TASKS as REGISTERED, expand_tasks
+
+    accepted = [*TASKS, *(g for g, members in TASK_GROUPS.items() if set(members) <= set(retrieval_tasks())),
+                *retrieval_tasks()]
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    for t in names:
+        if t in accepted:
+            continue
+        if t in REGISTERED:
+            raise ConfigError(f"tasks: {t} is not a retrieval task (tune races on perplexity and measures retrieval "
+                              f"on the survivors); expected one of {', '.join(accepted)}")
+        raise ConfigError(f"tasks: expected one of {', '.join(accepted)}, got {t!r}")
+    return ["lm"] + [t for t in expand_tasks(names) if t != "lm"]
 
 
 def _checked(args):
@@ -65,6 +90,9 @@ def _checked(args):
     budget = planning.parse_budget(args.budget)
     planning.check_methods(args.methods)
     tasks = _tasks(args.tasks)
+    from posenc._internal.validate import check_int
+
+    check_int(args.ruler_samples, "ruler_samples", min=1, max=100_000, error=ConfigError)
     if not args.dry_run and not args.out:
         raise ConfigError("out: tune writes its deploy file and report into a folder: pass --out DIR (or --dry-run)")
     if args.out:
@@ -112,8 +140,8 @@ def _flops_at(config):
     return lambda length: model_flops(skeleton, length)
 
 
-def make_plan(args, config, trained: int, budget: float) -> tuple[planning.Plan, str]:
-    """The plan and its printed form."""
+def make_plan(args, config, trained: int, budget: float, tasks=("lm",)) -> tuple[planning.Plan, str]:
+    """The plan and its printed form (``tasks``: lm, then the retrieval tasks on the survivors)."""
     from posenc.hf.loading import DTYPES
     from posenc.hf.throughput import matmul_peak
 
@@ -122,13 +150,15 @@ def make_plan(args, config, trained: int, budget: float) -> tuple[planning.Plan,
     peak = matmul_peak(DTYPES[args.dtype], n=1024, repeats=3, device=args.device)
     plan = planning.make_plan(cands, skipped, target=args.target_length, trained=trained,
                               windows=_windows(args.model, args.data, args.target_length), budget_s=budget,
-                              peak_flops=peak, flops=flops_at(args.target_length), flops_trained=flops_at(trained))
+                              peak_flops=peak, flops=flops_at(args.target_length), flops_trained=flops_at(trained),
+                              retrieval={t: planning.retrieval_samples(t, args.ruler_samples) for t in tasks[1:]},
+                              flops_step=flops_at(args.target_length + 1) - flops_at(args.target_length))
     return plan, planning.format_plan(plan, flops_at)
 
 
 def run(args) -> int:
     config, trained, budget, tasks = _checked(args)
-    plan, text = make_plan(args, config, trained, budget)
+    plan, text = make_plan(args, config, trained, budget, tasks)
     print(text)
     if args.dry_run:
         return 0
@@ -148,6 +178,8 @@ def run(args) -> int:
     atomic_write_json(out / "results.json", doc)
     atomic_write_text(out / "report.md", report_markdown(doc))
     print(f"winner: {doc['answer']['winner']} ({doc['answer']['reason']})")
+    if doc["answer"].get("retrieval"):
+        print(doc["answer"]["retrieval"])
     if doc["gguf"] and "text" in doc["gguf"]:
         print(doc["gguf"]["text"])
     elif doc["gguf"]:
@@ -200,10 +232,7 @@ class Tune:
                                            self.plan.flops_trained)
         value = self.store.get(f"{c.name}@{length}#{window}",
                                lambda: measure.window_loss(self.args.model, self.settings(c, length, window)))
-        if self.bar is not None:
-            # the plan's later rounds assume the field halves: a race that keeps more grows the bar's total
-            self.bar.total = max(self.bar.total, self.bar.n + estimate)
-            self.bar.update(estimate)
+        self.advance(estimate)
         return value
 
     def save(self) -> None:
@@ -230,12 +259,20 @@ class Tune:
         return out
 
     def can_afford(self, alive: list[str]) -> bool:
-        """Whether another window for ``alive`` fits what is left, its estimate scaled by the measured / estimated
-        ratio so far."""
+        """Whether another window for ``alive``, and their retrieval after it, fit what is left, the estimates
+        scaled by the measured / estimated ratio so far."""
         spent = time.perf_counter() - self.started
         done = self.bar.n if self.bar is not None and self.bar.n else None
         ratio = spent / done if done else 1.0
-        return spent + ratio * sum(self.plan.seconds[n] for n in alive) <= self.plan.budget_s
+        ahead = sum(self.plan.seconds[n] for n in alive) + self.plan.retrieval_s(alive)
+        return spent + ratio * ahead <= self.plan.budget_s
+
+    def advance(self, estimate: float) -> None:
+        """The progress bar past a measurement of ``estimate`` seconds (done now or kept from before)."""
+        if self.bar is not None:
+            # the plan's later rounds assume the field halves: a race that keeps more grows the bar's total
+            self.bar.total = max(self.bar.total, self.bar.n + estimate)
+            self.bar.update(estimate)
 
     def run(self) -> dict:
         from tqdm import tqdm
@@ -249,27 +286,51 @@ class Tune:
                                  lambda name, w: self.loss(self.by_name[name], self.plan.target, w),
                                  can_afford=self.can_afford, log=self.bar.write)
             passkey = self.passkey(result["alive"]) if "passkey" in self.tasks else {}
+            ruler = self.ruler(result["alive"], [t for t in self.tasks if t not in TASKS])
         finally:
             self.bar.close()
-        return self.document(result, trained, passkey)
+        return self.document(result, trained, passkey, ruler)
 
     def passkey(self, names: list[str]) -> dict:
         """Mean passkey accuracy at the target length of each survivor (measured once; kept for --resume)."""
-        return {name: self.store.get(f"{name}@{self.plan.target}#passkey", lambda c=self.by_name[name]:
-                                     measure.passkey_rate(self.args.model,
-                                                          self.settings(c, self.plan.target, 0, ("passkey",))))
-                for name in names}
+        out = {}
+        for name in names:
+            out[name] = self.store.get(f"{name}@{self.plan.target}#passkey", lambda c=self.by_name[name]:
+                                       measure.passkey_rate(self.args.model,
+                                                            self.settings(c, self.plan.target, 0, ("passkey",))))
+            self.advance(self.plan.retrieval_s([name], "passkey"))
+        return out
 
-    def document(self, result: dict, trained: dict, passkey: dict) -> dict:
+    def ruler(self, names: list[str], tasks: list[str]) -> dict:
+        """Each survivor's RULER scores at the target length: {name: {task: {value, n, ci_low, ci_high}}}, the
+        tasks a survivor lacks measured in one eval call (the model loaded once), each kept for --resume under
+        ``name@target#task/samples`` (another --ruler-samples is another measurement)."""
+        n, out = self.args.ruler_samples, {}
+        for name in names if tasks else []:
+            keys = {t: f"{name}@{self.plan.target}#{t}/{n}" for t in tasks}
+            missing = [t for t in tasks if keys[t] not in self.store.done]
+            if missing:
+                settings = self.settings(self.by_name[name], self.plan.target, 0, missing)
+                settings.options["ruler_samples"] = n
+                self.store.put({keys[t]: score for t, score in
+                                measure.ruler_scores(self.args.model, settings).items()})
+            out[name] = {t: self.store.done[keys[t]] for t in tasks}
+            self.advance(sum(self.plan.retrieval_s([name], t) for t in tasks))
+        return out
+
+    def document(self, result: dict, trained: dict, passkey: dict, ruler: dict) -> dict:
         kinds = {c.name: c.kind for c in self.plan.candidates}
         ans = racing.answer(result["losses"], kinds)
+        note = retrieval_note(ans["winner"], passkey, ruler)
+        if note:
+            ans["retrieval"] = note
         winner = self.by_name[ans["winner"]]
         return {"key": _key(self.args), "model": str(self.args.model), "target": self.plan.target,
                 "trained": self.trained, "budget_s": self.plan.budget_s, "plan": self.plan.to_dict(),
                 "plan_text": self.plan_text, "rules": RULES, "margin": racing.TRAINED_MARGIN,
                 "measurements": self.store.done, "race": result, "trained_check": trained,
                 "flagged": [n for n, d in trained.items() if d > racing.TRAINED_MARGIN], "passkey": passkey,
-                "answer": ans, "answer_row": {"method": winner.method, "kind": winner.kind,
+                "ruler": ruler, "ruler_samples": self.args.ruler_samples, "tasks": self.tasks, "answer": ans, "answer_row": {"method": winner.method, "kind": winner.kind,
                                               "options": winner.options},
                 "winner_kind": winner.kind, "deploy": "config.json" if winner.kind == "config" else "patch_spec.json",
                 "spent_s": round(time.perf_counter() - self.started, 1)}

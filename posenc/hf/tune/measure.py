@@ -1,6 +1,6 @@
 """``posenc tune``'s measurements through ``posenc eval``'s loop (``evaluate_model``, the one owner of scoring): one
 candidate on one window of the held-out text (the window's ``eval_offset``, so every candidate scores the same
-tokens), and passkey on the race's survivors. Each measurement is kept in ``Measurements`` by its key, so a resumed
+tokens), and retrieval (passkey, RULER's tasks) on the race's survivors. Each measurement is kept in ``Measurements`` by its key, so a resumed
 tune measures nothing twice."""
 
 from __future__ import annotations
@@ -42,6 +42,23 @@ def passkey_rate(model_dir: str, settings) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def ruler_scores(model_dir: str, settings) -> dict[str, dict]:
+    """Each RULER task of ``settings`` (tasks, options["ruler_samples"]) at its one length: {task: {"value": mean
+    string_match_all, "n": samples scored, "ci_low", "ci_high": Wilson 95%}}; value None (n 0) with the row's note
+    where the template does not fit the length."""
+    from posenc.hf.eval.loop import evaluate_model
+
+    doc = evaluate_model(model_dir, settings, progress=False, log=lambda *_: None)
+    out = {}
+    for r in doc["results"]:
+        if r["value"] is None:
+            out[r["task"]] = {"value": None, "n": 0, "ci_low": None, "ci_high": None, "note": r.get("note")}
+        else:
+            out[r["task"]] = {"value": r["value"], "n": r["n_samples"], "ci_low": r["ci_low"],
+                              "ci_high": r["ci_high"]}
+    return out
+
+
 class Measurements:
     """The measurements made so far, by key (``"yarn@64#0"``: candidate, length, window): what results.json keeps,
     and what ``--resume`` reads back so that nothing is measured twice."""
@@ -56,3 +73,9 @@ class Measurements:
             if self.on_new is not None:
                 self.on_new()
         return self.done[key]
+
+    def put(self, measured: dict) -> None:
+        """Keep several new measurements (key -> value) made by one call, and save once."""
+        self.done.update(measured)
+        if self.on_new is not None:
+            self.on_new()

@@ -9,6 +9,12 @@ The estimate's rule: one measurement (one window of ``length`` tokens) costs ``p
 this machine's measured FLOP/s of one square matmul in the run's dtype, and ``passes`` the score passes of the
 method (1 for a config edit; an attention rule's modes, each a score pass over its keys, for an attention method).
 The race's rounds after the first are estimated as the field halving each window (the race's rule decides).
+
+Retrieval on the survivors (passkey, RULER's tasks): a sample is one prefill at the target length plus up to its
+answer budget of decode steps, each a forward of one token at the target length (model_flops(L + 1) -
+model_flops(L)); per survivor a task costs ``samples x (1 + decode x step / window)`` of the survivor's window
+estimate. The survivors are estimated as the race's last round (the field halving, at least two); the budget
+reserves their retrieval before the race's windows.
 """
 
 from __future__ import annotations
@@ -148,6 +154,10 @@ class Plan:
     seconds: dict[str, float] = field(default_factory=dict)          # candidate name -> one window at target
     rounds: list[float] = field(default_factory=list)                # estimated seconds of each window round
     trained_check_s: float = 0.0
+    # retrieval task -> {"samples": per survivor, "decode": answer budget in decode steps, "windows": its cost per
+    # survivor in that survivor's window estimates}
+    retrieval: dict[str, dict] = field(default_factory=dict)
+    survivors: int = 0                                               # estimated: the race's last round
 
     def measurement_s(self, c: Candidate, length_flops: float | None = None) -> float:
         """The estimate of one window of ``c`` (at the target length unless ``length_flops`` says otherwise)."""
@@ -157,13 +167,23 @@ class Plan:
     def first_round_s(self) -> float:
         return self.rounds[0] if self.rounds else 0.0
 
+    def retrieval_s(self, names=None, task: str | None = None) -> float:
+        """The estimate of retrieval (``task``, or every retrieval task) on the candidates ``names`` (default: the
+        ``survivors`` cheapest, as the plan's rounds assume)."""
+        if names is None:
+            windows = sorted(self.seconds.values())[:self.survivors]
+        else:
+            windows = [self.seconds[n] for n in names]
+        per_window = sum(r["windows"] for t, r in self.retrieval.items() if task in (None, t))
+        return per_window * sum(windows)
+
     @property
     def total_s(self) -> float:
-        return self.trained_check_s + sum(self.rounds)
+        return self.trained_check_s + sum(self.rounds) + self.retrieval_s()
 
     def fitting_rounds(self) -> int:
-        """How many window rounds the budget holds after the trained-length check."""
-        left, n = self.budget_s - self.trained_check_s, 0
+        """How many window rounds the budget holds after the trained-length check and the survivors' retrieval."""
+        left, n = self.budget_s - self.trained_check_s - self.retrieval_s(), 0
         for seconds in self.rounds:
             if seconds > left:
                 break
@@ -176,15 +196,30 @@ class Plan:
         out["candidates"] = [{"name": c.name, **asdict(c), "estimate_s": self.seconds[c.name]}
                              for c in self.candidates]
         out["total_s"] = self.total_s
+        out["retrieval_s"] = {t: self.retrieval_s(task=t) for t in self.retrieval}
         out["fitting_rounds"] = self.fitting_rounds()
         return out
 
 
+def retrieval_samples(task: str, ruler_samples: int) -> tuple[int, int]:
+    """(samples per survivor, decode steps per sample) of retrieval ``task`` as tune runs it: passkey with its
+    default depths x trials and its key's digits; a RULER task with ``ruler_samples`` and its answer budget."""
+    from posenc.lab.tasks import get_task
+    from posenc.lab.tasks.passkey import KEY_DIGITS
+    from posenc.lab.tasks.registry import TASK_SETTINGS
+
+    if task == "passkey":
+        return len(TASK_SETTINGS["passkey_depths"].default) * TASK_SETTINGS["passkey_trials"].default, KEY_DIGITS
+    return ruler_samples, int(getattr(get_task(task), "budget", 0))
+
+
 def make_plan(candidates_: list[Candidate], skipped, *, target: int, trained: int, windows: int, budget_s: float,
-              peak_flops: float, flops: float, flops_trained: float) -> Plan:
+              peak_flops: float, flops: float, flops_trained: float, retrieval: dict | None = None,
+              flops_step: float = 0.0) -> Plan:
     """The plan's estimates: each candidate's window at the target, the rounds (all candidates on the first
-    window, then the field halving each window), and the trained-length check (every candidate and the
-    unchanged model, one window at the trained length)."""
+    window, then the field halving each window), the trained-length check (every candidate and the unchanged
+    model, one window at the trained length), and ``retrieval`` (task -> (samples, decode steps) per survivor;
+    ``flops_step``: one decode step's FLOPs at the target) on the estimated survivors."""
     plan = Plan(target=target, trained=trained, windows=windows, budget_s=budget_s, peak_flops=peak_flops,
                 flops=flops, flops_trained=flops_trained, candidates=list(candidates_), skipped=list(skipped))
     plan.seconds = {c.name: plan.measurement_s(c) for c in plan.candidates}
@@ -192,6 +227,9 @@ def make_plan(candidates_: list[Candidate], skipped, *, target: int, trained: in
     for w in range(windows):
         alive = len(by_cost) if w == 0 else max(min(2, len(by_cost)), math.ceil(len(by_cost) / 2 ** w))
         plan.rounds.append(sum(by_cost[:alive]))
+        plan.survivors = alive
+    plan.retrieval = {task: {"samples": n, "decode": decode, "windows": n * (1 + decode * flops_step / flops)}
+                      for task, (n, decode) in (retrieval or {}).items()}
     plan.trained_check_s = sum(plan.measurement_s(c, flops_trained) for c in plan.candidates) + \
         plan.measurement_s(Candidate("none", "config"), flops_trained)
     return plan
@@ -204,7 +242,7 @@ def alternatives(plan: Plan, flops_at) -> list[str]:
     out = []
     # a candidate's first window at the target and its trained-length check (the unchanged model's too)
     own = {c.name: plan.seconds[c.name] + plan.measurement_s(c, plan.flops_trained) for c in plan.candidates}
-    left = plan.budget_s - plan.measurement_s(Candidate("none", "config"), plan.flops_trained)
+    left = plan.budget_s - plan.measurement_s(Candidate("none", "config"), plan.flops_trained) - plan.retrieval_s()
     ranked = sorted(plan.candidates, key=lambda c: (c.kind != "config", own[c.name]))
     kept, spent = [], 0.0
     for c in ranked:
@@ -237,6 +275,7 @@ def format_plan(plan: Plan, flops_at=None) -> str:
     lines += [f"  left out: {m}: {why}" for m, why in plan.skipped]
     lines.append(f"trained-length check {plan.trained_check_s:.3g} s; rounds (window 1..{len(plan.rounds)}): "
                  + ", ".join(f"{s:.3g}" for s in plan.rounds) + " s")
+    lines += _retrieval_lines(plan)
     lines.append(f"estimated total {plan.total_s:.3g} s; budget {plan.budget_s:.3g} s")
     n = plan.fitting_rounds()
     if n == 0:
@@ -247,3 +286,14 @@ def format_plan(plan: Plan, flops_at=None) -> str:
     else:
         lines.append("the budget holds the whole plan")
     return "\n".join(lines)
+
+
+def _retrieval_lines(plan: Plan) -> list[str]:
+    """The plan's retrieval part: each task's samples, decode steps and estimate on the estimated survivors."""
+    if not plan.retrieval:
+        return []
+    lines = [f"retrieval on the race's survivors (estimated {plan.survivors}) at {plan.target} tokens: a sample is "
+             f"one prefill plus up to its answer budget of decode steps; {plan.retrieval_s():.3g} s in all"]
+    lines += [f"  {task:<44} {str(r['samples']) + ' samples x (prefill + ' + str(r['decode']) + ' decode steps)':<44}"
+              f"{plan.retrieval_s(task=task):9.3g} s" for task, r in plan.retrieval.items()]
+    return lines

@@ -87,9 +87,64 @@ def _num(x, digits: int = 4) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def pooled_ruler(scores: dict[str, dict]) -> tuple[float | None, float, float, int]:
+    """One survivor's RULER tasks pooled -> (mean score over every sample, Wilson 95% low, high, samples); None
+    mean when no task was scored."""
+    from posenc.lab.stats import wilson_interval
+
+    scored = [s for s in scores.values() if s["value"] is not None and s["n"]]
+    n = sum(s["n"] for s in scored)
+    if not n:
+        return None, 0.0, 1.0, 0
+    hits = sum(s["value"] * s["n"] for s in scored)
+    return (hits / n, *wilson_interval(hits, n), n)
+
+
+def retrieval_note(winner: str, passkey: dict, ruler: dict) -> str | None:
+    """A sentence when the perplexity winner is not the best survivor on retrieval (passkey's mean accuracy; RULER's
+    score pooled over its tasks, with Wilson intervals and whether they overlap); None when it is, or when no
+    retrieval was measured on it."""
+    parts = []
+    rates = {k: v for k, v in passkey.items() if v is not None}
+    best = max(rates, key=rates.get, default=None)
+    if winner in rates and rates[best] > rates[winner]:
+        parts.append(f"on passkey {best} finds {rates[best]:.2f} of the keys, {winner} {rates[winner]:.2f}")
+    pooled = {k: pooled_ruler(v) for k, v in ruler.items()}
+    pooled = {k: v for k, v in pooled.items() if v[0] is not None}
+    best = max(pooled, key=lambda k: pooled[k][0], default=None)
+    if winner in pooled and pooled[best][0] > pooled[winner][0]:
+        (b, b_lo, b_hi, b_n), (w, w_lo, w_hi, w_n) = pooled[best], pooled[winner]
+        overlap = b_lo <= w_hi
+        parts.append(f"on RULER (pooled over its tasks) {best} scores {b:.2f} [{b_lo:.2f}, {b_hi:.2f}] (n {b_n}), "
+                     f"{winner} {w:.2f} [{w_lo:.2f}, {w_hi:.2f}] (n {w_n})"
+                     + ("; the Wilson intervals overlap: within the noise of these samples" if overlap else ""))
+    if not parts:
+        return None
+    return f"The perplexity winner {winner} is not the best survivor on retrieval: " + "; ".join(parts) + "."
+
+
+def _ruler_lines(doc: dict) -> list[str]:
+    """report.md's RULER table: survivor x task, score [Wilson 95% interval], samples."""
+    ruler = doc.get("ruler") or {}
+    if not ruler:
+        return []
+    tasks = list(next(iter(ruler.values())))
+    lines = ["", f"## RULER (survivors, {doc['target']} tokens, {doc.get('ruler_samples')} samples per task)", "",
+             "Score: RULER's string_match_all, the mean over the samples, with its Wilson 95% interval and the samples "
+             "scored (n); n/a where the task's template does not fit the length.", "",
+             "| survivor | " + " | ".join(tasks) + " | pooled |", "|---" * (len(tasks) + 2) + "|"]
+    for name, scores in ruler.items():
+        cells = [f"{_num(s['value'], 2)} [{_num(s['ci_low'], 2)}, {_num(s['ci_high'], 2)}], n {s['n']}"
+                 if s["value"] is not None else "n/a" for s in (scores[t] for t in tasks)]
+        mean, low, high, n = pooled_ruler(scores)
+        cells.append(f"{_num(mean, 2)} [{low:.2f}, {high:.2f}], n {n}" if mean is not None else "n/a")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report_markdown(doc: dict) -> str:
     """report.md: the plan, the race (per-candidate mean log-perplexity, paired difference to the best and its
-    spread), the trained-length check, passkey, the answer and the deploy file."""
+    spread), the trained-length check, passkey, RULER, the answer and the deploy file."""
     ans = doc["answer"]
     lines = [f"# posenc tune: {doc['model']} at {doc['target']} tokens", "", "## Plan", "", "```",
              doc["plan_text"], "```", "", "## Race", "",
@@ -105,7 +160,10 @@ def report_markdown(doc: dict) -> str:
     if doc.get("passkey"):
         lines += ["", "## Passkey (survivors)", ""]
         lines += [f"- {name}: {_num(rate, 2)}" for name, rate in doc["passkey"].items()]
+    lines += _ruler_lines(doc)
     lines += ["", "## Answer", "", f"Winner: **{ans['winner']}** ({ans['reason']}).", ""]
+    if ans.get("retrieval"):
+        lines += [ans["retrieval"], ""]
     if ans["winner"] in doc["flagged"]:
         lines += [f"Note: {ans['winner']} raises log-perplexity at the trained length by "
                   f"{doc['trained_check'][ans['winner']]:.4f} nats (more than {doc['margin']}): short inputs get "
