@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from posenc._internal.errors import ConfigError
 from posenc._internal.flags import add_shared, integer, names, number
-from posenc.finetune.settings import DEFAULT_CHUNK_LENGTH, DEFAULT_TARGET_MODULES, FinetuneSettings
+from posenc.finetune.settings import DEFAULT_CHUNK_LENGTH, DEFAULT_TARGET_MODULES, SAVE_DTYPES, FinetuneSettings
 
 # messages name settings by their keyword ("target_length: ..."): shown as the parser's flags, no other names
 FLAG_ALIASES: dict[str, str] = {}
@@ -17,13 +17,15 @@ def add_arguments(parser) -> None:
     add_shared(parser, "method", default="yarn", help="the frequency method written into the config (default yarn)")
     add_shared(parser, "target_length", required=True)
     add_shared(parser, "out", required=True, help="folder for model/, adapters/, finetune.json and the checkpoint")
-    add_shared(parser, "data", default=None, help="training text: a file or folder (default: the CPython stdlib's "
-               "training split); its validation split gives the held-out loss")
+    add_shared(parser, "data", default=None, help="training text: a file or folder, or prose (the SmolLM2 study's "
+               "English prose, from $SMOLLM2_PROSE; default: the CPython stdlib); its training split is trained on, "
+               "its validation split gives the held-out loss")
     pose = parser.add_argument_group("PoSE")
     pose.add_argument("--chunk-length", type=integer, default=DEFAULT_CHUNK_LENGTH, metavar="N",
                       help=f"training window in tokens, capped at the trained length (default {DEFAULT_CHUNK_LENGTH})")
     pose.add_argument("--chunks", type=integer, default=2, metavar="N",
-                      help="pieces of a window, each with its own position skip (default 2)")
+                      help="pieces of a window, each with its own position skip, drawn by the paper's uniform rule "
+                      "(default 2, the paper's)")
     lora = parser.add_argument_group("LoRA")
     lora.add_argument("--rank", type=integer, default=8, metavar="R", help="adapter rank (default 8)")
     lora.add_argument("--alpha", type=number, default=16.0, help="adapter scale alpha: B A is scaled by "
@@ -49,6 +51,8 @@ def add_arguments(parser) -> None:
     opt.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward pass and loss")
     opt.add_argument("--gradient-checkpointing", action="store_true",
                      help="recompute activations in the backward pass: less memory, about a third more time")
+    opt.add_argument("--save-dtype", choices=SAVE_DTYPES, default="auto",
+                     help="the merged model's weights on disk (default auto: the source model's dtype)")
     add_shared(parser, "seed", default=0)
     add_shared(parser, "resume", help="continue the fine-tune in --out from its checkpoint, step for step")
     add_shared(parser, "overwrite", help="start over in an --out that holds an earlier fine-tune")
@@ -64,7 +68,8 @@ def settings_from(args) -> FinetuneSettings:
         full=args.full, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
         weight_decay=args.weight_decay, eval_every=args.eval_every, eval_windows=args.eval_windows,
         checkpoint_every=args.checkpoint_every, bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing,
-        seed=args.seed, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+        save_dtype=args.save_dtype, seed=args.seed, resume=args.resume, overwrite=args.overwrite,
+        progress=not args.no_progress)
 
 
 def run(args) -> int:

@@ -1,7 +1,8 @@
 """The text a fine-tune reads, as the model's tokens: training windows with PoSE position ids, and the held-out
 windows scored at the target length.
 
-Training: the lab corpus's training split (``--data``, default the CPython standard library; posenc.lab.data),
+Training: the lab corpus's training split (``--data``: a file or folder, "prose" (``data_source``), default the CPython
+standard library; posenc.lab.data),
 tokenized as ``posenc eval`` tokenizes (posenc.hf.eval.adapter.token_stream: a byte tokenizer reads the bytes
 themselves). Batch ``step`` is a pure function of (seed, step) (posenc.lab.data.batch_generator): its windows are
 contiguous slices of the text at random starts, and their position ids are posenc.pose's, drawn from the same
@@ -12,10 +13,34 @@ plain positions 0 .. L - 1 (as the model runs at inference).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from posenc._internal.errors import ConfigError
 from posenc.pose import pose_position_ids
+
+# ``--data prose``: the SmolLM2 study's English prose text (the Python 3.11 documentation's reStructuredText sources,
+# from Debian's python3.11-doc), which ``python scripts/smollm2_study.py prose`` unpacks into a folder; nothing is
+# downloaded here. The folder is PROSE_ENV's value, else PROSE_DEFAULT: the study script's own variable and default
+PROSE = "prose"
+PROSE_ENV = "SMOLLM2_PROSE"
+PROSE_DEFAULT = "/tmp/python3.11-doc-sources"
+
+
+def data_source(data: str | None) -> str | None:
+    """``--data`` as posenc.lab.data.load_corpus reads it: None (the CPython standard library) and a path as given,
+    "prose" as its folder (PROSE_ENV, else PROSE_DEFAULT); ConfigError naming data when that folder is absent. A
+    folder named prose in the current folder is ``./prose``."""
+    if data != PROSE:
+        return data
+    folder = os.environ.get(PROSE_ENV) or PROSE_DEFAULT
+    if not Path(folder).is_dir():
+        raise ConfigError(f"data: prose is the English prose text of the SmolLM2 study, read from {folder} "
+                          f"({PROSE_ENV}, default {PROSE_DEFAULT}), which is not a folder; get it with `python "
+                          f"scripts/smollm2_study.py prose` (with the same {PROSE_ENV}), or give a path")
+    return folder
 
 
 class PoseSampler:

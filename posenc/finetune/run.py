@@ -17,22 +17,22 @@ from pathlib import Path
 import torch
 
 from posenc._internal.errors import ConfigError
-from posenc.finetune.settings import FinetuneSettings, check_lengths, check_settings, train_settings
+from posenc.finetune.settings import FinetuneSettings, check_lengths, check_settings, saved_dtype, train_settings
 
 EXTENDED_CONFIG = "config.extended.json"
 CHECKPOINT_DIR = "checkpoint"
 OUTPUTS = ("model", "adapters", "finetune.json", EXTENDED_CONFIG, CHECKPOINT_DIR)
 
 
-def check_out(s: FinetuneSettings) -> Path:
+def check_out(s: FinetuneSettings, data: str | None = None) -> Path:
     """-> the --out folder, checked: not an input, not a model's file, writable; one that holds an earlier
     fine-tune needs --resume (continue it) or --overwrite (start over: ``finetune`` deletes its checkpoint once
-    every check has passed)."""
+    every check has passed). ``data``: the text's path (``s.data`` with "prose" resolved)."""
     from posenc._internal.atomic import check_writable_folder
     from posenc._internal.outputs import check_output
 
     what = f"out {s.out} (--out)"
-    out = check_output(s.out, what, inputs=[("model", s.model), ("--data", s.data)], writes=("finetune.json",))
+    out = check_output(s.out, what, inputs=[("model", s.model), ("--data", data)], writes=("finetune.json",))
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{what}: exists and is not a folder")
     check_writable_folder(out, what)
@@ -77,13 +77,16 @@ def finetune(s: FinetuneSettings, *, stop_after: int | None = None, log=print) -
     from posenc.rope.contexts import trained_length
 
     check_settings(s)
-    out = check_out(s)
+    source = data.data_source(s.data)      # "prose" -> its folder (ConfigError when absent)
+    out = check_out(s, source)
     config = check_model_folder(s.model)
     window = check_lengths(s, trained_length(config))
     result = extended_config(s, config)
     tokenizer = load_tokenizer(s.model)
-    tokens, data_meta = data.training_tokens(tokenizer, s.data, s.steps * s.batch_size * (window + 1), window)
-    windows = data.validation_windows(tokenizer, s.data, s.target_length, s.eval_windows)
+    tokens, data_meta = data.training_tokens(tokenizer, source, s.steps * s.batch_size * (window + 1), window)
+    windows = data.validation_windows(tokenizer, source, s.target_length, s.eval_windows)
+    if s.data == data.PROSE:
+        data_meta["name"] = data.PROSE
     # written only once every check has passed: a refused run leaves --out as it was
     out.mkdir(parents=True, exist_ok=True)
     if s.overwrite and not s.resume and (out / CHECKPOINT_DIR).exists():
@@ -108,10 +111,10 @@ def finetune(s: FinetuneSettings, *, stop_after: int | None = None, log=print) -
     doc = {"settings": s.recorded(), "started": started, "window": window, "extension": extension,
            "data": data_meta, "parameters": adapters.count_parameters(model), "validation_windows": len(windows),
            "validation_tokens": int(windows.shape[0] * (windows.shape[1] - 1)),
-           **_progress(trained, sampler, s)}
+           "saved_dtype": saved_dtype(s, config), **_progress(trained, sampler, s)}
     if trained["step"] < s.steps:        # interrupted (stop_after): the checkpoint is the result so far
         return doc
-    write_folders(model, tokenizer, out, s)
+    write_folders(model, tokenizer, out, s, doc["saved_dtype"])
     atomic_write_json(out / "finetune.json", doc)
     return doc
 
@@ -129,8 +132,9 @@ def _progress(trained: dict, sampler, s: FinetuneSettings) -> dict:
             "torch_threads": torch.get_num_threads()}
 
 
-def write_folders(model: torch.nn.Module, tokenizer, out: Path, s: FinetuneSettings) -> None:
-    """DIR/adapters (LoRA runs) and DIR/model (the adapters merged, with the tokenizer), each atomically."""
+def write_folders(model: torch.nn.Module, tokenizer, out: Path, s: FinetuneSettings, dtype: str = "float32") -> None:
+    """DIR/adapters (LoRA runs, float32 as trained) and DIR/model (the adapters merged in float32, then its weights
+    cast to ``dtype``, with the tokenizer), each atomically."""
     from posenc._internal.atomic import atomic_folder
     from posenc.finetune.adapters import is_peft, merged, save_adapters
 
@@ -144,6 +148,7 @@ def write_folders(model: torch.nn.Module, tokenizer, out: Path, s: FinetuneSetti
         full = plain_copy(full)     # a model loaded from GGUF refuses save_pretrained while it keeps that config
     if s.gradient_checkpointing:       # a saved model loads without it, as transformers saves it
         full.gradient_checkpointing_disable()
+    full = full.to(getattr(torch, dtype))     # config.dtype follows, so from_pretrained(dtype="auto") loads it so
     with atomic_folder(out / "model") as tmp:
         full.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))

@@ -12,6 +12,8 @@ from posenc._internal.validate import check_float, check_int
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 # PoSE's training window: the paper's Llama runs train on 2k-token windows (capped at the model's trained length)
 DEFAULT_CHUNK_LENGTH = 2048
+# the merged model's weights on disk: auto (the source's dtype, as its config states; float32 when it states none)
+SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -44,6 +46,7 @@ class FinetuneSettings:
     checkpoint_every: int = 25
     bf16: bool = False
     gradient_checkpointing: bool = False
+    save_dtype: str = "auto"                     # DIR/model's weights: SAVE_DTYPES (auto: the source's)
     seed: int = 0
     resume: bool = False
     overwrite: bool = False
@@ -82,7 +85,19 @@ def check_settings(s: FinetuneSettings) -> FinetuneSettings:
     check_int(s.eval_windows, "eval_windows", min=1, error=ConfigError)
     check_int(s.checkpoint_every, "checkpoint_every", min=0, error=ConfigError)
     check_int(s.seed, "seed", min=0, error=ConfigError)
+    if s.save_dtype not in SAVE_DTYPES:
+        raise ConfigError(f"save_dtype: expected one of {', '.join(SAVE_DTYPES)}, got {s.save_dtype!r}")
     return s
+
+
+def saved_dtype(s: FinetuneSettings, config) -> str:
+    """The dtype DIR/model's weights are written in: ``s.save_dtype``, or for auto the source model's (its config's
+    dtype: a bf16 source gives bf16 weights); float32 when the config states none or another."""
+    if s.save_dtype != "auto":
+        return s.save_dtype
+    stated = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(stated).removeprefix("torch.") if stated is not None else None
+    return name if name in SAVE_DTYPES else "float32"
 
 
 def check_lengths(s: FinetuneSettings, trained: int | None) -> int:
