@@ -4,6 +4,7 @@ posenc.irope, which read them):
     Llama 4, NoPE layers only:     tau(n) = 1 + attn_scale * log1p(floor((n + 1) / floor_scale))
     Ministral 3, every layer:      tau(n) = 1 + beta * ln(1 + floor(n / original))        (llama_4_scaling_beta)
     log-length (Qwen's logn):      tau(n) = max(1, ln(n + 1) / ln(L))                      (the lab's rnope-swa)
+    Mistral Large 4, every layer:  tau_h(n) = scale_h * ln(n + 1) + bias_h                 (learned per head)
 
 n = the query's absolute position (transformers ``models/llama4``, arXiv 2501.19399; ``models/ministral3``). Both
 are 1 for short contexts; they differ in the floor (n + 1 against n) and in which layers they scale.
@@ -64,3 +65,22 @@ def log_length_temperature(positions, *, trained: int) -> torch.Tensor:
     if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
         raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
     return torch.clamp(torch.log(positions.float() + 1.0) / math.log(trained), min=1.0)
+
+
+def log_position_scale(positions, scale, bias) -> torch.Tensor:
+    """Mistral Large 4's learned query scale: tau_h(n) = scale_h * ln(n + 1) + bias_h, one per head and position.
+
+    transformers ``models/mistral_large4`` (MistralLarge4TextSoftmaxScaling) multiplies q by it on every layer,
+    RoPE and NoPE alike, after RoPE; scale and bias are the checkpoint's per-head weights (``softmax_scaling.scale``
+    and ``.bias``; 0 and 1 leave q unchanged). positions: [..., seq] absolute positions; scale, bias: [heads].
+    Returns [..., heads, seq] in scale's dtype, computed in transformers' order (ln in float32, then scale's dtype).
+    """
+    positions = as_positions(positions)
+    if positions.numel() and positions.device.type != "meta" and bool((positions < 0).any()):
+        raise PosencError(f"positions must be >= 0 (absolute positions), got {positions.min().item()}")
+    scale, bias = torch.as_tensor(scale), torch.as_tensor(bias)
+    if scale.dim() != 1 or bias.shape != scale.shape:
+        raise PosencError(f"scale and bias must be one value per head, got shapes {tuple(scale.shape)} and "
+                          f"{tuple(bias.shape)}")
+    log_position = (positions + 1).float().log().to(scale.dtype)
+    return scale[:, None] * log_position[..., None, :] + bias[:, None]

@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from posenc._internal.validate import check_float, check_int, is_number
+from posenc._internal.validate import check_float, check_int, is_int, is_number
 from posenc._internal.errors import ConfigError
 from posenc.rope.contexts import claimed_context, context_length, trained_length
 
@@ -57,7 +57,8 @@ _ROPE_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qw
                "cohere", "stablelm", "internlm2", "deepseek_v2", "deepseek_v3", "granite", "persimmon", "codegen",
                "baichuan", "mistral3", "llama4", "llama4_text", "glm", "glm4", "exaone", "nemotron", "smollm3",
                "modernbert", "modernbert-decoder", "hunyuan_v1_dense", "hunyuan_v1_moe", "qwen2_vl", "qwen2_5_vl",
-               "qwen3_vl", "qwen3_vl_text", "gemma3n_text", "cohere2", "olmo3", "kimi_k2", "ministral3"}
+               "qwen3_vl", "qwen3_vl_text", "gemma3n_text", "cohere2", "olmo3", "kimi_k2", "ministral3",
+               "mistral4", "mistral_large4", "mistral_large4_text"}
 
 
 # ------------------------------------------------------------------------------------------ scheme detection
@@ -212,6 +213,9 @@ def _inspect_rope(cfg: Mapping, layer_type: str | None, seq_len: int | None, mul
         "rotary_dim": rc.rotary_dim,
         "partial_rotary_factor": rc.partial_rotary_factor,
         "pairs": rc.rotary_dim // 2,
+        # MLA (DeepSeek, Mistral 4): RoPE acts on the qk_rope_head_dim part of each q/k head only
+        "mla": {"qk_rope_head_dim": rc.rotary_dim, "qk_nope_head_dim": cfg["qk_nope_head_dim"]}
+        if is_int(cfg.get("qk_rope_head_dim")) and is_int(cfg.get("qk_nope_head_dim")) else None,
         "layout": rope_layout(cfg),
         "position_axes": axes,
         "max_position_embeddings": rc.max_position_embeddings,
@@ -311,6 +315,9 @@ def _schedule(cfg: Mapping) -> dict[str, Any]:
             "applies_to": "every layer: q x (1 + beta x ln(1 + floor(p / original)))"},
         "softmax_scale_multiplier": s.softmax_scale_multiplier,
         "sink_logits": s.sink_logits,
+        # Mistral Large 4's learned position weights (LeRoPE's exp(alpha) per pair, a per-head log-position scale)
+        "learned_frequency_scale": s.learned_frequency_scale,
+        "learned_query_scale": s.learned_query_scale,
         "layout": s.layout,
     }
 
@@ -525,6 +532,9 @@ def _describe(report: dict[str, Any]) -> str:
     if scheme == "rope":
         e = report["rope"][0]
         text = f"RoPE ({e['rope_type']}): rotates {e['rotary_dim']} of {e['head_dim']} dims per head"
+        if e.get("mla"):
+            text += (f" (MLA: the qk_rope_head_dim part of each {sum(e['mla'].values())}-dim q/k head; "
+                     f"its {e['mla']['qk_nope_head_dim']} qk_nope_head_dim dims are not rotated)")
         if e["position_axes"]:
             text += (f", multimodal (M-RoPE{', interleaved' if e['position_axes']['interleaved'] else ''}): "
                      f"t/h/w positions on {'/'.join(map(str, e['position_axes']['pairs_per_axis']))} pairs")

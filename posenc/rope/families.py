@@ -51,13 +51,16 @@ MROPE_FAMILIES = {
     "glm4v": ((8, 12, 12), False), "glm4v_text": ((8, 12, 12), False),
 }
 # model types whose transformers config class puts its own scaling in place of absent (or null) RoPE parameters
-# (GptOssConfig: yarn x32 from 4096; Ministral3Config: yarn x16 with the query temperature): for them "no scaling"
-# has to be written as {"rope_type": "default"}, not left out
-SCALED_BY_DEFAULT_TYPES = frozenset({"gpt_oss", "ministral3"})
+# (GptOssConfig: yarn x32 from 4096; Ministral3Config: yarn x16 with the query temperature; Mistral4Config: yarn x128
+# with it; MistralLarge4TextConfig: yarn x2048 from 512): for them "no scaling" has to be written as
+# {"rope_type": "default"}, not left out
+SCALED_BY_DEFAULT_TYPES = frozenset({"gpt_oss", "ministral3", "mistral4", "mistral_large4", "mistral_large4_text"})
 # Keys a family's config class keeps in its RoPE parameters for the attention code, not the rotary (transformers'
-# ignore_keys_at_rope_validation): Ministral 3's query temperature (llama_4_scaling_beta, read by
-# posenc.rope.layers) and a copy of max_position_embeddings. The frequency reader leaves them out of params.
-ATTENTION_ROPE_KEYS = {"ministral3": frozenset({"llama_4_scaling_beta", "max_position_embeddings"})}
+# ignore_keys_at_rope_validation): the query temperature of Ministral 3 and Mistral Small 4 (llama_4_scaling_beta,
+# read by posenc.rope.layers; Mistral4Attention applies it as Ministral3Attention does) and a copy of
+# max_position_embeddings. The frequency reader leaves them out of params.
+_QUERY_TEMPERATURE_KEYS = frozenset({"llama_4_scaling_beta", "max_position_embeddings"})
+ATTENTION_ROPE_KEYS = {"ministral3": _QUERY_TEMPERATURE_KEYS, "mistral4": _QUERY_TEMPERATURE_KEYS}
 # Vision towers whose 2-D RoPE transformers calls "axial" (their config classes default to it), and the posenc
 # type that reproduces their frequencies; old checkpoints name the vision part after the parent model.
 AXIAL_VISION_TYPES = {
@@ -79,7 +82,8 @@ VISION_TOWER_OF = {
 EMBED_DIM_HEADS = {"qwen2_vl_vision"}
 # parent model_type -> its text config's model_type, where family rules (local/global theta) key on the latter
 TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "gemma3n": "gemma3n_text", "llama4": "llama4_text",
-                    "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
+                    "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
+                    "mistral_large4": "mistral_large4_text"}
 # what the transformers config classes (5.x) put in place of an absent key (an explicit null stays null): Llama 4
 # chunks its RoPE layers' attention by default, the local/global families have a window, the Qwen family's window
 # is off unless use_sliding_window says otherwise, and Falcon's context is 2048 (Falcon-7B/40B's files omit it)

@@ -8,8 +8,12 @@ Some models change positions per layer or scale attention logits in ways cos/sin
   parameters with a null entry mark NoPE layer types too.
 - Attention temperature tuning (Llama 4; Nakanishi 2025, arXiv:2501.19399): NoPE layers multiply q at absolute
   position p by log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1.
-- Query temperature (Ministral 3, ``llama_4_scaling_beta`` in the RoPE parameters): every layer multiplies its
-  rotated q at position p by 1 + beta * ln(1 + floor(p / L0)), L0 = original_max_position_embeddings.
+- Query temperature (Ministral 3, Mistral Small 4: ``llama_4_scaling_beta`` in the RoPE parameters): every layer
+  multiplies its rotated q at position p by 1 + beta * ln(1 + floor(p / L0)), L0 = original_max_position_embeddings.
+- Learned position weights (Mistral Large 4): LeRoPE multiplies each pair's frequency by exp(alpha_j) (the
+  checkpoint's ``rotary_emb.alpha``), and every layer multiplies q at position p by scale_h * ln(p + 1) + bias_h
+  (``softmax_scaling``, per head). The config cannot give them; the schedule names them
+  (``learned_frequency_scale``, ``learned_query_scale``; the formula: ``posenc.temperature.log_position_scale``).
 - Chunked attention (Llama 4): RoPE layers attend within blocks of ``attention_chunk_size`` tokens.
 - Sink logits (gpt-oss): each head has a learned logit that joins every softmax as one more column and is dropped
   after it, so a query may give part of its weight to no key. No token is kept for it: StreamingLLM's attention
@@ -48,12 +52,19 @@ from posenc.temperature import attention_temperature, query_temperature
 # rotate_every_two (GPT-J, CodeGen), repeat_interleave'd cos/sin (Cohere, GLM); DeepSeek-V3 when rope_interleave
 INTERLEAVED_LAYOUT_TYPES = frozenset({"llama4", "llama4_text", "llama4_vision_model", "deepseek_v2", "gptj",
                                       "codegen", "cohere", "cohere2", "glm", "glm4", "glm4v", "glm4v_text",
-                                      "deepseek_v3", "kimi_k2"})
+                                      "deepseek_v3", "kimi_k2", "mistral4", "mistral_large4",
+                                      "mistral_large4_text"})
+# of those, the families whose attention reads rope_interleave (default true) and rotates halves when it is false
+ROPE_INTERLEAVE_KEY_TYPES = frozenset({"deepseek_v3", "mistral4"})
 # model types whose configs carry mscale_all_dim but whose attention does not rescale the softmax (Hunyuan;
 # Ministral 3, whose attention keeps head_dim^-0.5 and scales q by its query temperature instead)
 NO_SOFTMAX_MSCALE_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe", "ministral3"})
 # model types that read no_rope_layers / no_rope_layer_interval, and those with Llama 4's temperature tuning
-NOPE_LAYER_TYPES = frozenset({"llama4", "llama4_text", "smollm3", "mistral_large4"})
+# (Mistral Large 4's text config, mistral_large4_text, reads them as SmolLM3 does and accepts a longer list)
+NOPE_LAYER_TYPES = frozenset({"llama4", "llama4_text", "smollm3", "mistral_large4", "mistral_large4_text"})
+# model types with LeRoPE's learned per-pair frequency factors and a learned per-head log-position query scale
+# (MistralLarge4TextRotaryEmbedding.alpha, MistralLarge4TextSoftmaxScaling): weights, not config keys
+LEARNED_POSITION_WEIGHT_TYPES = frozenset({"mistral_large4", "mistral_large4_text"})
 TEMPERATURE_TUNING_TYPES = frozenset({"llama4", "llama4_text"})
 # layer kinds (layer_types entries) with no q/k attention, hence nothing to rotate: Qwen3-Next / Qwen3.5's Gated
 # DeltaNet layers ("linear_attention") and LFM2's short convolutions ("conv"), as their transformers decoder layers
@@ -123,8 +134,13 @@ class LayerSchedule:
         temperature_tuning: Llama 4's NoPE-layer query temperature, else None.
         softmax_scale_multiplier: multiplies qk_head_dim^-0.5 (DeepSeek's mscale^2; 1 elsewhere).
         layout: "half" or "interleaved", the pairing the model's attention rotates.
-        query_temperature: Ministral 3's every-layer query temperature (llama_4_scaling_beta), else None.
+        query_temperature: the every-layer query temperature of Ministral 3 / Mistral Small 4
+            (llama_4_scaling_beta), else None.
         sink_logits: whether each head's softmax has a learned sink logit (gpt-oss), which no token carries.
+        learned_frequency_scale: whether the checkpoint multiplies each pair's frequency by a learned exp(alpha_j)
+            (LeRoPE, Mistral Large 4): the frequencies read from the config are those before it.
+        learned_query_scale: whether every layer multiplies q at position p by a learned per-head
+            scale_h * ln(p + 1) + bias_h (Mistral Large 4's softmax scaling).
     """
 
     num_layers: int | None
@@ -138,6 +154,8 @@ class LayerSchedule:
     layout: str
     query_temperature: QueryTemperature | None = None
     sink_logits: bool = False
+    learned_frequency_scale: bool = False
+    learned_query_scale: bool = False
 
     @property
     def nope_layers(self) -> list[int]:
@@ -160,8 +178,8 @@ def rope_layout(config) -> str:
         return "half"
     cfg = config_mapping(config)
     model_type = model_type_of(cfg)
-    if model_type == "deepseek_v3" and cfg.get("rope_interleave") is False:
-        return "half"
+    if model_type in ROPE_INTERLEAVE_KEY_TYPES and not cfg.get("rope_interleave", True):
+        return "half"                             # their attention tests the key's truth: null rotates halves
     return "interleaved" if model_type in INTERLEAVED_LAYOUT_TYPES else "half"
 
 
@@ -192,7 +210,7 @@ def softmax_scale_multiplier(config, *, rope: RopeConfig | None = None) -> float
 
 
 def _query_temperature(cfg: Mapping) -> QueryTemperature | None:
-    """Ministral 3's query temperature from its RoPE parameters (llama_4_scaling_beta with the original length), or
+    """Ministral 3's (and Mistral Small 4's) query temperature from its RoPE parameters (llama_4_scaling_beta with the original length), or
     None when the family's attention reads none. A given beta needs original_max_position_embeddings, as the
     attention divides the position by it."""
     beta = rope_attention_keys(cfg).get("llama_4_scaling_beta")
@@ -224,6 +242,8 @@ def _rope_flags(cfg: Mapping, n: int | None) -> tuple[bool, ...] | None:
         interval = check_int(cfg.get("no_rope_layer_interval", 4), "no_rope_layer_interval", min=1,
                              error=ConfigError)
         return tuple((i + 1) % interval != 0 for i in range(n))
+    if model_type in LEARNED_POSITION_WEIGHT_TYPES and isinstance(flags, list) and len(flags) > n:
+        flags = flags[:n]                          # "at least the same length" (MistralLarge4TextConfig)
     if not isinstance(flags, list) or len(flags) != n or any(f not in (0, 1) for f in flags):
         raise ConfigError(f"no_rope_layers must list 0 / 1 (1 = the layer uses RoPE) for each of the "
                           f"num_hidden_layers = {n} layers, got {str(flags)[:80]}")
@@ -307,4 +327,6 @@ def layer_schedule(config) -> LayerSchedule:
                          else None,
                          temperature_tuning=tuning, softmax_scale_multiplier=multiplier, layout=rope_layout(cfg),
                          query_temperature=_query_temperature(cfg),
-                         sink_logits=model_type_of(cfg) in SINK_LOGIT_TYPES)
+                         sink_logits=model_type_of(cfg) in SINK_LOGIT_TYPES,
+                         learned_frequency_scale=model_type_of(cfg) in LEARNED_POSITION_WEIGHT_TYPES,
+                         learned_query_scale=model_type_of(cfg) in LEARNED_POSITION_WEIGHT_TYPES)

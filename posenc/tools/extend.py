@@ -122,9 +122,26 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                         notes=notes, check=check)
 
 
+def _refuse_position_weights(cfg: Mapping) -> None:
+    """ConfigError when the model's attention reads positions through more than the RoPE dict extend rewrites."""
+    from posenc.rope.config import rope_attention_keys
+    from posenc.rope.layers import LEARNED_POSITION_WEIGHT_TYPES
+
+    if "llama_4_scaling_beta" in rope_attention_keys(cfg):
+        raise ConfigError("the config's RoPE parameters carry a query temperature (llama_4_scaling_beta, Ministral 3 "
+                          "/ Mistral Small 4) that divides positions by their original_max_position_embeddings: "
+                          "extend would rewrite that dict without it, which the model's attention cannot run; edit "
+                          "rope_parameters by hand")
+    if cfg.get("model_type") in LEARNED_POSITION_WEIGHT_TYPES:
+        raise ConfigError("Mistral Large 4 multiplies each RoPE frequency by a learned exp(alpha) (LeRoPE) and every "
+                          "query by a learned per-head scale x ln(p + 1) + bias, both trained with its yarn: extend "
+                          "cannot see those weights, so a rewritten RoPE dict would be computed blind to the "
+                          "frequencies the model really uses; its yarn already reaches max_position_embeddings")
+
+
 def _validated(config, target_length, method, transformers_version, factor, replace) -> _Request:
     """Every check of the request before anything is computed; ConfigError naming the argument otherwise."""
-    from posenc.rope.config import layer_type_parameters, rope_attention_keys, rope_section, vision_config_of
+    from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
 
     m = get_method(method)
     if m.fit is not None:
@@ -157,10 +174,7 @@ def _validated(config, target_length, method, transformers_version, factor, repl
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
     old_warnings = {str(w.message) for w in caught}
-    if "llama_4_scaling_beta" in rope_attention_keys(cfg):
-        raise ConfigError("the config's RoPE parameters carry a query temperature (llama_4_scaling_beta, Ministral 3) "
-                          "that divides positions by their original_max_position_embeddings: extend would rewrite "
-                          "that dict without it, which the model's attention cannot run; edit rope_parameters by hand")
+    _refuse_position_weights(rope_section(outer))    # the text config with its family filled in
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"the config already uses rope_type {rc.rope_type!r} (original context "
                           f"{trained_length(rc)}); pass --replace to swap it for {method!r} computed from that "

@@ -66,6 +66,10 @@ def _rope_lines(e: dict[str, Any]) -> list[str]:
         f"  head_dim / rotary    {e['head_dim']} / {e['rotary_dim']} ({e['pairs']} pairs, "
         f"partial_rotary_factor {e['partial_rotary_factor']:g})",
     ]
+    if e.get("mla"):
+        lines.append(f"  MLA                  RoPE on qk_rope_head_dim {e['mla']['qk_rope_head_dim']} of each "
+                     f"{sum(e['mla'].values())}-dim q/k head; qk_nope_head_dim {e['mla']['qk_nope_head_dim']} "
+                     "not rotated (the softmax scale's qk_head_dim is the sum)")
     if e["position_axes"]:
         a = e["position_axes"]
         lines.append(f"  position axes        {' / '.join(a['axes'])} rows on {a['pairs_per_axis']} pairs "
@@ -123,6 +127,12 @@ def _layer_lines(layers: dict[str, Any] | None) -> list[str]:
         t = layers["query_temperature"]
         lines.append(f"  query temperature    llama_4_scaling_beta {t['beta']:g}, original {t['original']:,} "
                      f"({t['applies_to']})")
+    if layers.get("learned_frequency_scale"):
+        lines.append("  learned frequencies  LeRoPE: each pair's frequency x exp(alpha_j), alpha in the checkpoint "
+                     "(rotary_emb.alpha); the frequencies above are those before it")
+    if layers.get("learned_query_scale"):
+        lines.append("  learned query scale  every layer: q x (scale_h x ln(p + 1) + bias_h), per head, weights in "
+                     "the checkpoint (softmax_scaling)")
     return lines
 
 

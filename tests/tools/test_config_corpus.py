@@ -1,4 +1,5 @@
-"""The published-config corpus (tests/fixtures/configs, the position keys of 49 real config.json files):
+"""The published-config corpus (tests/fixtures/configs, the position keys of 49 real config.json files, and of 2
+transformers config classes' defaults where no published file could be read: the ``*-config-defaults`` ones):
 ``posenc inspect`` describes each as published (facts below, typed from the model cards / papers) with no error and
 no warning except the true ones listed; posenc's frequencies equal the family's own transformers rotary class built
 from the same file; ``posenc extend`` extends or refuses with the reason; ``posenc pick`` reads theta and length."""
@@ -35,6 +36,7 @@ def g(m, s):
 # extra: nope (count of NoPE layers), chunk, layout, axes (M-RoPE pairs per t/h/w), interleaved, vision
 # (rope_type, head_dim), mult (softmax multiplier), warnings (substrings of the true warnings), extend (reason
 # substring when extend must refuse), kinds ({attention kind: layers}), query_temperature ((beta, original)),
+# learned (Mistral Large 4's learned LeRoPE frequencies and query scale),
 # sink_logits
 CORPUS = {
     "bert-base-uncased": ("learned", None, None, 512, {}),
@@ -83,6 +85,14 @@ CORPUS = {
     # Ministral 3: yarn x16 with the every-layer query temperature (llama_4_scaling_beta) and no softmax multiplier
     "ministral-3-8b-instruct-2512": ("rope", {None: ("yarn", 1e6, 128, 128)}, 16384, 262144,
                                      {"extend": "query temperature", "query_temperature": (0.1, 16384)}),
+    # Mistral Small 4 / Large 4: the config classes' defaults (transformers 5.25), not published files (their
+    # _comment says so). Small 4: MLA yarn x128 on the 64-dim qk_rope part, interleaved, DeepSeek's multiplier and
+    # the query temperature; Large 4: yarn x2048 from 512, every 4th of 72 layers NoPE, learned LeRoPE and q scale
+    "mistral-small-4-config-defaults": ("rope", {None: ("yarn", 1e4, 64, 64)}, 8192, 1048576,
+                                        {"layout": "interleaved", "mult": g(1, 128), "extend": "query temperature",
+                                         "query_temperature": (0.1, 8192)}),
+    "mistral-large-4-config-defaults": ("rope", {None: ("yarn", 1e4, 64, 64)}, 512, 1048576,
+                                        {"layout": "interleaved", "nope": 18, "extend": "LeRoPE", "learned": True}),
     "mistral-7b-instruct-v0.3": ("rope", {None: ("default", 1e6, 128, 128)}, 32768, 32768, {}),
     "mistral-7b-v0.1": ("rope", {None: ("default", 1e4, 128, 128)}, 32768, 32768, {}),
     "mistral-nemo-base-2407": ("rope", {None: ("default", 1e6, 128, 128)}, 1024000, 1024000, {}),
@@ -173,6 +183,7 @@ def test_inspect_describes_each_published_config(name):
         if "kinds" in extra:
             assert layers["layer_types"] == extra["kinds"]
         assert layers["sink_logits"] == extra.get("sink_logits", False)
+        assert layers["learned_frequency_scale"] == layers["learned_query_scale"] == extra.get("learned", False)
         q = layers.get("query_temperature")
         assert (q and (q["beta"], q["original"])) == extra.get("query_temperature")
     vision = report.get("vision")
