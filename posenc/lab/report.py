@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 from posenc._internal.atomic import atomic_write_text
+from posenc.extensions import METHODS
 from posenc.lab.presets import scaled_steps
 from posenc.lab.tables import markdown
 from posenc.lab.tasks import TASKS
@@ -115,6 +116,7 @@ def _settings_lines(meta: dict) -> list[str]:
     s = meta["settings"]
     m, t = s["model"], s["train"]
     data = meta.get("data") or {}
+    recalibrated = [e for e in s["extensions"] if e in METHODS and METHODS[e].recalibrates]   # DroPE
     lines = [
         "## Settings (identical for every scheme" + (" but the steps listed per scheme)" if s.get("scheme_step_scale")
                                                        else ")"),
@@ -144,7 +146,9 @@ def _settings_lines(meta: dict) -> list[str]:
         + (f"; fine-tuned {s['finetune_steps']} steps at {s['finetune_len'] or max(s['eval_lens'])}"
            if s["finetune_steps"] else "")
         + ("; PoSE methods fine-tune at the train length" if any(e.startswith("pose-") for e in s["extensions"])
-           else ""),
+           else "")
+        + (f"; {', '.join(recalibrated)} recalibrate{'s' if len(recalibrated) == 1 else ''} at the train length"
+           if recalibrated and s["finetune_steps"] else ""),
     ]
     if s.get("randomized_positions"):
         which = (", ".join(s["randomized_schemes"]) + ", besides the plain models" if s.get("randomized_schemes")
