@@ -72,17 +72,8 @@ class Recall(Task):
 
 
 @pytest.fixture
-def plugin(tmp_path):
-    from posenc.lab.tasks.registry import TASK_SETTINGS, TASKS
-
-    tasks, settings = dict(TASKS), dict(TASK_SETTINGS)
-    path = tmp_path / "recall_plugin.py"
-    path.write_text(PLUGIN)
-    yield str(path)
-    TASKS.clear()
-    TASKS.update(tasks)
-    TASK_SETTINGS.clear()
-    TASK_SETTINGS.update(settings)
+def plugin(plugin_file):
+    return plugin_file("recall_plugin.py", PLUGIN)
 
 
 def _rows(out: Path) -> list[dict]:
