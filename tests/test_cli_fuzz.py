@@ -122,3 +122,15 @@ def test_an_extra_argument_is_named_under_its_subcommand(capsys):
 
     assert cli_main(["check", "extra"]) == 2
     assert capsys.readouterr().err == "posenc check: error: unrecognized arguments: extra (see posenc check --help)\n"
+
+
+def test_posenc_finetune_without_peft_names_the_set_up_that_installs_it(capsys):
+    """peft is imported when the adapters are made: without it the command ends in one line, not a bug report."""
+    from posenc._internal.faults import run_reporting_faults
+
+    def needs_peft():
+        raise ModuleNotFoundError("No module named 'peft'", name="peft")
+
+    assert run_reporting_faults("finetune", needs_peft) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "optional package 'peft'" in err and ".[test]" in err and "bug" not in err

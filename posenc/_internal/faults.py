@@ -36,7 +36,9 @@ EXIT_USER = 2
 EXIT_BUG = 1
 EXIT_PIPE = 141
 # optional packages -> the pyproject extra that installs them (a command needing one says how to get it)
-OPTIONAL_PACKAGES = {"transformers": "hf", "tokenizers": "hf", "rotary_embedding_torch": "bench", "torchtune": "bench"}
+# package -> the set-up that installs it (an extra and a scripts/setup.sh set; peft's own extra, finetune, has no set)
+OPTIONAL_PACKAGES = {"transformers": "hf", "tokenizers": "hf", "rotary_embedding_torch": "bench", "torchtune": "bench",
+                     "peft": "test"}
 
 
 class Parser(argparse.ArgumentParser):
