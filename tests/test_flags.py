@@ -28,8 +28,9 @@ BASE = {"lab": [], "eval": ["model"], "search RUN": ["run", "--target-length", "
         "search MODEL": ["model", "--target-length", "9"],
         "extend": ["c.json", "--target-length", "9", "--method", "yarn", "--out", "o"],
         "pick": ["--target-length", "9"], "export": ["src", "--out", "o"], "convert": ["m.gguf", "--out", "o"],
-        "inspect": ["c.json"], "audit": ["c.json"], "check": [], "tune": ["model", "--target-length", "9"]}
-VALUES = {"methods": "yarn,ntk", "method": "yarn", "method_options": "dca.chunk_size=8", "factor": "4",
+        "inspect": ["c.json"], "audit": ["c.json"], "check": [], "tune": ["model", "--target-length", "9"],
+        "finetune": ["model", "--target-length", "9", "--out", "o"]}
+VALUES = {"methods": "yarn,ntk", "method": "linear", "method_options": "dca.chunk_size=8", "factor": "4",
           "target_length": "1024", "seeds": "0,1", "seed": "3", "out": "o2", "threads": "2", "dtype": "bfloat16",
           "device": "cpu", "data": "d.txt", "plugin": "p.py", "task_options": "a=1"}
 
