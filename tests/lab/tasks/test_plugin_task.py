@@ -19,16 +19,9 @@ LENS = [16, 32]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def registry_restored():
-    """The plug-in's task leaves the registry as it found it (other tests list the registered tasks)."""
-    from posenc.lab.tasks.registry import TASK_SETTINGS, TASKS
-
-    tasks, settings = dict(TASKS), dict(TASK_SETTINGS)
+def registry_restored(module_task_registry_restored):
+    """The plug-in's task leaves the registry as it found it, for the whole module (its lab run is shared)."""
     yield
-    TASKS.clear()
-    TASKS.update(tasks)
-    TASK_SETTINGS.clear()
-    TASK_SETTINGS.update(settings)
 
 
 @pytest.fixture(scope="module")
