@@ -111,7 +111,8 @@ def finetune(s: FinetuneSettings, *, stop_after: int | None = None, log=print) -
     doc = {"settings": s.recorded(), "started": started, "window": window, "extension": extension,
            "data": data_meta, "parameters": adapters.count_parameters(model), "validation_windows": len(windows),
            "validation_tokens": int(windows.shape[0] * (windows.shape[1] - 1)),
-           "saved_dtype": saved_dtype(s, config), **_progress(trained, sampler, s)}
+           "saved_dtype": saved_dtype(s, config), **_progress(trained, sampler, s),
+           **_cost(model, sampler, trained, precision)}
     if trained["step"] < s.steps:        # interrupted (stop_after): the checkpoint is the result so far
         return doc
     write_folders(model, tokenizer, out, s, doc["saved_dtype"])
@@ -130,6 +131,22 @@ def _progress(trained: dict, sampler, s: FinetuneSettings) -> dict:
             "validation_losses": trained["validation"],
             "final_validation_loss": trained["validation"][-1][1] if trained["validation"] else None,
             "torch_threads": torch.get_num_threads()}
+
+
+def _cost(model: torch.nn.Module, sampler, trained: dict, precision: str) -> dict:
+    """What training cost the machine: the process's peak resident memory (training and validation), the forward
+    FLOPs of one step (posenc.hf.throughput.model_flops: every nn.Linear, the output head included, plus causal
+    attention over the window), the training FLOP/s counted as 3 x forward (the MFU convention of Kaplan et al.
+    2020 and PaLM: the backward pass twice the forward; LoRA's backward skips the frozen weights' gradients, so the
+    work it does is nearer 2 x forward) and their fraction of this machine's matmul peak in the training dtype."""
+    from posenc.hf.throughput import matmul_peak, model_flops, peak_memory
+
+    forward = model_flops(model, sampler.window, sampler.batch_size)
+    peak = matmul_peak(torch.bfloat16 if precision == "bf16" else torch.float32)
+    rate = 3.0 * forward * trained["step"] / trained["train_s"] if trained["train_s"] > 0 else None
+    return {"peak_rss_bytes": peak_memory()["rss_bytes"], "forward_flops_per_step": forward,
+            "train_flops_per_s": rate, "matmul_peak_flops": peak, "matmul_peak_dtype": precision,
+            "mfu": rate / peak if rate else None}
 
 
 def write_folders(model: torch.nn.Module, tokenizer, out: Path, s: FinetuneSettings, dtype: str = "float32") -> None:

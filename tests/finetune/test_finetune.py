@@ -213,6 +213,16 @@ def test_the_command_writes_a_folder_transformers_loads(folder, tmp_path, capsys
     assert doc["steps"] == 3 and doc["tokens"] == 3 * TRAIN_LEN and doc["tokens_per_s"] > 0
     assert [s for s, _ in doc["validation_losses"]] == [2, 3] and len(doc["train_losses"]) == 3
     assert doc["settings"]["rank"] == 4 and doc["window"] == TRAIN_LEN and doc["extension"]["method"] == "yarn"
+    # the cost: forward FLOPs of a step by the closed form (2 x linear weights x window + causal attention), the
+    # 3 x forward convention over the training seconds, and a peak resident memory the process did reach
+    linear = sum(m.weight.numel() for m in loaded.modules() if isinstance(m, torch.nn.Linear))
+    lora = 2 * 4 * (4 * 32 + 32 * 4)     # 2 layers x q, k, v, o (32 -> 32): A [4, 32] + B [32, 4]
+    L, cfg = TRAIN_LEN, loaded.config
+    width = cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    assert doc["forward_flops_per_step"] == 2 * (linear + lora) * L + 4 * cfg.num_hidden_layers * width * L * (L + 1) / 2
+    assert doc["train_flops_per_s"] == pytest.approx(3 * doc["forward_flops_per_step"] * 3 / doc["train_s"])
+    assert doc["mfu"] == pytest.approx(doc["train_flops_per_s"] / doc["matmul_peak_flops"])
+    assert doc["matmul_peak_dtype"] == "fp32" and doc["peak_rss_bytes"] > 50 * 2 ** 20
     # an adapter folder peft reads onto the extended model, with the embeddings and norms beside it, is the merged
     # model
     from peft import PeftModel
