@@ -268,8 +268,9 @@ Eval parts:
 
 ## The papers' numbers, for direction
 
-Both papers fine-tune 7B models on GPUs with 1,000 steps of 64 windows (64 million to 260 million tokens), far
-more than this CPU run; their numbers say which way the effects go, not how large they are here.
+Both papers fine-tune 7B models on GPUs for 1,000 steps of 64 windows (PoSE: 2k-token windows, 131 million
+tokens; LongLoRA: windows of the target length), orders of magnitude more than this CPU run; their numbers say
+which way the effects go, not how large they are here.
 
 - PoSE (Zhu et al., ICLR 2024; Table 1 of the authors' v2 PDF in dwzhu-pku/PoSE): LLaMA-7B trained at 2k, full
   fine-tuning with 2k windows (linear interpolation) for a 32k target reaches a perplexity of 4.66 on GovReport
