@@ -63,6 +63,22 @@ def save(fig, path: Path) -> None:
         fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
 
 
+def score_cells(ax, scores, threshold: float, texts=None):
+    """Scores in [0, 1] (rows x columns; None: not measured or n/a) as a heat map in percent on viridis 0-100, each
+    cell's text written in it (``texts``, or the percent and "n/a" where None), cells at ``threshold`` or above in bold
+    black (readable on viridis' bright end, above ~70%) -> the image, for a colour bar. The lab's RULER heat map and
+    posenc tune's retrieval heat map both draw their cells here, so they read alike."""
+    shown = [[float("nan") if v is None else 100 * v for v in row] for row in scores]
+    image = ax.imshow(shown, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    for i, row in enumerate(scores):
+        for j, v in enumerate(row):
+            text = texts[i][j] if texts is not None else "n/a" if v is None else f"{100 * v:.0f}"
+            passing = v is not None and v >= threshold
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if passing else "white",
+                    fontweight="bold" if passing else "normal")
+    return image
+
+
 def log_axes(ax, ticks, logy=False):
     """Plain-number labels on log axes: the evaluation lengths on x, values on y."""
     from matplotlib import ticker

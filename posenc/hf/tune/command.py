@@ -4,7 +4,8 @@ checkpoint within a budget, and write what to deploy (docs/tune.md).
 Steps: the plan (posenc.hf.tune.plan: candidates, estimates, what the budget leaves out; ``--dry-run`` stops
 there), the trained-length check, the race on paired windows (posenc.hf.tune.race), retrieval on the survivors
 (passkey, RULER's tasks), the answer, and the files (posenc.hf.tune.report). Every measurement runs through ``posenc eval``'s loop
-(posenc.hf.tune.measure) and is saved in results.json as it lands, so ``--resume`` measures nothing twice.
+(posenc.hf.tune.measure) and is saved in results.json as it lands, so ``--resume`` measures nothing twice. The
+plots (posenc.hf.tune.plots) are drawn after every completed stage.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from posenc._internal.errors import ConfigError, DataError
 from posenc._internal.flags import add_shared
-from posenc.hf.tune import measure, plan as planning, race as racing
+from posenc.hf.tune import measure, plan as planning, plots as plotting, race as racing
 from posenc.hf.tune.report import (OUTPUT_FILES, check_out_folder, report_markdown, retrieval_note, write_deploy,
                                    write_gguf_deploy)
 
@@ -185,7 +186,7 @@ def run(args) -> int:
     elif doc["gguf"]:
         print(f"no GGUF written: {doc['gguf']['refused']}")
     print(f"wrote {doc['deploy']}{', ' + doc['gguf']['file'] if doc['gguf'] and 'file' in doc['gguf'] else ''}, "
-          f"results.json, report.md into {out}")
+          f"results.json, report.md{''.join(', ' + name for name in doc['plots'])} into {out}")
     return 0
 
 
@@ -220,6 +221,11 @@ class Tune:
         self.started = time.perf_counter()
         self.doc: dict = {}
         self.bar = None
+        self.partial: dict = {}         # what the completed stages found: the plots drawn after each stage
+        self.plots: dict = {"files": [], "not_drawn": []}
+        if not args.resume:             # an earlier tune's plots (--overwrite) are not this tune's
+            for name in plotting.PLOTS:
+                (Path(args.out) / name).unlink(missing_ok=True)
 
     def settings(self, c, length: int, window: int, tasks=("lm",)):
         return measure.eval_settings(c, length=length, trained=self.trained, target=self.args.target_length,
@@ -240,7 +246,20 @@ class Tune:
         from posenc._internal.atomic import atomic_write_json
 
         atomic_write_json(Path(self.args.out) / "results.json",
-                          {"key": _key(self.args), "incomplete": True, "measurements": self.store.done})
+                          {"key": _key(self.args), "incomplete": True, "measurements": self.store.done,
+                           "plots": self.plots["files"]})
+
+    def stage(self, **found) -> None:
+        """After a completed stage: keep what it ``found`` (results.json's keys) and draw the plots from everything
+        found so far, so that an interrupted tune still has them."""
+        self.partial.update(found)
+        self.draw({"model": str(self.args.model), "target": self.plan.target, "trained": self.trained,
+                   "plan": self.plan.to_dict(), "measurements": self.store.done, "tasks": self.tasks,
+                   **self.partial})
+
+    def draw(self, doc: dict) -> None:
+        """The plots of ``doc`` (complete or partial) into --out; what was drawn is kept for results.json."""
+        self.plots = plotting.write_plots(doc, Path(self.args.out), retrieval=len(self.tasks) > 1)
 
     def trained_check(self) -> dict[str, float]:
         """Each candidate's paired log-perplexity difference to the unchanged model on the first window at the
@@ -282,9 +301,11 @@ class Tune:
                         "[{elapsed}<{remaining}]")
         try:
             trained = self.trained_check()
+            self.stage(trained_check=trained)
             result = racing.race([c.name for c in self.plan.candidates], self.plan.windows,
                                  lambda name, w: self.loss(self.by_name[name], self.plan.target, w),
-                                 can_afford=self.can_afford, log=self.bar.write)
+                                 can_afford=self.can_afford, log=self.bar.write,
+                                 on_round=lambda losses, alive: self.stage(race={"losses": losses, "alive": alive}))
             passkey = self.passkey(result["alive"]) if "passkey" in self.tasks else {}
             ruler = self.ruler(result["alive"], [t for t in self.tasks if t not in TASKS])
         finally:
@@ -299,6 +320,7 @@ class Tune:
                                        measure.passkey_rate(self.args.model,
                                                             self.settings(c, self.plan.target, 0, ("passkey",))))
             self.advance(self.plan.retrieval_s([name], "passkey"))
+            self.stage(passkey=dict(out))
         return out
 
     def ruler(self, names: list[str], tasks: list[str]) -> dict:
@@ -316,6 +338,7 @@ class Tune:
                                 measure.ruler_scores(self.args.model, settings).items()})
             out[name] = {t: self.store.done[keys[t]] for t in tasks}
             self.advance(sum(self.plan.retrieval_s([name], t) for t in tasks))
+            self.stage(ruler=dict(out))
         return out
 
     def document(self, result: dict, trained: dict, passkey: dict, ruler: dict) -> dict:
@@ -325,15 +348,18 @@ class Tune:
         if note:
             ans["retrieval"] = note
         winner = self.by_name[ans["winner"]]
-        return {"key": _key(self.args), "model": str(self.args.model), "target": self.plan.target,
-                "trained": self.trained, "budget_s": self.plan.budget_s, "plan": self.plan.to_dict(),
-                "plan_text": self.plan_text, "rules": RULES, "margin": racing.TRAINED_MARGIN,
-                "measurements": self.store.done, "race": result, "trained_check": trained,
-                "flagged": [n for n, d in trained.items() if d > racing.TRAINED_MARGIN], "passkey": passkey,
-                "ruler": ruler, "ruler_samples": self.args.ruler_samples, "tasks": self.tasks, "answer": ans, "answer_row": {"method": winner.method, "kind": winner.kind,
-                                              "options": winner.options},
-                "winner_kind": winner.kind, "deploy": "config.json" if winner.kind == "config" else "patch_spec.json",
-                "spent_s": round(time.perf_counter() - self.started, 1)}
+        doc = {"key": _key(self.args), "model": str(self.args.model), "target": self.plan.target,
+               "trained": self.trained, "budget_s": self.plan.budget_s, "plan": self.plan.to_dict(),
+               "plan_text": self.plan_text, "rules": RULES, "margin": racing.TRAINED_MARGIN,
+               "measurements": self.store.done, "race": result, "trained_check": trained,
+               "flagged": racing.flagged(trained), "passkey": passkey, "ruler": ruler,
+               "ruler_samples": self.args.ruler_samples, "tasks": self.tasks, "answer": ans,
+               "answer_row": {"method": winner.method, "kind": winner.kind, "options": winner.options},
+               "winner_kind": winner.kind, "deploy": "config.json" if winner.kind == "config" else "patch_spec.json",
+               "spent_s": round(time.perf_counter() - self.started, 1)}
+        self.draw(doc)
+        doc["plots"], doc["plots_not_drawn"] = self.plots["files"], self.plots["not_drawn"]
+        return doc
 
 
 def tune_main(argv: list[str] | None = None) -> int:

@@ -61,10 +61,18 @@ def survivors(losses: dict[str, list[float]]) -> list[str]:
     return [best] + [name for name in ranked[1:] if within_noise(*paired(losses[name], losses[best]))]
 
 
-def race(names: list[str], windows: int, score, *, can_afford=lambda alive: True, log=print) -> dict:
+def flagged(trained_check: dict[str, float]) -> list[str]:
+    """The candidates whose log-perplexity at the trained length exceeds the unchanged model's by more than
+    TRAINED_MARGIN (``trained_check``: name -> that paired difference)."""
+    return [name for name, d in trained_check.items() if d > TRAINED_MARGIN]
+
+
+def race(names: list[str], windows: int, score, *, can_afford=lambda alive: True, log=print,
+         on_round=None) -> dict:
     """Run the race: ``score(name, window) -> loss`` (mean log-perplexity of that window); ``can_afford(alive)``:
-    whether another window round for the names ``alive`` fits what is left of the budget. -> {"losses": name ->
-    per-window losses (None where not measured), "rounds": [names measured in each round], "stopped": why}."""
+    whether another window round for the names ``alive`` fits what is left of the budget; ``on_round(losses,
+    alive)``: called after each window round (tune draws its plots there). -> {"losses": name -> per-window losses
+    (None where not measured), "rounds": [names measured in each round], "stopped": why}."""
     losses = {name: [None] * windows for name in names}
     alive, rounds, stopped = list(names), [], "windows exhausted"
     for w in range(windows):
@@ -79,6 +87,8 @@ def race(names: list[str], windows: int, score, *, can_afford=lambda alive: True
         if dropped:
             log(f"window {w + 1}: out of the race: {', '.join(dropped)}")
         alive = kept
+        if on_round is not None:
+            on_round(losses, alive)
         if len(alive) == 1:
             stopped = "one candidate left"
             break

@@ -1,5 +1,5 @@
 """What ``posenc tune`` writes into --out: the deploy file (config.json for a frequency method, patch_spec.json for
-an attention method), results.json and report.md, each written atomically."""
+an attention method), results.json and report.md, each written atomically (the plots: posenc.hf.tune.plots)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 
 from posenc._internal.errors import ConfigError
+from posenc.hf.tune.plots import PLOTS
 
 # what --out receives; a folder already holding one needs --overwrite (or --resume for an interrupted tune)
-OUTPUT_FILES = ("results.json", "report.md", "config.json", "patch_spec.json", "extended.gguf")
+OUTPUT_FILES = ("results.json", "report.md", "config.json", "patch_spec.json", "extended.gguf", *PLOTS)
 # the GGUF file written for llama.cpp when the input is a GGUF file and a frequency method llama.cpp runs won
 GGUF_OUT = "extended.gguf"
 WHERE = {"config": "config.json: transformers and vLLM load it as the model's config (copy it beside the weights)",
@@ -142,9 +143,19 @@ def _ruler_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _plot_lines(doc: dict) -> list[str]:
+    """report.md's plots: each PNG linked (``![name](name)``, the lab's form), and why any is absent."""
+    files, absent = doc.get("plots") or [], doc.get("plots_not_drawn") or []
+    if not files and not absent:
+        return []
+    parts = [f"![{name}]({name})" for name in files] + [f"Note: {why[0].upper()}{why[1:]}." for why in absent]
+    return ["", "## Plots"] + [line for part in parts for line in ("", part)]
+
+
 def report_markdown(doc: dict) -> str:
     """report.md: the plan, the race (per-candidate mean log-perplexity, paired difference to the best and its
-    spread), the trained-length check, passkey, RULER, the answer and the deploy file."""
+    spread), the trained-length check, passkey, RULER, the plots (or why they are absent), the answer and the deploy
+    file."""
     ans = doc["answer"]
     lines = [f"# posenc tune: {doc['model']} at {doc['target']} tokens", "", "## Plan", "", "```",
              doc["plan_text"], "```", "", "## Race", "",
@@ -161,6 +172,7 @@ def report_markdown(doc: dict) -> str:
         lines += ["", "## Passkey (survivors)", ""]
         lines += [f"- {name}: {_num(rate, 2)}" for name, rate in doc["passkey"].items()]
     lines += _ruler_lines(doc)
+    lines += _plot_lines(doc)
     lines += ["", "## Answer", "", f"Winner: **{ans['winner']}** ({ans['reason']}).", ""]
     if ans.get("retrieval"):
         lines += [ans["retrieval"], ""]

@@ -128,7 +128,7 @@ def ruler_report(task, results: list[dict]) -> str:
 def ruler_heatmap(task, doc: dict, out: Path) -> list[str]:
     """A heat map per model (tasks x lengths, score in percent; cells at the threshold or above in bold) ->
     [HEATMAP] when drawn by the first RULER task present."""
-    from posenc.lab.plots import pyplot, save
+    from posenc.lab.plots import pyplot, save, score_cells
 
     results = doc["results"]
     tasks, lens, cells = grid(results)
@@ -141,14 +141,7 @@ def ruler_heatmap(task, doc: dict, out: Path) -> list[str]:
                              squeeze=False, sharey=True)
     for ax, label in zip(axes[0], models):
         grid_v = [[(cells[label].get(t, {}).get(L) or (None,))[0] for L in lens] for t in tasks]
-        shown = [[float("nan") if v is None else 100 * v for v in row] for row in grid_v]
-        image = ax.imshow(shown, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-        for i, row in enumerate(grid_v):
-            for j, v in enumerate(row):
-                text = "n/a" if v is None else f"{100 * v:.0f}"
-                passing = v is not None and v >= threshold      # (viridis: bright cells above ~70%)
-                ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if passing else "white",
-                        fontweight="bold" if passing else "normal")
+        image = score_cells(ax, grid_v, threshold)
         ax.set(xticks=range(len(lens)), xticklabels=[str(L) for L in lens], yticks=range(len(tasks)),
                yticklabels=tasks, xlabel="length (tokens)")
         ax.set_title(label.replace(", ", "\n"), fontsize=9)
