@@ -155,9 +155,11 @@ def check_model_files(model_dir: str | os.PathLike, config, tokenizer: bool = Tr
 def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float | None = None,
                    replace_scaling: bool = False, device: str = "cpu", dtype: str = "float32",
                    device_map: str | None = None, attn_implementation: str | None = None,
-                   config_file: str | None = None, log=print, progress: bool = True):
+                   config_file: str | None = None, unscaled: bool = False, log=print, progress: bool = True):
     """Load a local causal LM (offline), optionally with an extension method written into its config.
     ``config_file``: load with this config instead of the folder's config.json (a searched LongRoPE config).
+    ``unscaled``: load with the config's RoPE scaling removed (``posenc.tools.extend.unscaled_config``: plain RoPE
+    at the trained base and original context), for an attention method that replaces the scaling.
 
     -> (model in eval mode, its config as loaded, the ExtendResult or None). ``device_map="auto"`` needs
     accelerate: without it the model is loaded on ``device`` and ``log`` says so. Raises ConfigError when the
@@ -177,6 +179,12 @@ def load_causal_lm(model_dir: str, *, method: str | None = None, factor: float |
 
         extended = extend_for_factor(config.to_dict(), method, factor, replace=replace_scaling)
         config = type(config).from_dict(extended.config)
+    elif unscaled:
+        from posenc.hf.scaling import transformers_major
+        from posenc.tools.extend import unscaled_config
+
+        config = type(config).from_dict(unscaled_config(config.to_dict(),
+                                                        transformers_version=min(transformers_major(), 5)))
     # the loading info is checked below; a shape mismatch is reported there too, not raised by transformers
     from posenc.hf.remote_code import NO_REMOTE_CODE, is_remote_code_refusal, remote_code_error
 

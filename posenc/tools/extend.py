@@ -122,6 +122,17 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
                         notes=notes, check=check)
 
 
+def unscaled_config(config: str | os.PathLike | Mapping[str, Any], *, transformers_version: int = 5) -> dict:
+    """The config with its RoPE scaling removed: plain RoPE (rope_type default) at the base the model trained with
+    and its original context as max_position_embeddings -- what ``--replace`` computes a method from, for a
+    caller that changes attention instead of the config (``posenc tune``'s attention candidates on a fine-tuned
+    model). A config without a scaling comes back with the same RoPE. ConfigError as ``extend_config``'s."""
+    # the longest target is only a probe: _validated checks the request; the scaling written is none
+    req = _validated(config, MAX_CONTEXT, "linear", transformers_version, None, True)
+    new, _ = _written(req, {"rope_type": "default"}, req.original, transformers_version, [])
+    return {**req.outer, req.text_key: new} if req.text_key is not None else new
+
+
 def _refuse_position_weights(cfg: Mapping) -> None:
     """ConfigError when the model's attention reads positions through more than the RoPE dict extend rewrites."""
     from posenc.rope.config import rope_attention_keys

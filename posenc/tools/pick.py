@@ -127,12 +127,13 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
     string, never a made-up number); config: an existing model's config.json (path or mapping): rope_theta and
     train_context default to what it says (``config_context``); evidence: the --out folder of a ``posenc tune`` of
     that model, cited (and its config winner recommended) in place of studies of other models
-    (posenc.tools.pick_tune).
+    (posenc.tools.pick_tune), or of a ``posenc eval`` of it, cited as measured on it (fine-tuned by posenc
+    finetune, or zero-shot; posenc.tools.pick_eval).
     """
     existing, theta_from = None, "given"
     if evidence is not None and config is None:
-        raise PosencError("evidence: --evidence cites a posenc tune of the model --config describes: pass --config "
-                          "with it")
+        raise PosencError("evidence: --evidence cites a posenc tune or eval of the model --config describes: pass "
+                          "--config with it")
     if config is not None and budget != "pretrain":
         kept = non_rope_model(config, target_context, train_context, budget, task, extrapolation_needed)
         if kept is not None:
@@ -190,9 +191,14 @@ def pick(target_context: int, train_context: int | None = None, budget: str = "n
 def _measured_evidence(rec: Recommendation, config, evidence, budget: str, existing, L: int, T: int, rope_theta,
                        entry) -> None:
     """The measured evidence of real models: a tune of this model (``evidence``), else a committed study of it
-    (posenc.tools.pick_study), and the studies of other models labelled as such (posenc.tools.pick_tune)."""
+    (posenc.tools.pick_study), and the studies of other models labelled as such (posenc.tools.pick_tune); an eval
+    of this model (``evidence`` a posenc eval folder) is cited as measured on it (posenc.tools.pick_eval)."""
+    from posenc.tools.pick_eval import eval_evidence, is_eval_result, read_evidence
     from posenc.tools.pick_tune import other_model_evidence, read_tune_result, tune_evidence, tune_summary
 
+    if evidence is not None and is_eval_result(read_evidence(evidence)):   # an eval of this model: cited as such
+        eval_evidence(rec, evidence, config, budget, T)
+        return
     applies = config is not None and budget == "none" and existing is None and bool(rec.config_snippet)
     if evidence is not None and not applies:
         rec.notes.append(tune_summary(read_tune_result(evidence, config), evidence) + ": tune measures the model "
@@ -297,8 +303,10 @@ def add_arguments(parser) -> None:
                              "shows a placeholder); with --budget pretrain, the base to train with instead of the "
                              "published anchor")
     parser.add_argument("--evidence", default=None,
-                        help="the --out folder of a posenc tune of the --config model: its winner, runners-up and "
-                             "paired differences are cited, and a config winner is recommended")
+                        help="the --out folder of a posenc tune of the --config model (its winner, runners-up and "
+                             "paired differences are cited, and a config winner is recommended) or of a posenc eval "
+                             "of it (its perplexities are cited: on the fine-tuned model when posenc finetune made "
+                             "it, else zero-shot)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 

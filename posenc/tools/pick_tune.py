@@ -38,7 +38,8 @@ def read_tune_result(folder, config) -> dict[str, Any]:
                           f"cannot read {path} ({type(exc).__name__})") from None
     if not isinstance(doc, dict) or doc.get("incomplete") or any(k not in doc for k in TUNE_KEYS):
         raise PosencError(f"evidence {folder} (--evidence): {path} is not a finished posenc tune result (expected "
-                          f"the keys {', '.join(TUNE_KEYS)}; an interrupted tune continues with --resume)")
+                          f"the keys {', '.join(TUNE_KEYS)}; an interrupted tune continues with --resume) nor a "
+                          "posenc eval result")
     differ = differing_keys(identity(read_config(config)), doc["identity"])
     if differ:
         raise PosencError(f"evidence {folder} (--evidence): tune measured another model ({doc.get('model')}; its "

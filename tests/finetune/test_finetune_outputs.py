@@ -1,8 +1,7 @@
 """posenc finetune's text and outputs on a tiny random Llama (2 layers, hidden 32, trained context 32, byte
 tokenizer): ``--data prose`` reads the study's prose folder (its training split trained on, its validation split
 scored) or says in one line how to get it; the merged model is saved in the source's dtype (``--save-dtype``) and
-still gives the adapters' logits; ``posenc eval`` scores DIR/model at the target length, ``posenc tune --dry-run``
-plans on it, and ``posenc pick --evidence`` takes a tune folder, not eval's results.json."""
+still gives the adapters' logits. What reads DIR/model (eval, tune, pick): test_finetune_readers.py."""
 
 from __future__ import annotations
 
@@ -159,47 +158,3 @@ def test_a_bad_save_dtype_is_one_line(sources, tmp_path, capsys):
     err = fails(capsys, main, "finetune", ["finetune", str(sources["float32"]), "--target-length", str(TARGET),
                                            "--out", str(tmp_path / "out"), "--save-dtype", "int8"])
     assert "--save-dtype" in err and not (tmp_path / "out").exists()
-
-
-# ---- what reads DIR/model ----------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tuned(sources, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("readers") / "run"
-    run(sources["bfloat16"], out, str(sources["text"]))
-    return out
-
-
-def test_posenc_eval_scores_the_folder_at_the_target_length(tuned, sources, tmp_path):
-    from posenc.hf.eval.command import eval_main
-
-    scored = tmp_path / "eval"
-    assert eval_main([str(tuned / "model"), "--data", str(sources["text"]), "--eval-lens", str(TARGET),
-                      "--eval-tokens", str(TARGET), "--tasks", "lm", "--out", str(scored), "--no-progress"]) == 0
-    rows = json.loads((scored / "results.json").read_text())["results"]
-    lm = [r for r in rows if r["task"] == "lm" and r["eval_len"] == TARGET]
-    assert lm and all(r["value"] > 1 and r["value"] == r["value"] for r in lm)
-
-
-def test_posenc_tune_plans_on_the_folder(tuned, sources, capsys):
-    """tune reads the trained length from the extended config's original context; its frequency candidates are
-    left out (the config already holds yarn: tune races methods on the unscaled model), its attention ones planned."""
-    capsys.readouterr()
-    assert main(["tune", str(tuned / "model"), "--target-length", str(TARGET), "--data", str(sources["text"]),
-                 "--methods", "yarn,rerope", "--dry-run", "--no-progress"]) == 0
-    out = capsys.readouterr().out
-    assert f"at {TARGET} tokens (trained {TRAIN_LEN}, factor 4)" in out and "estimated total" in out
-    assert "\n  rerope(window=" in out
-    assert "left out: yarn: the config already uses rope_type 'yarn'" in out
-
-
-def test_pick_evidence_takes_a_tune_folder_not_an_eval_result(tuned, sources, tmp_path, capsys):
-    """posenc pick --evidence cites a posenc tune of the model; eval's results.json is refused in one line."""
-    from posenc.hf.eval.command import eval_main
-
-    scored = tmp_path / "eval"
-    assert eval_main([str(tuned / "model"), "--data", str(sources["text"]), "--eval-lens", str(TARGET),
-                      "--eval-tokens", str(TARGET), "--tasks", "lm", "--out", str(scored), "--no-progress"]) == 0
-    err = fails(capsys, main, "pick", ["pick", "--target-length", str(TARGET), "--config", str(tuned / "model"),
-                                       "--evidence", str(scored)])
-    assert "--evidence" in err and "is not a finished posenc tune result" in err

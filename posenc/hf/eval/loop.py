@@ -182,7 +182,8 @@ def run_method(model_dir, method: str, s: EvalSettings, *, meta: dict, curves: d
                                              factor=s.factor, replace_scaling=s.replace_scaling, device=s.device,
                                              dtype=s.dtype, device_map=s.device_map,
                                              attn_implementation=s.attn_implementation, config_file=s.config,
-                                             log=log, progress=progress)
+                                             unscaled=method in attention and s.replace_scaling, log=log,
+                                             progress=progress)
     rule = None
     if method in attention:  # the loaded model's attention runs the method's rule
         from posenc.hf.patch import patch

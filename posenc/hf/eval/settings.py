@@ -59,7 +59,9 @@ class EvalSettings:
     # attention methods' options, "method.option" -> value (e.g. {"self-extend.window": 1024})
     method_options: dict = flag({}, "attention methods' options, method.option=value,... (e.g. self-extend."
                                 "group_size=8,self-extend.window=1024,sinks.n_sink=4)", shared="method_options")
-    replace_scaling: bool = flag(False, "replace a rope scaling the config already has", name="--replace")
+    replace_scaling: bool = flag(False, "replace a rope scaling the config already has: a frequency method is "
+                                 "computed from its original context, an attention method runs on its original "
+                                 "(unscaled) RoPE", name="--replace")
     config: str | None = flag(None, "load the model with this config file instead of its config.json (posenc search "
                               "output)", type=str)
     data: str | None = flag(None, "text file or folder (default: the CPython stdlib, as the lab); perplexity scores "

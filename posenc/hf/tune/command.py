@@ -146,14 +146,18 @@ def make_plan(args, config, trained: int, budget: float, tasks=("lm",)) -> tuple
     from posenc.hf.loading import DTYPES
     from posenc.hf.throughput import matmul_peak
 
-    cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length, args.methods)
+    from posenc.hf.tune.configured import configured
+
+    own = configured(config.to_dict(), args.model)     # the config's own scaling: raced as configured
+    cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length, args.methods, own)
     flops_at = _flops_at(config)
     peak = matmul_peak(DTYPES[args.dtype], n=1024, repeats=3, device=args.device)
     plan = planning.make_plan(cands, skipped, target=args.target_length, trained=trained,
                               windows=_windows(args.model, args.data, args.target_length), budget_s=budget,
                               peak_flops=peak, flops=flops_at(args.target_length), flops_trained=flops_at(trained),
                               retrieval={t: planning.retrieval_samples(t, args.ruler_samples) for t in tasks[1:]},
-                              flops_step=flops_at(args.target_length + 1) - flops_at(args.target_length))
+                              flops_step=flops_at(args.target_length + 1) - flops_at(args.target_length),
+                              configured=own.to_dict() if own else None)
     return plan, planning.format_plan(plan, flops_at)
 
 
@@ -172,7 +176,8 @@ def run(args) -> int:
     from posenc.tools.evidence import identity
 
     doc["identity"] = identity(config.to_dict())      # what posenc pick --evidence checks the model by
-    write_deploy(out, doc["answer_row"], config, args.target_length, trained)
+    doc["deploy_files"] = write_deploy(out, doc["answer_row"], config, args.target_length, trained,
+                                       replace=plan.configured is not None)
     doc["gguf"] = write_gguf_deploy(out, args.model, doc["answer_row"], args.target_length)
     from posenc._internal.atomic import atomic_write_json, atomic_write_text
 
@@ -230,7 +235,8 @@ class Tune:
     def settings(self, c, length: int, window: int, tasks=("lm",)):
         return measure.eval_settings(c, length=length, trained=self.trained, target=self.args.target_length,
                                      window=window, data=self.args.data, dtype=self.args.dtype,
-                                     device=self.args.device, tasks=tasks)
+                                     device=self.args.device, tasks=tasks,
+                                     replace=self.plan.configured is not None)
 
     def loss(self, c, length: int, window: int) -> float:
         """Candidate ``c``'s log-perplexity on ``window`` at ``length`` (measured once; kept for --resume)."""
@@ -272,6 +278,8 @@ class Tune:
         base = self.loss(planning.Candidate("none", "config"), self.trained, 0)
         out = {}
         for c in self.plan.candidates:
+            if c.configured:         # the model as configured is the reference itself
+                continue
             if c.kind == "attention" and attention_rule(c.method, spec, **c.options).identity_for(self.trained):
                 continue
             out[c.name] = self.loss(c, self.trained, 0) - base
@@ -354,7 +362,9 @@ class Tune:
                "measurements": self.store.done, "race": result, "trained_check": trained,
                "flagged": racing.flagged(trained), "passkey": passkey, "ruler": ruler,
                "ruler_samples": self.args.ruler_samples, "tasks": self.tasks, "answer": ans,
-               "answer_row": {"method": winner.method, "kind": winner.kind, "options": winner.options},
+               "answer_row": {"method": winner.method, "kind": winner.kind, "options": winner.options,
+                              "configured": winner.configured},
+               "configured": self.plan.configured,
                "winner_kind": winner.kind, "deploy": "config.json" if winner.kind == "config" else "patch_spec.json",
                "spent_s": round(time.perf_counter() - self.started, 1)}
         self.draw(doc)

@@ -32,16 +32,21 @@ MAX_WINDOWS = 8
 
 @dataclass(frozen=True)
 class Candidate:
-    """One measured configuration: ``method`` with its attention ``options`` (a config method has none)."""
+    """One measured configuration: ``method`` with its attention ``options`` (a config method has none); a
+    ``configured`` label ("as configured (fine-tuned)") marks the model's own scaling, run as its config says."""
 
     method: str
     kind: str                        # "config" (written into config.json) or "attention" (posenc.patch)
     options: dict = field(default_factory=dict)
     passes: int = 1                  # score passes per forward, for the estimate
+    configured: str = ""
 
     @property
     def name(self) -> str:
-        """The candidate's label: the method, with its options when it has any (``self-extend(window=8,...)``)."""
+        """The candidate's label: the method, with its options when it has any (``self-extend(window=8,...)``),
+        or with its configured label (``yarn as configured (fine-tuned)``)."""
+        if self.configured:
+            return f"{self.method} {self.configured}"
         if not self.options:
             return self.method
         return f"{self.method}({','.join(f'{k}={v}' for k, v in self.options.items())})"
@@ -92,23 +97,32 @@ def check_methods(methods) -> list[str]:
     return list(methods)
 
 
-def candidates(config: dict, trained: int, target: int,
-               methods=None) -> tuple[list[Candidate], list[tuple[str, str]]]:
+def candidates(config: dict, trained: int, target: int, methods=None,
+               configured=None) -> tuple[list[Candidate], list[tuple[str, str]]]:
     """-> (the candidates, [(method, why it is left out)]): the frequency methods of ``methods`` (default: every
     one, ``tunable_methods``) this config takes at factor target / trained (``extend_for_factor`` decides, as
-    eval's loading does), then the attention methods' settings."""
+    eval's loading does), then the attention methods' settings. ``configured`` (posenc.hf.tune.configured): the
+    config's own scaling, raced first as configured, and every other candidate computed from the original RoPE
+    parameters (replacing that scaling); a re-extension with the configured frequencies is left out as that one."""
     from posenc.attention import attention_method_names, attention_rule
     from posenc.extensions import ExtensionSpec
     from posenc.hf.lab_bridge import config_methods
     from posenc.hf.scaling import extend_for_factor
+    from posenc.hf.tune.configured import same_frequencies
 
     methods = check_methods(methods)
     out, skipped = [], []
+    if configured is not None:
+        out.append(Candidate(configured.rope_type, "config", configured=configured.label))
     for method in (m for m in config_methods() if m in methods):
         try:
-            extend_for_factor(config, method, target / trained)
+            written = extend_for_factor(config, method, target / trained, replace=configured is not None).config
         except ConfigError as exc:
             skipped.append((method, str(exc)))
+            continue
+        if configured is not None and same_frequencies(written, config, target):
+            skipped.append((method, f"at factor {target / trained:g} it is the configured scaling: raced as "
+                                    f"{out[0].name}"))
             continue
         out.append(Candidate(method, "config"))
     spec = ExtensionSpec(original=trained, factor=target / trained, rotary_dim=None, target=target)
@@ -158,6 +172,7 @@ class Plan:
     # survivor in that survivor's window estimates}
     retrieval: dict[str, dict] = field(default_factory=dict)
     survivors: int = 0                                               # estimated: the race's last round
+    configured: dict | None = None   # the config's own scaling (Configured.to_dict), when it has one
 
     def measurement_s(self, c: Candidate, length_flops: float | None = None) -> float:
         """The estimate of one window of ``c`` (at the target length unless ``length_flops`` says otherwise)."""
@@ -215,13 +230,14 @@ def retrieval_samples(task: str, ruler_samples: int) -> tuple[int, int]:
 
 def make_plan(candidates_: list[Candidate], skipped, *, target: int, trained: int, windows: int, budget_s: float,
               peak_flops: float, flops: float, flops_trained: float, retrieval: dict | None = None,
-              flops_step: float = 0.0) -> Plan:
+              flops_step: float = 0.0, configured: dict | None = None) -> Plan:
     """The plan's estimates: each candidate's window at the target, the rounds (all candidates on the first
     window, then the field halving each window), the trained-length check (every candidate and the unchanged
     model, one window at the trained length), and ``retrieval`` (task -> (samples, decode steps) per survivor;
     ``flops_step``: one decode step's FLOPs at the target) on the estimated survivors."""
     plan = Plan(target=target, trained=trained, windows=windows, budget_s=budget_s, peak_flops=peak_flops,
-                flops=flops, flops_trained=flops_trained, candidates=list(candidates_), skipped=list(skipped))
+                flops=flops, flops_trained=flops_trained, candidates=list(candidates_), skipped=list(skipped),
+                configured=configured)
     plan.seconds = {c.name: plan.measurement_s(c) for c in plan.candidates}
     by_cost = sorted(plan.seconds.values())
     for w in range(windows):
@@ -230,7 +246,8 @@ def make_plan(candidates_: list[Candidate], skipped, *, target: int, trained: in
         plan.survivors = alive
     plan.retrieval = {task: {"samples": n, "decode": decode, "windows": n * (1 + decode * flops_step / flops)}
                       for task, (n, decode) in (retrieval or {}).items()}
-    plan.trained_check_s = sum(plan.measurement_s(c, flops_trained) for c in plan.candidates) + \
+    # the model as configured is the check's reference (the unchanged model), not measured against itself
+    plan.trained_check_s = sum(plan.measurement_s(c, flops_trained) for c in plan.candidates if not c.configured) + \
         plan.measurement_s(Candidate("none", "config"), flops_trained)
     return plan
 
@@ -271,6 +288,13 @@ def format_plan(plan: Plan, flops_at=None) -> str:
              f"{plan.target / plan.trained:g}); {plan.windows} windows of held-out text; matmul peak "
              f"{plan.peak_flops / 1e9:.1f} GFLOP/s, one window {plan.flops / 1e9:.3g} GFLOP",
              f"estimate per window = passes x model FLOPs / ({EFFICIENCY} x matmul peak)"]
+    if plan.configured:
+        c = plan.configured
+        lines.append(f"the config already applies {c['rope_type']}"
+                     + (f" ({c['fine_tuned']})" if c["fine_tuned"] else "")
+                     + f": raced {c['label']}; every other candidate starts from its original RoPE parameters at "
+                     f"factor {plan.target / plan.trained:g} (as posenc extend --replace), and the trained-length "
+                     "check compares with the model as configured")
     lines += [f"  {c.name:<44} {c.kind:<9} {plan.seconds[c.name]:9.3g} s" for c in plan.candidates]
     lines += [f"  left out: {m}: {why}" for m, why in plan.skipped]
     lines.append(f"trained-length check {plan.trained_check_s:.3g} s; rounds (window 1..{len(plan.rounds)}): "

@@ -33,23 +33,37 @@ def check_out_folder(out: str | os.PathLike, overwrite: bool) -> None:
     check_writable_folder(folder, f"out {out} (--out)")
 
 
-def write_deploy(out: Path, winner: dict, config, target: int, trained: int) -> Path:
-    """The winner's deploy file: a frequency method's complete config (written by ``extend_for_factor``, the code
-    eval loads it with, so it is the config that was measured), or an attention method's patch spec (its rule
-    resolved for this model and target, every field set)."""
+def write_deploy(out: Path, winner: dict, config, target: int, trained: int, *, replace: bool = False) -> list[str]:
+    """The winner's deploy files -> their names: a frequency method's complete config (written by
+    ``extend_for_factor``, the code eval loads it with, so it is the config that was measured), the model's own
+    config for the model as configured, or an attention method's patch spec (its rule resolved for this model and
+    target, every field set). ``replace``: the config holds a scaling the winner replaces (posenc.hf.tune.configured):
+    a frequency method is computed from the original RoPE parameters, and an attention winner also gets config.json
+    with those parameters (the rule runs on them, not on top of the scaling)."""
     from posenc._internal.atomic import atomic_write_json
 
+    if winner.get("configured"):
+        atomic_write_json(out / "config.json", config.to_dict())
+        return ["config.json"]
     if winner["kind"] == "config":
         from posenc.hf.scaling import extend_for_factor
 
-        return atomic_write_json(out / "config.json",
-                                 extend_for_factor(config.to_dict(), winner["method"], target / trained).config)
+        atomic_write_json(out / "config.json", extend_for_factor(config.to_dict(), winner["method"], target / trained,
+                                                                 replace=replace).config)
+        return ["config.json"]
     from posenc.attention import attention_rule, rule_spec
     from posenc.extensions import ExtensionSpec
 
     spec = ExtensionSpec(original=trained, factor=target / trained, rotary_dim=None, target=target)
-    return atomic_write_json(out / "patch_spec.json", rule_spec(attention_rule(winner["method"], spec,
-                                                                               **winner["options"])))
+    atomic_write_json(out / "patch_spec.json", rule_spec(attention_rule(winner["method"], spec, **winner["options"])))
+    if not replace:
+        return ["patch_spec.json"]
+    from posenc.hf.scaling import transformers_major
+    from posenc.tools.extend import unscaled_config
+
+    atomic_write_json(out / "config.json", unscaled_config(config.to_dict(),
+                                                           transformers_version=min(transformers_major(), 5)))
+    return ["patch_spec.json", "config.json"]
 
 
 def write_gguf_deploy(out: Path, model: str, winner: dict, target: int) -> dict | None:
@@ -64,6 +78,8 @@ def write_gguf_deploy(out: Path, model: str, winner: dict, target: int) -> dict 
 
     if winner["kind"] != "config" or not is_gguf(model):
         return None
+    if winner.get("configured"):
+        return {"refused": "the winner is the model as configured: the input GGUF runs as it is"}
     try:
         extend_gguf.check_method(winner["method"], read_gguf(model).architecture)
         plan = plan_gguf_extension(model, target, winner["method"])
@@ -181,4 +197,7 @@ def report_markdown(doc: dict) -> str:
                   f"{doc['trained_check'][ans['winner']]:.4f} nats (more than {doc['margin']}): short inputs get "
                   "worse with it.", ""]
     lines += [f"Deploy: {doc['deploy']} ({WHERE[doc['winner_kind']]}).", ""]
+    if doc["winner_kind"] == "attention" and "config.json" in doc.get("deploy_files", []):
+        lines += ["config.json: the model's original RoPE parameters (its scaling removed): load the model with it "
+                  "before posenc.patch, since the attention rule replaces the configured scaling.", ""]
     return "\n".join(lines + _gguf_lines(doc.get("gguf")))
