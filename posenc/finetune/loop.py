@@ -1,6 +1,6 @@
-"""The fine-tuning loop: the lab's optimizer step (posenc.lab.train: AdamW with weight decay on matrices, linear
-warmup then cosine decay, gradient clipping, bf16 autocast) on PoSE batches, a held-out loss every
-``eval_every`` steps, and resumable checkpoints.
+"""The fine-tuning loop: the lab's training loop itself (posenc.lab.train.train: AdamW with weight decay on
+matrices, linear warmup then cosine decay, gradient clipping, bf16 autocast, checkpoints; the lab's fine-tuned rows
+run it too) on PoSE batches, with a held-out loss every ``eval_every`` steps.
 
 A checkpoint is the lab's safetensors file (posenc.lab.checkpoint: the trainable weights, AdamW's state, torch's
 RNG, the step and the run's settings, written atomically with a checksum) plus history.json beside it (the losses
@@ -12,14 +12,11 @@ trains on what an uninterrupted one trains on, and its losses and weights are th
 from __future__ import annotations
 
 import json
-import math
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from posenc._internal.atomic import atomic_write_json
 from posenc._internal.errors import CheckpointError
 from posenc.finetune.adapters import TrainableView
 
@@ -54,28 +51,6 @@ def validation_loss(model: torch.nn.Module, windows: torch.Tensor, *, precision:
     return total / count
 
 
-def _read_history(folder: Path, step: int) -> dict:
-    """history.json cut at ``step``; CheckpointError when it is missing or does not reach the step."""
-    path = folder / HISTORY_FILE
-    try:
-        doc = json.loads(path.read_text())
-        train = [entry for entry in doc["train"] if entry[0] <= step]
-        validation = [entry for entry in doc["validation"] if entry[0] <= step]
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        raise CheckpointError(f"checkpoint {path}: missing or unreadable; delete {folder} to start over") from None
-    if len(train) != step:
-        raise CheckpointError(f"checkpoint {path}: holds {len(train)} steps' losses, the checkpoint {step}; delete "
-                              f"{folder} to start over")
-    return {"train": train, "validation": validation, "train_s": float(doc.get("train_s", 0.0))}
-
-
-def _save(folder: Path, view: TrainableView, opt, step: int, run_settings: dict, history: dict) -> None:
-    from posenc.lab.checkpoint import save_checkpoint
-
-    atomic_write_json(folder / HISTORY_FILE, history)
-    save_checkpoint(folder / CHECKPOINT_FILE, view, opt, step, run_settings)
-
-
 def _settings_of(path: Path):
     """The run settings a checkpoint's header records (None when unreadable: load_checkpoint then says why), read
     without its tensors, so a run with other settings is named as such before any shape differs."""
@@ -88,19 +63,6 @@ def _settings_of(path: Path):
         return None
 
 
-def resume_state(folder: Path, view: TrainableView, opt, run_settings: dict) -> tuple[int, dict]:
-    """Load the checkpoint in ``folder`` into ``view`` and ``opt`` -> (its step, the history up to it)."""
-    from posenc.lab.checkpoint import load_checkpoint
-
-    path = folder / CHECKPOINT_FILE
-    recorded = _settings_of(path)
-    if recorded is not None and recorded != run_settings:
-        raise CheckpointError(f"checkpoint {path}: was written by a run with other settings; resume with the same "
-                              "flags, or use a new --out (or --overwrite) to start over")
-    meta = load_checkpoint(path, view, opt)
-    return meta["step"], _read_history(folder, meta["step"])
-
-
 def train_model(model: torch.nn.Module, sampler, settings, *, validate: Callable[[], float], eval_every: int,
                 checkpoint: Path, run_settings: dict, resume: bool = False, precision: str = "fp32",
                 stop_after: int | None = None, progress: bool = True) -> dict:
@@ -110,39 +72,28 @@ def train_model(model: torch.nn.Module, sampler, settings, *, validate: Callable
     the end. ``resume``: continue from the checkpoint there (its settings must equal ``run_settings``).
     ``stop_after``: end after that many steps in all (an interruption, for tests).
 
+    The loop is the lab's (posenc.lab.train.train, which the lab's fine-tuned rows run too); this says what a
+    fine-tune adds to it: the held-out loss, history.json, a stop at a non-finite loss, its checkpoint record.
+
     -> {"step", "resumed_from", "train": [[step, loss]...], "validation": [[step, loss]...], "train_s" (the
     optimizer steps' seconds, earlier calls' included), "wall_s" (this call's, validation included)}.
     """
-    from tqdm.auto import tqdm
+    from posenc.lab.train import TrainJob, train
 
-    from posenc.lab.train import make_optimizer, train_step
-
-    view = TrainableView(model)
-    view.train()
-    opt = make_optimizer(view, settings)
-    start, history = 0, {"train": [], "validation": [], "train_s": 0.0}
-    if resume and (checkpoint / CHECKPOINT_FILE).exists():
-        start, history = resume_state(checkpoint, view, opt, run_settings)
-    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    tokens_per_step = sampler.batch_size * sampler.window
-    t0 = time.perf_counter()
-    bar = tqdm(range(start, end), desc="finetune", initial=start, total=settings.steps, unit="step", leave=False,
-               disable=not progress, dynamic_ncols=True, mininterval=0.5)
-    for step in bar:
-        t_step = time.perf_counter()
-        loss = float(train_step(view, view, opt, sampler.batch(step), step, settings, precision=precision))
-        history["train_s"] += time.perf_counter() - t_step      # training alone: validation is not counted
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"finetune: the training loss is {loss} at step {step + 1}; lower --lr")
-        done = step + 1
-        history["train"].append([done, loss])
-        if done % eval_every == 0 or done == settings.steps:
-            history["validation"].append([done, validate()])
-            view.train()
-        rate = done * tokens_per_step / max(history["train_s"], 1e-9)
-        bar.set_postfix(loss=f"{loss:.3f}", tokens_s=f"{rate:.0f}", refresh=False)
-        if (settings.ckpt_every and done % settings.ckpt_every == 0) or done == end:
-            _save(checkpoint, view, opt, done, run_settings, history)
-    bar.close()
-    model.eval()
-    return {"step": max(start, end), "resumed_from": start, **history, "wall_s": time.perf_counter() - t0}
+    path = checkpoint / CHECKPOINT_FILE
+    recorded = _settings_of(path) if resume and path.exists() else None
+    if recorded is not None and recorded != run_settings:
+        raise CheckpointError(f"checkpoint {path}: was written by a run with other settings; resume with the same "
+                              "flags, or use a new --out (or --overwrite) to start over")
+    # one process on the CPU (rank 0 of 1 whatever torch.distributed says); the record is run_settings as given
+    # (it holds the TrainSettings and bf16 itself), so checkpoints written before the loop was shared resume
+    job = TrainJob(device="cpu", ckpt_path=path, resume=resume, run_settings=run_settings, stop_after=stop_after,
+                   desc="finetune", progress=progress, rank=0, world_size=1, precision=precision,
+                   validate=validate, validate_every=eval_every, history_path=checkpoint / HISTORY_FILE,
+                   finite=True, settings_as_given=True, restart=f"Delete {checkpoint} to start over",
+                   tokens_per_step=sampler.batch_size * sampler.window)
+    out = train(TrainableView(model), sampler, settings, job)
+    # a resume of a run already past stop_after trains nothing: its step is the checkpoint's
+    return {"step": max(out["resumed_from"], out["step"]), "resumed_from": out["resumed_from"],
+            "train": out["train"], "validation": out["validation"], "train_s": out["train_s"],
+            "wall_s": out["wall_s"]}

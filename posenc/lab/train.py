@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from posenc._internal.atomic import atomic_write_json
 from posenc._internal.validate import check_choice, check_int
 from posenc._internal.errors import CheckpointError, ConfigError
 from posenc.lab.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
@@ -109,7 +110,10 @@ def train_step(net: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Op
 @dataclass
 class TrainJob:
     """How one ``train`` call runs (``TrainSettings`` says what it trains): where, with which checkpoint and
-    progress, and when it may stop early. The fields are ``train``'s keyword options of the same names."""
+    progress, and when it may stop early. The fields are ``train``'s keyword options of the same names.
+
+    The last fields serve ``posenc finetune`` (posenc.finetune.loop), which runs this same loop: a held-out loss,
+    the run's losses kept beside the checkpoint, a stop at a non-finite loss, its own checkpoint record."""
 
     device: str | torch.device = "cpu"
     ckpt_path: str | Path | None = None
@@ -124,16 +128,28 @@ class TrainJob:
     until: Callable[[], bool] | None = None
     check_every: int = 100
     check_from: int = 0
+    validate: Callable[[], float] | None = None   # a held-out loss, after every validate_every steps and the last
+    validate_every: int = 0
+    history_path: str | Path | None = None        # the run's losses (history.json), written before each checkpoint
+    finite: bool = False                          # FloatingPointError at a non-finite loss (reads it every step)
+    settings_as_given: bool = False               # run_settings is the whole checkpoint record (see train)
+    restart: str | None = None                    # how to start over, in a refused resume's error (lab's: None)
+    tokens_per_step: int = 0                      # > 0: the bar shows tokens per second of training
 
 
 def train(model: torch.nn.Module, sampler, settings: TrainSettings, job: TrainJob | None = None, **options) -> dict:
     """Train ``model`` in place for ``settings.steps`` steps as ``job`` says (``options``: TrainJob fields given
-    by name instead, or on top of ``job``); returns {"step", "losses", "wall_s", "resumed_from", "criterion_met"}.
+    by name instead, or on top of ``job``); returns {"step", "losses" (this call's, floats), "wall_s",
+    "resumed_from", "criterion_met", "train" ([[step, loss]...], 1-based steps; earlier calls' too with a
+    ``history_path``), "validation" ([[step, loss]...], likewise), "train_s" (seconds in optimizer steps alone,
+    neither validation nor checkpoints; earlier calls' too with a ``history_path``)}.
 
     ``sampler.batch(step, rank, world_size)`` -> (inputs [B, T], targets [B, T]). With ``resume`` and an existing
     ``ckpt_path``, continues from its step (its ``run_settings`` must match). ``stop_after`` ends the call early
     after that many total steps (used to test interruption); a checkpoint is written then and at the end.
     ``precision``: "fp32" or "bf16" (autocast of the forward pass and loss; recorded in the run settings).
+    The checkpoint records ``run_settings`` with the TrainSettings (under "train") and a non-fp32 precision added,
+    or with ``settings_as_given`` exactly as given (the caller records those itself).
 
     ``until``: a training criterion, called (model in eval mode, no grad) every ``check_every`` steps (on resuming
     at such a step too), after step ``check_from`` only (earlier steps cannot pass: a length warmup trains on shorter
@@ -142,61 +158,146 @@ def train(model: torch.nn.Module, sampler, settings: TrainSettings, job: TrainJo
     those of an uninterrupted run). A resumed run
     that had stopped there stops again at once: the check of the same weights gives the same answer. Under
     several processes rank 0's answer is everyone's.
+
+    ``validate``: a held-out loss, called (model in eval mode, no grad) after every ``validate_every`` steps and
+    after step ``settings.steps``. ``history_path``: {"train", "validation", "train_s"} written there (atomically)
+    before each checkpoint, and read back on resuming, cut at the checkpoint's step, so a resumed run reports the
+    whole run's losses as an uninterrupted one does.
     """
     from dataclasses import replace
 
-    from tqdm.auto import tqdm
-
     job = replace(job or TrainJob(), **options)
-    device, ckpt_path, resume, run_settings = job.device, job.ckpt_path, job.resume, job.run_settings
-    stop_after, desc, progress, rank, world_size = job.stop_after, job.desc, job.progress, job.rank, job.world_size
-    precision, until, check_every, check_from = job.precision, job.until, job.check_every, job.check_from
-    if rank is None or world_size is None:  # default: this process's place in torch.distributed's group (0 of 1)
-        rank = current().rank if rank is None else rank
-        world_size = current().world_size if world_size is None else world_size
-    model.to(device).train()
+    rank, world_size = _place(job)
+    model.to(job.device).train()
     opt = make_optimizer(model, settings)
-    start = 0
-    check_choice(precision, "precision", ("fp32", "bf16"), error=ConfigError)
-    run_settings = _checkpoint_settings(settings, run_settings, precision)
-    if resume and ckpt_path is not None and Path(ckpt_path).exists():
-        start = _resume(ckpt_path, model, opt, run_settings)
+    check_choice(job.precision, "precision", ("fp32", "bf16"), error=ConfigError)
+    run_settings = _jsonable(job.run_settings) if job.settings_as_given else \
+        _checkpoint_settings(settings, job.run_settings, job.precision)
+    start, history = _start(job, model, opt, run_settings)
     net = model  # what the loop runs; several processes: DDP around it (posenc.lab.distributed)
     if world_size > 1:
         check_batch_size(sampler.batch_size, world_size)
         net = ddp_wrap(model, start, run_settings)
-    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    if until is not None:
-        check_int(check_every, "check_every", min=1, error=ConfigError)
-        check_int(check_from, "check_from", min=0, error=ConfigError)
+    end = settings.steps if job.stop_after is None else min(settings.steps, job.stop_after)
+    until = _checked(job).until
     # on resuming, the check an uninterrupted run made at this step (a checkpoint between checks makes none)
-    met = until is not None and check_from < start < end and start % check_every == 0 \
+    met = until is not None and job.check_from < start < end and start % job.check_every == 0 \
         and _criterion(model, until, world_size)
     if met:
         end = start
     losses: list = []  # 0-d tensors (floats under DDP), read every 10 steps for the bar and once at the end
     t0 = time.perf_counter()
-    bar = tqdm(range(start, end), desc=desc, initial=start, total=settings.steps, leave=False,
-               disable=not progress or not is_main_process(), dynamic_ncols=True, mininterval=0.5)
+    bar = _bar(job, start, end, settings.steps)
     for step in bar:
-        losses.append(train_step(net, model, opt, sampler.batch(step, rank, world_size), step, settings,
-                                 device=device, precision=precision, world_size=world_size))
-        if step % 10 == 0 or step == end - 1:
-            recent = [float(x) for x in losses[-10:]]
-            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}", refresh=False)
+        t_step = time.perf_counter()
+        loss = train_step(net, model, opt, sampler.batch(step, rank, world_size), step, settings,
+                          device=job.device, precision=job.precision, world_size=world_size)
+        if job.finite:
+            loss = _finite(loss, job.desc, step + 1)
+        history["train_s"] += time.perf_counter() - t_step
+        losses.append(loss)
         done = step + 1
-        if until is not None and done % check_every == 0 and check_from < done < end \
+        if step % 10 == 0 or step == end - 1 or job.finite:  # finite: the loss is read anyway, show each
+            _show(bar, losses, job, done, history["train_s"])
+        if job.validate is not None and (done % job.validate_every == 0 or done == settings.steps):
+            history["validation"].append([done, _in_eval(model, job.validate)])
+        if until is not None and done % job.check_every == 0 and job.check_from < done < end \
                 and _criterion(model, until, world_size):
             met, end = True, done
             break
-        if ckpt_path is not None and settings.ckpt_every and done % settings.ckpt_every == 0 and done < end:
-            _save(ckpt_path, model, opt, done, run_settings)
+        if job.ckpt_path is not None and settings.ckpt_every and done % settings.ckpt_every == 0 and done < end:
+            _save(job, model, opt, done, run_settings, history, losses, start)
     bar.close()
-    if ckpt_path is not None and end > start:
-        _save(ckpt_path, model, opt, end, run_settings)
+    if job.ckpt_path is not None and end > start:
+        _save(job, model, opt, end, run_settings, history, losses, start)
     model.eval()
     return {"step": end, "losses": [float(x) for x in losses], "wall_s": time.perf_counter() - t0,
-            "resumed_from": start, "criterion_met": met}
+            "resumed_from": start, "criterion_met": met, **_whole(history, losses, start)}
+
+
+def _checked(job: TrainJob) -> TrainJob:
+    """``job``, its check and validation intervals checked where they are used; ConfigError naming the field."""
+    if job.until is not None:
+        check_int(job.check_every, "check_every", min=1, error=ConfigError)
+        check_int(job.check_from, "check_from", min=0, error=ConfigError)
+    if job.validate is not None:
+        check_int(job.validate_every, "validate_every", min=1, error=ConfigError)
+    return job
+
+
+def _place(job: TrainJob) -> tuple[int, int]:
+    """(rank, world_size): the job's, by default this process's place in torch.distributed's group (0 of 1)."""
+    rank = current().rank if job.rank is None else job.rank
+    world_size = current().world_size if job.world_size is None else job.world_size
+    return rank, world_size
+
+
+def _start(job: TrainJob, model: torch.nn.Module, opt, run_settings: dict) -> tuple[int, dict]:
+    """-> (the step training starts at, the history so far): 0 and an empty one, or on resuming the checkpoint's
+    step (its weights, optimizer state and RNG loaded) and, with a ``history_path``, the history up to it."""
+    history = {"train": [], "validation": [], "train_s": 0.0}
+    if not (job.resume and job.ckpt_path is not None and Path(job.ckpt_path).exists()):
+        return 0, history
+    start = _resume(job.ckpt_path, model, opt, run_settings, job.restart)
+    if job.history_path is not None:
+        history = read_history(Path(job.history_path), start)
+    return start, history
+
+
+def _bar(job: TrainJob, start: int, end: int, total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(range(start, end), desc=job.desc, initial=start, total=total, leave=False,
+                disable=not job.progress or not is_main_process(), dynamic_ncols=True, mininterval=0.5)
+
+
+def _show(bar, losses: list, job: TrainJob, done: int, train_s: float) -> None:
+    """The bar's postfix: the mean of the last 10 losses, and tokens per second of training when known."""
+    recent = [float(x) for x in losses[-10:]]
+    shown = {"loss": f"{sum(recent) / len(recent):.3f}"}
+    if job.tokens_per_step:
+        shown["tokens_s"] = f"{done * job.tokens_per_step / max(train_s, 1e-9):.0f}"
+    bar.set_postfix(shown, refresh=False)
+
+
+def _finite(loss, desc: str, done: int) -> float:
+    """The loss as a float; FloatingPointError when it is not finite (training on would only spread NaNs)."""
+    value = float(loss)
+    if not math.isfinite(value):
+        raise FloatingPointError(f"{desc}: the training loss is {value} at step {done}; lower --lr")
+    return value
+
+
+def _in_eval(model: torch.nn.Module, fn: Callable):
+    """``fn()`` with ``model`` in eval mode and no autograd; training mode after."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return fn()
+    finally:
+        model.train()
+
+
+def _whole(history: dict, losses: list, start: int) -> dict:
+    """``history`` with this call's ``losses`` (those of steps start + 1, ...) added to its "train" entries."""
+    return {**history, "train": history["train"] + [[start + i + 1, float(x)] for i, x in enumerate(losses)]}
+
+
+def read_history(path: Path, step: int) -> dict:
+    """The history at ``path`` cut at ``step``; CheckpointError when it is missing or does not reach the step."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text())
+        losses = [entry for entry in doc["train"] if entry[0] <= step]
+        validation = [entry for entry in doc["validation"] if entry[0] <= step]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        raise CheckpointError(f"checkpoint {path}: missing or unreadable; delete {path.parent} to start "
+                              "over") from None
+    if len(losses) != step:
+        raise CheckpointError(f"checkpoint {path}: holds {len(losses)} steps' losses, the checkpoint {step}; "
+                              f"delete {path.parent} to start over")
+    return {"train": losses, "validation": validation, "train_s": float(doc.get("train_s", 0.0))}
 
 
 def _checkpoint_settings(settings: TrainSettings, run_settings: dict | None, precision: str) -> dict:
@@ -211,27 +312,25 @@ def _checkpoint_settings(settings: TrainSettings, run_settings: dict | None, pre
     return _jsonable(run_settings)
 
 
-def _resume(ckpt_path, model: torch.nn.Module, opt: torch.optim.Optimizer, run_settings: dict) -> int:
+def _resume(ckpt_path, model: torch.nn.Module, opt: torch.optim.Optimizer, run_settings: dict,
+            restart: str | None = None) -> int:
     """Load the checkpoint at ``ckpt_path`` into ``model`` and ``opt`` -> its step; CheckpointError (with how to
-    start over) when it cannot be read or was written with other settings."""
+    start over: ``restart``, by default the lab's ``restart_hint``) when it cannot be read or was written with
+    other settings."""
+    restart = restart or restart_hint(ckpt_path)
     try:
         meta = load_checkpoint(ckpt_path, model, opt)
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc}. {restart_hint(ckpt_path)}") from None
+        raise CheckpointError(f"{exc}. {restart}") from None
     if meta["settings"] != run_settings:
         raise CheckpointError(f"checkpoint {ckpt_path}: was written with different settings; use a new out folder, "
-                              f"or {restart_hint(ckpt_path, lower=True)}")
+                              f"or {restart[0].lower() + restart[1:]}")
     return meta["step"]
 
 
 def _criterion(model: torch.nn.Module, until: Callable[[], bool], world_size: int) -> bool:
     """``until()`` with the model in eval mode and no autograd; rank 0's answer under several processes."""
-    model.eval()
-    try:
-        with torch.no_grad():
-            met = bool(until())
-    finally:
-        model.train()
+    met = bool(_in_eval(model, until))
     if world_size > 1:
         flag = torch.tensor([float(met)], device=next(model.parameters()).device)
         torch.distributed.broadcast(flag, src=0)
@@ -246,9 +345,16 @@ def restart_hint(path, lower: bool = False) -> str:
     return text[0].lower() + text[1:] if lower else text
 
 
-def _save(path, model, opt, step, run_settings):
-    if is_main_process():
-        save_checkpoint(path, model, opt, step, run_settings)
+def _save(job: TrainJob, model, opt, step: int, run_settings: dict, history: dict, losses: list,
+          start: int) -> None:
+    """The checkpoint of ``step`` (main process only), with a ``history_path`` the history (``history`` and this
+    call's ``losses`` from step ``start`` + 1) written before it: it then always reaches at least the checkpoint's
+    step (an interruption between the two leaves a longer one, cut on resuming)."""
+    if not is_main_process():
+        return
+    if job.history_path is not None:
+        atomic_write_json(job.history_path, _whole(history, losses, start))
+    save_checkpoint(job.ckpt_path, model, opt, step, run_settings)
 
 
 def _jsonable(obj):

@@ -229,3 +229,59 @@ def test_bias_lr_scale_multiplies_the_step_of_learned_logit_biases_only(scale):
     torch.manual_seed(0)
     cope = TinyLM(ModelConfig(scheme="cope", **CFG))
     assert not cope.scheme.learned_bias and len(make_optimizer(cope, s).param_groups) == 2
+
+
+# ---- what posenc finetune adds to this loop (posenc.finetune.loop runs it): held-out loss, history, finite ----
+
+def test_validation_and_history_resume_as_an_uninterrupted_run(tmp_path):
+    """A held-out loss after every 3rd step and the last, the run's losses kept in history.json beside the
+    checkpoint: a run stopped at step 4 (checkpoint at 4, history.json reaching it) resumes to the uninterrupted
+    run's losses, held-out losses and weights; validation runs in eval mode without grad and is not training
+    time."""
+    import json
+    import time
+
+    sampler = CopySampler(16, 4, seed=1)
+    s = TrainSettings(steps=7, warmup=2, lr=1e-2, ckpt_every=2)
+    val = CopySampler(16, 4, seed=99).batch(0)
+
+    def held_out(model):
+        def validate():
+            assert not model.training and not torch.is_grad_enabled()
+            time.sleep(0.02)
+            return float(torch.nn.functional.cross_entropy(model(val[0]).transpose(1, 2), val[1]))
+        return validate
+
+    def run(model, folder, **extra):
+        return train(model, sampler, s, ckpt_path=folder / "state.safetensors", history_path=folder / "h.json",
+                     validate=held_out(model), validate_every=3, progress=False, **extra)
+
+    whole = _model()
+    r = run(whole, tmp_path / "whole")
+    assert [step for step, _ in r["validation"]] == [3, 6, 7] and [step for step, _ in r["train"]] == list(range(1, 8))
+    assert [loss for _, loss in r["train"]] == r["losses"]
+    assert r["wall_s"] >= r["train_s"] + 3 * 0.02            # the held-out losses' time is not training time
+    part = tmp_path / "part"
+    assert run(_model(), part, stop_after=4)["step"] == 4
+    assert len(json.loads((part / "h.json").read_text())["train"]) == 4
+    resumed = _model(seed=5)
+    r2 = run(resumed, part, resume=True)
+    assert r2["resumed_from"] == 4 and r2["train"] == r["train"] and r2["validation"] == r["validation"]
+    assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in whole.state_dict().items())
+    # the same run without validation or history trains the same weights: validation changes nothing
+    plain = _model()
+    assert train(plain, sampler, s, progress=False)["losses"] == r["losses"]
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in whole.state_dict().items())
+    # a history that does not reach its checkpoint's step is refused, naming the folder to delete
+    (part / "h.json").write_text(json.dumps({"train": [[1, 1.0]], "validation": []}))
+    with pytest.raises(CheckpointError, match="holds 1 steps' losses, the checkpoint 7; delete"):
+        run(_model(), part, resume=True)
+
+
+def test_a_non_finite_loss_stops_training_with_the_step():
+    model = _model()
+    with torch.no_grad():
+        model.tok_emb.weight.fill_(float("nan"))   # every logit NaN, so the first step's loss is
+    with pytest.raises(FloatingPointError, match="demo: the training loss is nan at step 1; lower --lr"):
+        train(model, CopySampler(16, 2, seed=0), TrainSettings(steps=3, warmup=1), finite=True, desc="demo",
+              progress=False)
