@@ -196,12 +196,19 @@ def collect(mod) -> int:
         runs[run] = {"command": f"posenc finetune {mod.STUDY.MODEL_DIR} {' '.join(mod.RUNS[run])} --threads "
                                 f"{doc.get('torch_threads')} --out {mod.RUNS_DIR}/{run}", "finetune": info}
         run_rows, run_parts = _rows(mod, run)
+        for r in run_rows:          # what the picker cites beside each fine-tuned row: the same windows, zero-shot
+            if r["task"] == "lm":
+                r["zero_shot"] = {z["scaling"]: z["value"] for z in same_windows(r, zero)}
         rows += run_rows
         parts.update({f"{run}/{p}": v for p, v in run_parts.items()})
         goals += targets(run, run_rows, zero, info)
     study = {"study": "real-model-finetune", "name": zero_study.get("name"), "model": zero_study.get("model"),
              "runs": runs, "parts": parts, "rows": rows, "targets": goals}
     atomic_write_json(mod.OUT / "results.json", study)
+    from posenc.tools.evidence import SHIPPED, write_extracts
+
+    if mod.OUT == mod.ROOT / "docs" / "results" / "smollm2-finetune":      # what `posenc pick` ships
+        write_extracts(mod.ROOT / "docs" / "results", {"smollm2-finetune": SHIPPED["smollm2-finetune"]})
     tables = {"runs_table": run_table(study), "ppl": ppl_table(study, zero), "passkey": passkey_table(study, zero_study)}
     print("\n\n".join(tables.values()))
     plot(study, zero, mod.OUT / "finetune_32k.png")

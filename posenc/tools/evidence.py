@@ -214,6 +214,23 @@ LAB_ROWS: dict[str, tuple[dict[str, tuple], ...]] = {
 }
 
 
+def extract_finetune(study: dict[str, Any], name: str) -> dict[str, Any]:
+    """What the picker reads of a real-model fine-tune study (scripts/smollm2_finetune.py): identity, each run's
+    method, steps, tokens and training time, the rows (ROW_KEYS, the run, and the zero-shot perplexities on the
+    same windows) and where the full study is."""
+    keep = ("steps", "tokens", "train_s", "tokens_per_s", "peak_rss_bytes", "mfu", "torch_threads", "extension")
+    out = {k: study[k] for k in ("study", "name", "model") if k in study}
+    out["results"] = f"docs/results/{name}/results.json"
+    out["report"] = f"docs/results/{name}/report.md"
+    out["runs"] = {run: {k: (r.get("finetune") or {}).get(k) for k in keep} for run, r in study.get("runs", {}).items()}
+    out["rows"] = [{**_keep(r), "run": r.get("run"), **({"zero_shot": r["zero_shot"]} if "zero_shot" in r else {})}
+                   for r in study.get("rows", [])]
+    return out
+
+
+EXTRACTORS = {"real-model": extract_study, "real-model-finetune": extract_finetune}
+
+
 def _selected(row: dict[str, Any], selectors) -> bool:
     return any(all(row.get(k) in allowed for k, allowed in sel.items()) for sel in selectors)
 
@@ -228,15 +245,15 @@ def extract_lab(doc: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def write_extracts(docs_results: Path, names: dict[str, str], out=None) -> list[Path]:
-    """Write the packaged extract of each ``docs_results/NAME/results.json`` (``names``: NAME -> "real-model" or
-    "lab") under ``out`` (default: the package's measured/ folder), atomically. Returns the files written."""
+    """Write the packaged extract of each ``docs_results/NAME/results.json`` (``names``: NAME -> a kind of
+    EXTRACTORS, or "lab") under ``out`` (default: the package's measured/ folder), atomically. Returns the files written."""
     from posenc._internal.atomic import atomic_write_json
 
     out = Path(str(RESULTS)) if out is None else Path(out)
     written = []
     for name, kind in names.items():
         doc = json.loads((docs_results / name / "results.json").read_text(encoding="utf-8"))
-        extract = extract_study(doc, name) if kind == "real-model" else extract_lab(doc, name)
+        extract = EXTRACTORS.get(kind, extract_lab)(doc, name)
         target = out / name / "results.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(target, extract)
@@ -246,5 +263,5 @@ def write_extracts(docs_results: Path, names: dict[str, str], out=None) -> list[
 
 # the studies whose extracts ship with posenc (scripts/evidence.py writes them; tests/tools/test_evidence_data.py
 # checks them against docs/results/)
-SHIPPED = {"smollm2": "real-model", "copy-cpu": "lab", "default": "lab", "schemes": "lab",
+SHIPPED = {"smollm2": "real-model", "smollm2-finetune": "real-model-finetune", "copy-cpu": "lab", "default": "lab", "schemes": "lab",
            "attention-extension": "lab"}

@@ -192,13 +192,18 @@ def _measured_evidence(rec: Recommendation, config, evidence, budget: str, exist
                        entry) -> None:
     """The measured evidence of real models: a tune of this model (``evidence``), else a committed study of it
     (posenc.tools.pick_study), and the studies of other models labelled as such (posenc.tools.pick_tune); an eval
-    of this model (``evidence`` a posenc eval folder) is cited as measured on it (posenc.tools.pick_eval)."""
+    of this model (``evidence`` a posenc eval folder) is cited as measured on it (posenc.tools.pick_eval); with
+    budget finetune, a fine-tune study of this model (posenc.tools.pick_finetune)."""
     from posenc.tools.pick_eval import eval_evidence, is_eval_result, read_evidence
     from posenc.tools.pick_tune import other_model_evidence, read_tune_result, tune_evidence, tune_summary
 
     if evidence is not None and is_eval_result(read_evidence(evidence)):   # an eval of this model: cited as such
         eval_evidence(rec, evidence, config, budget, T)
         return
+    if evidence is None and config is not None and budget == "finetune":   # a fine-tune study of this very model
+        from posenc.tools.pick_finetune import finetune_evidence
+
+        finetune_evidence(rec, config, T)
     applies = config is not None and budget == "none" and existing is None and bool(rec.config_snippet)
     if evidence is not None and not applies:
         rec.notes.append(tune_summary(read_tune_result(evidence, config), evidence) + ": tune measures the model "

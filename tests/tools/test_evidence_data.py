@@ -27,8 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_each_packaged_extract_is_made_from_the_committed_results(name):
     """A stale extract (a study re-collected without `python scripts/evidence.py`) fails here."""
     full = json.loads((ROOT / "docs" / "results" / name / "results.json").read_text(encoding="utf-8"))
-    extract = (evidence.extract_study(full, name) if evidence.SHIPPED[name] == "real-model"
-               else evidence.extract_lab(full, name))
+    extract = evidence.EXTRACTORS.get(evidence.SHIPPED[name], evidence.extract_lab)(full, name)
     packaged = json.loads(evidence.RESULTS.joinpath(name, "results.json").read_text(encoding="utf-8"))
     assert packaged == json.loads(json.dumps(extract))
     rows = full.get("rows", full.get("results"))
