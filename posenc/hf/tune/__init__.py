@@ -5,5 +5,6 @@ to deploy (docs/tune.md).
     race.py     the race on paired windows (the elimination rule) and the answer (winner, runners-up, ties)
     measure.py  each measurement through posenc eval's loop (evaluate_model), kept for --resume
     report.py   the deploy file (config.json or patch_spec.json), results.json, report.md
+    ranks.py    --nproc / torchrun: the measurements spread over ranks, rank 0 deciding and writing
     command.py  the command
 """
