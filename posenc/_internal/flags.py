@@ -116,6 +116,10 @@ _FLAGS = (
     SharedFlag("data", "--data", "a text file or folder (default: the CPython stdlib)", path),
     SharedFlag("plugin", "--plugin", "import a Python file or module that registers tasks, schemes or methods "
                "(repeatable)", path, action="append", metavar="FILE_OR_MODULE"),
+    SharedFlag("nproc", "--nproc", "processes on this machine, one device each (re-launches through torchrun)",
+               integer, metavar="N"),
+    SharedFlag("dist_timeout", "--dist-timeout", "distributed runs: a rank silent this long ends the job", number,
+               metavar="SECONDS"),
     SharedFlag("task_options", "--task-options", "settings declared by tasks or methods, key=value,key=value "
                "(a plug-in's own too)", parse_options, metavar="KEY=VALUE,..."),
 )

@@ -13,7 +13,8 @@ How the pieces fit (docs/distributed.md has the launch recipes):
   then wraps the model in DDP, which averages gradients across ranks during backward.
 - ``sharded_lm_loss`` makes that average the gradient of the *global* batch's mean loss, even when ranks score
   different numbers of tokens (copy and passkey rows score different counts), so N processes reproduce one.
-- ``map_across_ranks`` splits evaluation items (lengths, methods) across ranks and gathers the results.
+- ``map_across_ranks`` splits evaluation items (lengths, methods) across ranks and gathers the results;
+  ``broadcast_object`` hands rank 0's next items to the others (posenc tune's rounds).
 - Only rank 0 writes anything (``is_main_process``).
 - Launching (``posenc lab --nproc N`` re-running itself under torchrun) lives in ``posenc.lab.launch``.
 """
@@ -98,8 +99,23 @@ def under_torchrun() -> bool:
 
 
 def is_distributed() -> bool:
-    """True when a process group with more than one rank is initialised."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """True when a process group with more than one rank is initialised (and this rank is not working ``alone``)."""
+    return not _ALONE[0] and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+_ALONE = [0]  # depth of ``alone`` blocks
+
+
+@contextlib.contextmanager
+def alone():
+    """Inside: this rank works by itself, whatever the group: ``map_across_ranks``, ``barrier`` and
+    ``broadcast_object`` are one process's (posenc tune hands each rank whole evaluations, whose own split over
+    ranks would otherwise wait for peers busy with other work)."""
+    _ALONE[0] += 1
+    try:
+        yield
+    finally:
+        _ALONE[0] -= 1
 
 
 def current() -> DistInfo:
@@ -468,6 +484,25 @@ def _gather(obj, info: DistInfo) -> list:
     keys = [f"gather/{_GATHERS[0]}/{r}" for r in range(info.world_size)]
     _WATCHDOG.store.set(keys[info.rank], pickle.dumps(obj))
     return [pickle.loads(v) for v in _WATCHDOG.wait_for(keys)]
+
+
+def broadcast_object(obj=None):
+    """Rank 0's ``obj`` on every rank (picklable; the others pass anything). Through the store while the watchdog
+    runs, as ``_gather``: a rank waiting for rank 0's next piece of work waits as long as rank 0 is alive, not just
+    until the collective timeout. Without a process group: ``obj``."""
+    if not is_distributed():
+        return obj
+    info = current()
+    if _WATCHDOG is None:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    _GATHERS[0] += 1  # shared with _gather: every rank makes the same calls in the same order
+    key = f"broadcast/{_GATHERS[0]}"
+    if info.is_main:
+        _WATCHDOG.store.set(key, pickle.dumps(obj))
+        return obj
+    return pickle.loads(_WATCHDOG.wait_for([key])[0])
 
 
 def barrier() -> None:

@@ -1,4 +1,5 @@
-"""``posenc lab --nproc N``: re-run the same command under torchrun, N processes on this machine.
+"""``posenc lab --nproc N`` (and ``posenc tune --nproc N``): re-run the same command under torchrun, N processes on
+this machine.
 
 The workers join the process group through ``posenc.lab.distributed.session``; this module only builds and runs
 the torchrun command (docs/distributed.md has multi-node recipes).
@@ -17,17 +18,18 @@ from posenc._internal.faults import Terminated
 from posenc.lab.distributed import env_int, under_torchrun
 
 
-def add_arguments(parser) -> None:
-    """The --nproc and --dist-timeout flags of `posenc lab`."""
+def add_arguments(parser, nproc_help: str | None = None) -> None:
+    """The --nproc and --dist-timeout flags (the shared flags' declarations) with `posenc lab`'s words, or
+    ``nproc_help`` for another command's --nproc."""
+    from posenc._internal.flags import add_shared
     from posenc.lab.distributed import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 
-    parser.add_argument("--nproc", type=int, default=1, metavar="N",
-                        help="train with N processes on this machine (DDP: one per GPU with NCCL, or gloo on "
-                             "the CPU); re-launches through torchrun. Multi-node: see docs/distributed.md")
-    parser.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
-                        help=f"distributed runs: a rank silent (stopped, hung, dead) this long ends the whole job "
-                             f"(default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S:g} s; the job then ends within "
-                             "another ~30 s)")
+    add_shared(parser, "nproc", default=1, help=nproc_help or
+               "train with N processes on this machine (DDP: one per GPU with NCCL, or gloo on the CPU); "
+               "re-launches through torchrun. Multi-node: see docs/distributed.md")
+    add_shared(parser, "dist_timeout", default=None,
+               help=f"distributed runs: a rank silent (stopped, hung, dead) this long ends the whole job "
+                    f"(default ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT_S:g} s; the job then ends within another ~30 s)")
 
 
 def torchrun_command(nproc: int, target: Sequence[str]) -> list[str]:
@@ -63,8 +65,9 @@ def worker_env(nproc: int, env: dict | None = None) -> dict:
     return env
 
 
-def launch(nproc: int, target: Sequence[str]) -> int:
-    """Run ``target`` under torchrun with ``nproc`` processes; -> torchrun's exit status.
+def launch(nproc: int, target: Sequence[str], command: str = "lab") -> int:
+    """Run ``target`` under torchrun with ``nproc`` processes; -> torchrun's exit status (``command``: the posenc
+    command its failure line names).
 
     torchrun's agent watches the workers: when one exits with an error it stops the others and exits non-zero,
     printing which rank failed (each worker's own message is on the shared stderr above that summary).
@@ -89,7 +92,7 @@ def launch(nproc: int, target: Sequence[str]) -> int:
             proc.kill()
         raise
     if status != 0:
-        print(f"posenc lab: error: the distributed job failed ({summary.describe(status)}); the failing rank's "
+        print(f"posenc {command}: error: the distributed job failed ({summary.describe(status)}); the failing rank's "
               "message is above", file=sys.stderr)
     return status
 
@@ -123,9 +126,9 @@ class TorchrunSummary:
         return f"torchrun exited with status {status}"
 
 
-def relaunch(args, argv: Sequence[str] | None = None) -> int | None:
-    """For `posenc lab --nproc N`: re-run this command under torchrun and return its exit status; None when this
-    process should do the work itself (N == 1, or it already is a torchrun worker).
+def relaunch(args, argv: Sequence[str] | None = None, command: str = "lab") -> int | None:
+    """For `posenc lab --nproc N` (``command``: "lab", or "tune"): re-run this command under torchrun and return
+    its exit status; None when this process should do the work itself (N == 1, or it already is a torchrun worker).
 
     ``argv`` is the command line after the program name (["lab", ...]); default ``args.argv`` if the CLI
     recorded it, else sys.argv[1:].
@@ -142,6 +145,7 @@ def relaunch(args, argv: Sequence[str] | None = None) -> int | None:
                               "drop --nproc (torchrun's --nproc-per-node decides)")
         return None
     argv = list(argv if argv is not None else getattr(args, "argv", None) or sys.argv[1:])
-    if not argv or argv[0] != "lab":
-        raise ConfigError(f"--nproc: cannot re-launch, the command line {argv[:3]!r} does not start with 'lab'")
-    return launch(int(nproc), ["-m", "posenc", *strip_nproc(argv)])
+    if not argv or argv[0] != command:
+        raise ConfigError(f"--nproc: cannot re-launch, the command line {argv[:3]!r} does not start with "
+                          f"'{command}'")
+    return launch(int(nproc), ["-m", "posenc", *strip_nproc(argv)], command)

@@ -6,5 +6,6 @@ to deploy (docs/tune.md).
     measure.py  each measurement through posenc eval's loop (evaluate_model), kept for --resume
     report.py   the deploy file (config.json or patch_spec.json), results.json, report.md
     plots.py    perplexity.png (per candidate, its spread over the windows) and retrieval_heatmap.png
+    ranks.py    --nproc / torchrun: the measurements spread over ranks, rank 0 deciding and writing
     command.py  the command
 """

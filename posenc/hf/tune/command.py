@@ -17,7 +17,7 @@ import torch
 
 from posenc._internal.errors import ConfigError, DataError
 from posenc._internal.flags import add_shared
-from posenc.hf.tune import measure, plan as planning, plots as plotting, race as racing
+from posenc.hf.tune import measure, plan as planning, plots as plotting, race as racing, ranks
 from posenc.hf.tune.report import (OUTPUT_FILES, check_out_folder, report_markdown, retrieval_note, write_deploy,
                                    write_gguf_deploy)
 
@@ -53,6 +53,10 @@ def add_arguments(parser) -> None:
     add_shared(parser, "dtype", default="float32")
     add_shared(parser, "device", default="cpu")
     add_shared(parser, "no_progress")
+    from posenc.lab.launch import add_arguments as add_launch_arguments
+
+    add_launch_arguments(parser, "measure with N processes on this machine, one device each (cuda:LOCAL_RANK "
+                                 "with NCCL, or CPU shares with gloo), one report; re-launches through torchrun")
 
 
 def retrieval_tasks() -> list[str]:
@@ -111,6 +115,8 @@ def _checked(args):
                           f"{args.target_length}")
     if threads:
         torch.set_num_threads(threads)
+    if not args.dry_run:
+        ranks.check(args)
     return config, trained, budget, tasks
 
 
@@ -163,8 +169,22 @@ def make_plan(args, config, trained: int, budget: float, tasks=("lm",)) -> tuple
 
 def run(args) -> int:
     config, trained, budget, tasks = _checked(args)
+    if not args.dry_run:
+        status = ranks.relaunch(args)          # --nproc N: this command again under torchrun, N ranks
+        if status is not None:
+            return status
+        if ranks.distributed():              # a rank: rank 0 tunes, the others measure its rounds with it
+            return ranks.run_ranks(args, trained, _key(args),
+                                   lambda pool: _tune(args, config, trained, budget, tasks, pool))
+    return _tune(args, config, trained, budget, tasks)
+
+
+def _tune(args, config, trained: int, budget: float, tasks: list[str], pool: ranks.Pool | None = None) -> int:
+    """The plan, then (unless --dry-run) the tune and its files; ``pool``: the ranks that measure with this one."""
     plan, text = make_plan(args, config, trained, budget, tasks)
     print(text)
+    if pool is not None:
+        print(pool.describe(len(plan.candidates)))
     if args.dry_run:
         return 0
     if plan.fitting_rounds() == 0:
@@ -172,7 +192,7 @@ def run(args) -> int:
                           f"is estimated at {plan.first_round_s:.3g} s); see the alternatives above")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = Tune(args, plan, text, trained, tasks).run()
+    doc = Tune(args, plan, text, trained, tasks, pool).run()
     from posenc.tools.evidence import identity
 
     doc["identity"] = identity(config.to_dict())      # what posenc pick --evidence checks the model by
@@ -183,6 +203,7 @@ def run(args) -> int:
 
     atomic_write_json(out / "results.json", doc)
     atomic_write_text(out / "report.md", report_markdown(doc))
+    ranks.remove_rank_files(out)                 # what the ranks kept is in results.json now
     print(f"winner: {doc['answer']['winner']} ({doc['answer']['reason']})")
     if doc["answer"].get("retrieval"):
         print(doc["answer"]["retrieval"])
@@ -199,14 +220,26 @@ def _resumed(args) -> dict:
     """The measurements of the interrupted tune in --out (none without --resume); ConfigError when it measured
     another model, length, text or dtype."""
     path = Path(args.out) / "results.json"
-    if not args.resume or not path.exists():
+    if not args.resume:
         return {}
+
+    def check_key(key, where):
+        if key != _key(args):
+            raise ConfigError(f"resume: {where} measured {key}, not {_key(args)}: use another --out")
+
+    found = ranks.kept(args.out, check_key)      # what the ranks of an interrupted --nproc tune kept
+    if not path.exists():
+        return found
     from posenc._internal.json_io import loads
 
     doc = loads(path.read_text(encoding="utf-8"), f"out {args.out}: results.json")
-    if doc.get("key") != _key(args):
-        raise ConfigError(f"resume: {path} measured {doc.get('key')}, not {_key(args)}: use another --out")
-    return dict(doc.get("measurements") or {})
+    check_key(doc.get("key"), path)
+    return {**found, **(doc.get("measurements") or {})}
+
+
+def window_key(c: planning.Candidate, length: int, window: int) -> str:
+    """A window measurement's key in the store and results.json: ``yarn@64#0``."""
+    return f"{c.name}@{length}#{window}"
 
 
 def _key(args) -> dict:
@@ -219,8 +252,10 @@ class Tune:
     """One tune run after its plan: the trained-length check, the race, passkey, the answer (the document that
     results.json holds)."""
 
-    def __init__(self, args, plan: planning.Plan, plan_text: str, trained: int, tasks: list[str]):
+    def __init__(self, args, plan: planning.Plan, plan_text: str, trained: int, tasks: list[str],
+                 pool: ranks.Pool | None = None):
         self.args, self.plan, self.plan_text, self.trained, self.tasks = args, plan, plan_text, trained, tasks
+        self.pool = pool                 # --nproc: the ranks that measure each batch with this one; None: alone
         self.by_name = {c.name: c for c in plan.candidates}
         self.store = measure.Measurements(_resumed(args), on_new=self.save)
         self.started = time.perf_counter()
@@ -242,10 +277,22 @@ class Tune:
         """Candidate ``c``'s log-perplexity on ``window`` at ``length`` (measured once; kept for --resume)."""
         estimate = self.plan.measurement_s(c, self.plan.flops if length == self.plan.target else
                                            self.plan.flops_trained)
-        value = self.store.get(f"{c.name}@{length}#{window}",
+        value = self.store.get(window_key(c, length, window),
                                lambda: measure.window_loss(self.args.model, self.settings(c, length, window)))
         self.advance(estimate)
         return value
+
+    def spread(self, jobs: list[ranks.Job]) -> None:
+        """--nproc: measure ``jobs`` on every rank at once, before the tune reads them from the store; one process
+        measures each where it is read (nothing here)."""
+        if self.pool is not None:
+            self.pool.run(jobs, self.store)
+
+    def lm_jobs(self, cands, length: int, window: int) -> list[ranks.Job]:
+        """The window measurements of ``cands`` as jobs for the ranks, each with its estimate."""
+        flops = self.plan.flops if length == self.plan.target else self.plan.flops_trained
+        return [ranks.Job((window_key(c, length, window),), c, length, window, cost=self.plan.measurement_s(c, flops))
+                for c in cands]
 
     def save(self) -> None:
         """results.json with what is measured so far (atomically), so an interrupted tune can --resume."""
@@ -275,15 +322,12 @@ class Tune:
 
         spec = ExtensionSpec(original=self.trained, factor=self.plan.target / self.trained, rotary_dim=None,
                              target=self.plan.target)
-        base = self.loss(planning.Candidate("none", "config"), self.trained, 0)
-        out = {}
-        for c in self.plan.candidates:
-            if c.configured:         # the model as configured is the reference itself
-                continue
-            if c.kind == "attention" and attention_rule(c.method, spec, **c.options).identity_for(self.trained):
-                continue
-            out[c.name] = self.loss(c, self.trained, 0) - base
-        return out
+        unchanged = planning.Candidate("none", "config")
+        measured = [c for c in self.plan.candidates if not c.configured and not (   # as configured: the reference
+            c.kind == "attention" and attention_rule(c.method, spec, **c.options).identity_for(self.trained))]
+        self.spread(self.lm_jobs([unchanged, *measured], self.trained, 0))
+        base = self.loss(unchanged, self.trained, 0)
+        return {c.name: self.loss(c, self.trained, 0) - base for c in measured}
 
     def can_afford(self, alive: list[str]) -> bool:
         """Whether another window for ``alive``, and their retrieval after it, fit what is left, the estimates
@@ -308,11 +352,15 @@ class Tune:
                         disable=self.args.no_progress, bar_format="{l_bar}{bar}| {n:.3g}/{total:.3g} est s "
                         "[{elapsed}<{remaining}]")
         try:
+            if self.pool is not None:
+                self.pool.start(self.store, self.save)
             trained = self.trained_check()
             self.stage(trained_check=trained)
+            round_jobs = None if self.pool is None else lambda alive, w: self.spread(
+                self.lm_jobs([self.by_name[n] for n in alive], self.plan.target, w))
             result = racing.race([c.name for c in self.plan.candidates], self.plan.windows,
                                  lambda name, w: self.loss(self.by_name[name], self.plan.target, w),
-                                 can_afford=self.can_afford, log=self.bar.write,
+                                 can_afford=self.can_afford, log=self.bar.write, before_round=round_jobs,
                                  on_round=lambda losses, alive: self.stage(race={"losses": losses, "alive": alive}))
             passkey = self.passkey(result["alive"]) if "passkey" in self.tasks else {}
             ruler = self.ruler(result["alive"], [t for t in self.tasks if t not in TASKS])
@@ -322,7 +370,9 @@ class Tune:
 
     def passkey(self, names: list[str]) -> dict:
         """Mean passkey accuracy at the target length of each survivor (measured once; kept for --resume)."""
-        out = {}
+        out, target = {}, self.plan.target
+        self.spread([ranks.Job((f"{name}@{target}#passkey",), self.by_name[name], target, tasks=("passkey",),
+                               cost=self.plan.retrieval_s([name], "passkey")) for name in names])
         for name in names:
             out[name] = self.store.get(f"{name}@{self.plan.target}#passkey", lambda c=self.by_name[name]:
                                        measure.passkey_rate(self.args.model,
@@ -336,6 +386,7 @@ class Tune:
         tasks a survivor lacks measured in one eval call (the model loaded once), each kept for --resume under
         ``name@target#task/samples`` (another --ruler-samples is another measurement)."""
         n, out = self.args.ruler_samples, {}
+        self.spread(self.ruler_jobs(names, tasks))
         for name in names if tasks else []:
             keys = {t: f"{name}@{self.plan.target}#{t}/{n}" for t in tasks}
             missing = [t for t in tasks if keys[t] not in self.store.done]
@@ -348,6 +399,17 @@ class Tune:
             self.advance(sum(self.plan.retrieval_s([name], t) for t in tasks))
             self.stage(ruler=dict(out))
         return out
+
+    def ruler_jobs(self, names: list[str], tasks: list[str]) -> list[ranks.Job]:
+        """Each survivor's RULER tasks it lacks, one job (one eval call) per survivor, for the ranks."""
+        n, jobs = self.args.ruler_samples, []
+        for name in names if tasks else []:
+            missing = [t for t in tasks if f"{name}@{self.plan.target}#{t}/{n}" not in self.store.done]
+            if missing:
+                jobs.append(ranks.Job(tuple(f"{name}@{self.plan.target}#{t}/{n}" for t in missing), self.by_name[name],
+                                      self.plan.target, tasks=tuple(missing),
+                                      cost=sum(self.plan.retrieval_s([name], t) for t in missing)))
+        return jobs
 
     def document(self, result: dict, trained: dict, passkey: dict, ruler: dict) -> dict:
         kinds = {c.name: c.kind for c in self.plan.candidates}

@@ -68,17 +68,21 @@ def flagged(trained_check: dict[str, float]) -> list[str]:
 
 
 def race(names: list[str], windows: int, score, *, can_afford=lambda alive: True, log=print,
-         on_round=None) -> dict:
+         on_round=None, before_round=None) -> dict:
     """Run the race: ``score(name, window) -> loss`` (mean log-perplexity of that window); ``can_afford(alive)``:
-    whether another window round for the names ``alive`` fits what is left of the budget; ``on_round(losses,
-    alive)``: called after each window round (tune draws its plots there). -> {"losses": name -> per-window losses
-    (None where not measured), "rounds": [names measured in each round], "stopped": why}."""
+    whether another window round for the names ``alive`` fits what is left of the budget; ``before_round(alive,
+    window)``, when given, is told each round's work before ``score`` is asked for it (--nproc measures the round
+    on several ranks at once); ``on_round(losses, alive)``: called after each window round (tune draws its plots
+    there). -> {"losses": name -> per-window losses (None where not measured), "rounds": [names measured in each
+    round], "stopped": why}."""
     losses = {name: [None] * windows for name in names}
     alive, rounds, stopped = list(names), [], "windows exhausted"
     for w in range(windows):
         if w and not can_afford(alive):
             stopped = f"budget: window {w + 1} for {len(alive)} candidates does not fit"
             break
+        if before_round is not None:
+            before_round(list(alive), w)
         for name in alive:
             losses[name][w] = score(name, w)
         rounds.append(list(alive))
