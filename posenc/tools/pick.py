@@ -195,7 +195,8 @@ def _measured_evidence(rec: Recommendation, config, evidence, budget: str, exist
     of this model (``evidence`` a posenc eval folder) is cited as measured on it (posenc.tools.pick_eval); with
     budget finetune, a fine-tune study of this model (posenc.tools.pick_finetune)."""
     from posenc.tools.pick_eval import eval_evidence, is_eval_result, read_evidence
-    from posenc.tools.pick_tune import other_model_evidence, read_tune_result, tune_evidence, tune_summary
+    from posenc.tools.pick_tune import (other_model_evidence, read_tune_result, tune_evidence, tune_retrieval_note,
+                                        tune_summary)
 
     if evidence is not None and is_eval_result(read_evidence(evidence)):   # an eval of this model: cited as such
         eval_evidence(rec, evidence, config, budget, T)
@@ -206,9 +207,10 @@ def _measured_evidence(rec: Recommendation, config, evidence, budget: str, exist
         finetune_evidence(rec, config, T)
     applies = config is not None and budget == "none" and existing is None and bool(rec.config_snippet)
     if evidence is not None and not applies:
-        rec.notes.append(tune_summary(read_tune_result(evidence, config), evidence) + ": tune measures the model "
-                         "as is (budget none) and this case keeps or retrains it, so the recommendation rests on "
-                         "the rules above")
+        doc = read_tune_result(evidence, config)
+        rec.notes.append(tune_summary(doc, evidence) + ": tune measures the model as is (budget none) and this case "
+                         "keeps or retrains it, so the recommendation rests on the rules above")
+        tune_retrieval_note(rec, doc)
     if not applies:
         return
     if evidence is not None:
@@ -311,7 +313,7 @@ def add_arguments(parser) -> None:
                         help="the --out folder of a posenc tune of the --config model (its winner, runners-up and "
                              "paired differences are cited, and a config winner is recommended) or of a posenc eval "
                              "of it (its perplexities are cited: on the fine-tuned model when posenc finetune made "
-                             "it, else zero-shot)")
+                             "it, else zero-shot); either's passkey and RULER scores are cited beside perplexity")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 

@@ -3,8 +3,10 @@ folder of an eval of that model (its results.json), cited as what was measured o
 
 An eval of a model ``posenc finetune`` wrote (its finetune.json beside the evaluated folder: DIR/model and
 DIR/finetune.json) is cited as measured on this fine-tuned model, with the fine-tune's method, steps and tokens;
-an eval of any other model as measured zero-shot on it. A folder that is neither a finished tune nor a finished
-eval, a damaged file, or an eval of another model than --config describes is one line naming --evidence.
+an eval of any other model as measured zero-shot on it. Its passkey and RULER rows are cited beside the
+perplexities (posenc.tools.pick_retrieval), with a note when the method with the lowest perplexity retrieves
+clearly worse. A folder that is neither a finished tune nor a finished eval, a damaged file, or an eval of another
+model than --config describes is one line naming --evidence.
 """
 
 from __future__ import annotations
@@ -108,17 +110,18 @@ def _perplexities(doc: dict[str, Any]) -> dict[int, dict[str, float]]:
     return {L: {m: sum(v) / len(v) for m, (_, v) in ms.items()} for L, ms in out.items()}
 
 
-def eval_summary(doc: dict[str, Any], folder, record: dict | None, T: int) -> str:
-    """One sentence of what the eval measured at the target (else its longest length): on this fine-tuned model
-    (with the fine-tune's method, steps and tokens) or zero-shot on this model, each method's perplexity."""
+def _ppl_sentence(table: dict[int, dict[str, float]], folder, record: dict | None, T: int) -> str:
+    """What the eval measured of perplexity at the target (else its longest length): on this fine-tuned model (with
+    the fine-tune's method, steps and tokens) or zero-shot on this model, each method's perplexity."""
     from posenc.tools.finetune_record import describe
 
-    table = _perplexities(doc)
-    if not table:
-        raise _fail(folder, "the eval holds no perplexity rows (posenc eval --tasks lm measures them)")
+    source = f"posenc eval, {folder}/results.json"
+    if not table:       # an eval of retrieval only (posenc eval --tasks ruler)
+        what = (f"measured on this fine-tuned model ({describe(record)}; {source})" if record is not None else
+                f"measured zero-shot on this model ({source})")
+        return what + ", no perplexity rows (posenc eval --tasks lm measures them)"
     N = T if T in table else max(table)
     where = "" if N == T else f" (not measured at the target {T:,}; the eval's longest length)"
-    source = f"posenc eval, {folder}/results.json"
     if record is not None:
         own = table[N].get("none")
         others = {m: p for m, p in table[N].items() if m != "none"}
@@ -134,6 +137,26 @@ def eval_summary(doc: dict[str, Any], folder, record: dict | None, T: int) -> st
             f"{ranked} (none: the model as its config runs it)")
 
 
+def eval_summary(doc: dict[str, Any], folder, record: dict | None, T: int) -> tuple[str, str | None]:
+    """(the citation, the note or None): what the eval measured at the target (else its longest length), its
+    perplexities (``_ppl_sentence``) and, when it measured them, its passkey and RULER scores per method
+    (posenc.tools.pick_retrieval); the note when the method with the lowest perplexity retrieves clearly worse."""
+    from posenc.tools.pick_retrieval import cite, from_eval, worse_note
+
+    table = _perplexities(doc)
+    retrieval = from_eval(doc, T)
+    if not table and retrieval is None:
+        raise _fail(folder, "the eval holds no perplexity or retrieval rows (posenc eval --tasks lm,passkey,ruler "
+                            "measures them)")
+    text = _ppl_sentence(table, folder, record, T)
+    if retrieval is None:
+        return text, None
+    N = (T if T in table else max(table)) if table else None
+    order = sorted(table[N], key=table[N].get) if table else []
+    note = worse_note(retrieval, order[0], f"{table[N][order[0]]:.2f} at length {N:,}") if order else None
+    return f"{text}; {cite(retrieval, T, order)}", note
+
+
 def eval_evidence(rec: Recommendation, folder, config, budget: str, T: int) -> None:
     """Cite the eval in ``folder`` (read_eval_result) among the reasons, as measured on this (fine-tuned) model;
     with --budget pretrain among the notes (a new model does not build on these weights)."""
@@ -144,7 +167,9 @@ def eval_evidence(rec: Recommendation, folder, config, budget: str, T: int) -> N
         record = finetune_record(model)
     except ConfigError as exc:
         raise _fail(folder, f"the evaluated model's fine-tune record: {exc}") from None
-    measured = eval_summary(doc, folder, record, T)
+    measured, note = eval_summary(doc, folder, record, T)
+    if note is not None:
+        rec.notes.append(note)
     if budget == "pretrain":
         rec.notes.append(measured + ": a new model is pretrained from scratch, so the recommendation does not "
                                     "build on these weights")

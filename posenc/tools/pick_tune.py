@@ -3,8 +3,10 @@ without one, a label on the committed real-model studies that measured another m
 
 ``read_tune_result(dir, config)`` reads DIR/results.json and refuses (one line naming --evidence) a file that is not
 a finished tune result or that measured another model (the model identity posenc.tools.evidence records).
-``tune_evidence`` cites its winner, runners-up and paired differences, and makes a config winner the recommendation
-(the config tune wrote is the one it measured). ``other_model_evidence`` names the studies of other models as such.
+``tune_evidence`` cites its winner, runners-up and paired differences (and the survivors' passkey and RULER
+scores, with a note when the lowest perplexity retrieves clearly worse: posenc.tools.pick_retrieval), and makes a
+config winner the recommendation (the config tune wrote is the one it measured). ``other_model_evidence`` names
+the studies of other models as such.
 """
 
 from __future__ import annotations
@@ -59,16 +61,36 @@ def _runner(r: dict[str, Any]) -> str:
 
 
 def tune_summary(doc: dict[str, Any], folder) -> str:
-    """One sentence: the winner, every runner-up with its mean paired difference, spread and windows, and ties."""
+    """One sentence: the winner, every runner-up with its mean paired difference, spread and windows, and ties; then
+    the survivors' passkey and RULER scores when the tune measured them (posenc.tools.pick_retrieval)."""
+    from posenc.tools.pick_retrieval import cite, from_tune
+
     ans = doc["answer"]
     win = next((r for r in ans.get("ranking", []) if r["name"] == ans["winner"]), None)
     runners = [r for r in ans.get("ranking", []) if r["name"] != ans["winner"]]
     rows = [_runner(r) for r in runners]
+    retrieval = from_tune(doc)
     return (f"measured on this model by posenc tune ({folder}/results.json, {doc['target']:,} tokens, trained "
             f"{doc['trained']:,}): winner {ans['winner']} ({ans['reason']})"
             + (f", mean log-perplexity {win['mean_loss']:.4f} over {win['windows']} windows" if win else "")
             + ("; runners-up, mean paired log-perplexity difference to the best: " + ", ".join(rows) if rows else "")
-            + (f"; flagged at the trained length: {', '.join(doc['flagged'])}" if doc.get("flagged") else ""))
+            + (f"; flagged at the trained length: {', '.join(doc['flagged'])}" if doc.get("flagged") else "")
+            + ("" if retrieval is None else "; survivors' " + cite(retrieval, doc["target"],
+                                                                   [r["name"] for r in ans.get("ranking", [])])))
+
+
+def tune_retrieval_note(rec: Recommendation, doc: dict[str, Any]) -> None:
+    """A note when the tune's lowest-perplexity candidate (its ``best``, which a tied config method may have
+    displaced as the winner) retrieves clearly worse than another survivor (posenc.tools.pick_retrieval)."""
+    from posenc.tools.pick_retrieval import from_tune, worse_note
+
+    retrieval, best = from_tune(doc), doc["answer"].get("best", doc["answer"]["winner"])
+    row = next((r for r in doc["answer"].get("ranking", []) if r["name"] == best), None)
+    if retrieval is None or row is None or row.get("mean_loss") is None:
+        return
+    note = worse_note(retrieval, best, f"mean log-perplexity {row['mean_loss']:.4f} at length {doc['target']:,}")
+    if note is not None:
+        rec.notes.append(note)
 
 
 def tune_evidence(rec: Recommendation, folder, config, L: int, T: int, entry: dict) -> None:
@@ -76,6 +98,7 @@ def tune_evidence(rec: Recommendation, folder, config, L: int, T: int, entry: di
     recommendation with the config tune wrote, an attention winner is named with its patch spec."""
     doc = read_tune_result(folder, config)
     measured = tune_summary(doc, folder)
+    tune_retrieval_note(rec, doc)
     if doc["target"] != T:
         rec.notes.insert(0, measured + f": measured at {doc['target']:,}, not {T:,}, so the recommendation rests "
                                        f"on the papers and the lab (`posenc tune MODEL --target-length {T}` measures "

@@ -1,8 +1,8 @@
 """posenc tune with RULER's tasks on the race's survivors, on a tiny random Llama (trained at 32 byte tokens, tuned
 for 512: the shortest length niah_single_1's template fits): each survivor's scores with n == --ruler-samples and
 the Wilson interval around them, --resume measuring nothing again, the plan's retrieval lines (--dry-run), the
-group name ``ruler`` as its eleven tasks, the answer's note when the perplexity winner retrieves worse, and bad
---tasks as one line each."""
+group name ``ruler`` as its eleven tasks, the answer's note when the perplexity winner retrieves worse (and posenc
+pick --evidence citing the scores, with its own note), and bad --tasks as one line each."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from posenc.cli import main  # noqa: E402
 from posenc.hf.tune import command, measure, plan as planning  # noqa: E402
 from posenc.hf.tune.report import retrieval_note  # noqa: E402
 from posenc.lab.tasks.ruler import RULER_TASKS  # noqa: E402
+from posenc.tools.pick import pick  # noqa: E402
 from posenc_hf_folders import TRAIN_LEN, fails, tiny_llama  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -134,6 +135,12 @@ def test_answer_notes_a_winner_that_retrieves_worse(model, text, tmp_path, monke
     assert note.startswith("The perplexity winner yarn is not the best survivor on retrieval: on RULER")
     assert "linear scores 1.00" in note and "(n 8)" in note and "overlap" not in note
     assert note in (out / "report.md").read_text()
+    # posenc pick --evidence cites the survivors' scores as tune recorded them, and the winner's clearly worse RULER
+    rec = pick(TARGET, budget="none", config=model, evidence=str(out))
+    assert "survivors' retrieval at length 512" in rec.reasons[0]
+    assert "yarn: niah_single_1 0.00 [0.00, 1.00] n 4, vt 0.00 [0.00, 1.00] n 4, mean over" in rec.reasons[0]
+    assert any(n.startswith("yarn has the lowest perplexity") and "RULER mean over niah_single_1 + vt: linear 1.00 "
+               "[0.68, 1.00], yarn 0.00 [0.00, 0.32]" in n for n in rec.notes), rec.notes
 
 
 def test_retrieval_note_rules():

@@ -82,7 +82,9 @@ def grid(results: list[dict]) -> tuple[list[str], list[int], dict]:
                          for m, per in cells.items()}
 
 
-def _threshold(results: list[dict], default: float = 0.856) -> float:
+def run_threshold(results: list[dict], default: float = 0.856) -> float:
+    """The threshold the rows were scored against (each RULER row records its run's ``ruler_threshold``); RULER's
+    85.6% when the rows record none or several (``posenc pick`` reads it for an eval's effective length too)."""
     values = {r.get("threshold") for r in results if r.get("threshold") is not None}
     return values.pop() if len(values) == 1 else default
 
@@ -109,7 +111,7 @@ def ruler_report(task, results: list[dict]) -> str:
     tasks, lens, cells = grid(results)
     if not tasks or task.name != tasks[0]:
         return ""
-    threshold = _threshold(results)
+    threshold = run_threshold(results)
     body = []
     for label, per_task in cells.items():
         for t in tasks:
@@ -134,7 +136,7 @@ def ruler_heatmap(task, doc: dict, out: Path) -> list[str]:
     tasks, lens, cells = grid(results)
     if not tasks or task.name != tasks[0] or not lens:
         return []
-    threshold = _threshold(results)
+    threshold = run_threshold(results)
     plt = pyplot()
     models = list(cells)
     fig, axes = plt.subplots(1, len(models), figsize=(2 + (1 + 0.9 * len(lens)) * len(models), 0.5 * len(tasks) + 2),
