@@ -49,8 +49,9 @@ def read_results(name: str, root=None) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def studies(root: Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """(path, document) of every real-model study under ``root`` (default: the packaged extracts)."""
+def studies(root: Path | None = None, kind: str = "real-model") -> list[tuple[Path, dict[str, Any]]]:
+    """(path, document) of every study of ``kind`` ("real-model", or "real-model-finetune": the fine-tune studies
+    posenc.tools.pick_finetune reads) under ``root`` (default: the packaged extracts)."""
     root = RESULTS if root is None else Path(root)
     found = []
     for path in _results_files(root):
@@ -58,7 +59,7 @@ def studies(root: Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and doc.get("study") == "real-model" and isinstance(doc.get("model"), dict):
+        if isinstance(doc, dict) and doc.get("study") == kind and isinstance(doc.get("model"), dict):
             found.append((path, doc))
     return found
 

@@ -20,19 +20,12 @@ STUDY = "real-model-finetune"
 
 def finetune_study(config, root=None) -> tuple[Any, dict[str, Any]] | None:
     """(path, document) of the fine-tune study of the model ``config`` describes, or None."""
-    import json
-
     from posenc.tools._io import read_config
-    from posenc.tools.evidence import RESULTS, _results_files, differing_keys, identity
+    from posenc.tools.evidence import differing_keys, identity, studies
 
     mine = identity(read_config(config))
-    for path in _results_files(RESULTS if root is None else root):
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if (isinstance(doc, dict) and doc.get("study") == STUDY and isinstance(doc.get("model"), dict)
-                and not differing_keys(mine, doc["model"])):
+    for path, doc in studies(root, kind=STUDY):
+        if not differing_keys(mine, doc["model"]):
             return path, doc
     return None
 
