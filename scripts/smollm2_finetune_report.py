@@ -185,18 +185,23 @@ def plot(study: dict, zero: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    left.set_prop_cycle(color=plt.get_cmap("tab20").colors)      # a colour per method (the default has ten)
     lines: dict = {}
     for r in (r for r in study["rows"] if r["task"] == "lm" and r["text"] == "cpython"):
         lines.setdefault((r["run"] + " (fine-tuned)", True), {})[r["eval_len"]] = r["value"]
         for z in same_windows(r, zero):
             name = "unscaled" if z["scaling"] == "none" else z["scaling"]
             lines.setdefault((name + " (zero-shot)", False), {})[r["eval_len"]] = z["value"]
+    tuned_values = [v for (_, tuned), pts in lines.items() if tuned for v in pts.values()]
+    ceiling = 2 * max(tuned_values) if tuned_values else float("inf")   # the unscaled model at 32k leaves the scale
     for (name, tuned), pts in sorted(lines.items(), key=lambda kv: (not kv[0][1], kv[0][0])):
-        if len(pts) < 2 and not tuned or min(pts.values()) > 30:
-            continue            # one point draws no curve; the unscaled model past its length leaves the scale
-        xs = sorted(pts)
-        left.plot(xs, [pts[x] for x in xs], marker="o", lw=2.5 if tuned else 1, ls="-" if tuned else "--",
-                  label=name)
+        shown = {x: v for x, v in pts.items() if v <= ceiling}
+        if not shown:
+            continue
+        xs = sorted(shown)
+        left.plot(xs, [shown[x] for x in xs], marker="o" if tuned else "x", lw=2.5 if tuned else 1,
+                  ls=("-" if tuned else "--") if len(xs) > 1 else "none",
+                  label=name + (" (off the scale beyond)" if len(shown) < len(pts) else ""))
     left.set_xscale("log", base=2)
     left.set_xticks([8192, 16384, 32768], ["8k (1x)", "16k (2x)", "32k (4x)"])
     left.set_ylabel("perplexity (CPython validation windows)")
