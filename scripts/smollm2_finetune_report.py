@@ -275,7 +275,12 @@ def report(study: dict, tables: dict, mod) -> str:
     peak = next((r["finetune"]["matmul_peak_flops"] for r in study["runs"].values()), None)
     machine = (f"2 CPU threads; this machine's bf16 matmul peak (2048^3, measured by the run) "
                f"{peak / 1e9:.0f} GFLOP/s" if peak else "2 CPU threads")
-    return PAGE.format(runs=runs, parts=parts, machine=machine, met=met, **tables).strip() + "\n"
+    pending = [f"- `{run}`: not trained yet" for run in mod.RUNS if run not in study["runs"]]
+    pending += [f"- `{run}/{part}`: " + ("incomplete" if f"{run}/{part}" in study["parts"] else "not run yet")
+                for run in study["runs"] for part in mod.PARTS
+                if not study["parts"].get(f"{run}/{part}", {}).get("complete")]
+    return PAGE.format(runs=runs, parts=parts, machine=machine, met=met, pending="\n".join(pending) or "nothing",
+                       **tables).strip() + "\n"
 
 
 PAGE = """
@@ -322,6 +327,10 @@ Eval parts:
 {met}
 
 ![perplexity vs length and the training loss](finetune_32k.png)
+
+## Not yet measured
+
+{pending}
 
 ## The papers' numbers, for direction
 
