@@ -80,7 +80,7 @@ def _why_not(args, trained: int, replace: bool) -> str | None:
     from posenc.hf.search import _read_config
     from posenc.hf.scaling import extend_for_factor
 
-    try:
+    try:      # posenc search's own check of the config, so the plan refuses exactly what the search would
         _, data, _, _ = _read_config(Path(args.model), replace)
         extend_for_factor(data, "longrope", args.target_length / trained, replace=replace)
     except PosencError as exc:
