@@ -32,7 +32,8 @@ BASE = {"lab": [], "eval": ["model"], "search RUN": ["run", "--target-length", "
         "finetune": ["model", "--target-length", "9", "--out", "o"]}
 VALUES = {"methods": "yarn,ntk", "method": "linear", "method_options": "dca.chunk_size=8", "factor": "4",
           "target_length": "1024", "seeds": "0,1", "seed": "3", "out": "o2", "threads": "2", "dtype": "bfloat16",
-          "device": "cpu", "data": "d.txt", "plugin": "p.py", "task_options": "a=1", "nproc": "2", "dist_timeout": "9"}
+          "device": "cpu", "data": "d.txt", "plugin": "p.py", "task_options": "a=1", "nproc": "2", "dist_timeout": "9",
+          "population": "8", "generations": "3"}
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -139,7 +140,9 @@ BAD = {"methods": ["eval", "model", "--methods", "a,,b"], "method": ["export", "
        "device": ["eval", "model", "--device", "CUDA!"], "data": ["eval", "model", "--data", ""],
        "plugin": ["eval", "model", "--plugin", " "], "task_options": ["lab", "--task-options", "=1"],
        "nproc": ["tune", "model", "--target-length", "9", "--nproc", "x"],
-       "dist_timeout": ["lab", "--dist-timeout", "soon"], "resume": ["eval", "model", "--resume=yes"], "overwrite": ["convert", "m.gguf", "--out", "o", "--overwrite=1"],
+       "dist_timeout": ["lab", "--dist-timeout", "soon"],
+       "population": ["tune", "model", "--target-length", "9", "--population", "x"],
+       "generations": ["tune", "model", "--target-length", "9", "--generations", "1.5"], "resume": ["eval", "model", "--resume=yes"], "overwrite": ["convert", "m.gguf", "--out", "o", "--overwrite=1"],
        "no_progress": ["lab", "--no-progress=no"]}
 
 

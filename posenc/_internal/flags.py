@@ -120,6 +120,9 @@ _FLAGS = (
                integer, metavar="N"),
     SharedFlag("dist_timeout", "--dist-timeout", "distributed runs: a rank silent this long ends the job", number,
                metavar="SECONDS"),
+    SharedFlag("population", "--population", "LongRoPE's search: candidates per generation", integer, metavar="N"),
+    SharedFlag("generations", "--generations", "LongRoPE's search: generations after the initial population",
+               integer, metavar="N"),
     SharedFlag("task_options", "--task-options", "settings declared by tasks or methods, key=value,key=value "
                "(a plug-in's own too)", parse_options, metavar="KEY=VALUE,..."),
 )

@@ -143,25 +143,25 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
                  dtype: str = "float32", attn_implementation: str | None = None,
                  out_config: str | os.PathLike | None = None, checkpoint: str | os.PathLike | None = None,
                  resume: bool = True, overwrite: bool = False, replace: bool = False,
-                 progress: bool = True) -> ModelSearchResult:
+                 progress: bool = True, on_evaluation=None) -> ModelSearchResult:
     """Search LongRoPE long factors for extending the transformers model in ``model_dir`` to ``target_length``
-    tokens and write them as a new config beside it; see the module docstring.
-
-    settings: ``posenc.search.longrope.LongRopeSettings`` (default: the paper's population 64, 40 generations;
-    n_hat_choices must be (0,)). windows / heldout_windows: windows of target_length tokens in the search and
-    held-out fitness. batch_size: windows per forward. out_config: where the config goes (default
-    MODEL_DIR/config.longrope-TARGET.json; never MODEL_DIR/config.json); overwrite: replace an existing out_config.
-    checkpoint: the search state (default: longrope-search-TARGET.json beside out_config); resume=False restarts it.
-    replace: search a model whose config already has a rope scaling (from its original context).
+    tokens and write them as a new config beside it; see the module docstring. settings: ``posenc.search.longrope.
+    LongRopeSettings`` (default: the paper's population 64, 40 generations; n_hat_choices must be (0,)). windows /
+    heldout_windows: windows of target_length tokens in the search and held-out fitness. batch_size: windows per
+    forward. out_config: where the config goes (default MODEL_DIR/config.longrope-TARGET.json; never
+    MODEL_DIR/config.json); overwrite: replace an existing out_config. checkpoint: the search state (default:
+    longrope-search-TARGET.json beside out_config); resume=False restarts it. replace: search a model whose config
+    already has a rope scaling (from its original context). on_evaluation: called after each new score ("fitness"
+    or "heldout"; ``longrope_search``'s).
     """
     from posenc._internal.atomic import atomic_write_json
-    from posenc._internal.validate import check_choice, check_int, positive_int
     from posenc._internal.devices import check_device
+    from posenc._internal.validate import check_choice, check_int, positive_int
     from posenc.hf.loading import (DTYPES, check_attn_implementation, check_model_files, load_causal_lm,
                                    load_tokenizer, model_files)
     from posenc.hf.families import find_rotary
-    from posenc.search.fitness import perplexity_fitness
     from posenc._internal.fingerprint import file_fingerprint, tensor_fingerprint
+    from posenc.search.fitness import perplexity_fitness
     from posenc.search.longrope import LongRopeSettings, longrope_search
 
     folder = Path(model_dir)
@@ -207,7 +207,8 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     try:
         result = longrope_search(fitness, heldout=heldout, rotary_dim=rc.rotary_dim, theta=rc.theta,
                                  original_length=original, target_length=target_length, settings=settings,
-                                 checkpoint=ckpt, resume=resume, progress=progress, problem=problem)
+                                 checkpoint=ckpt, resume=resume, progress=progress, problem=problem,
+                                 on_evaluation=on_evaluation)
     finally:
         setattr(parent, attr, original_rotary)
     written, _ = _candidate_config(config, data_dict, target_length, result.factors, n_pairs, replace)
@@ -251,12 +252,13 @@ def add_arguments(parser) -> None:
                                                   "training split is searched on")
     parser.add_argument("--windows", type=int, default=4, help="windows of target length in the search fitness")
     parser.add_argument("--heldout-windows", type=int, default=4, help="windows in the held-out choice")
-    parser.add_argument("--population", type=int, default=d.population,
-                        help=f"candidates per generation (default {d.population}, the paper's)")
+    add_shared(parser, "population", default=d.population,
+               help=f"candidates per generation (default {d.population}, the paper's)")
     parser.add_argument("--parents", type=int, default=None,
                         help=f"the best kept each generation (default: half of --population, the paper's "
                              f"{d.parents} of {d.population})")
-    parser.add_argument("--generations", type=int, default=d.generations)
+    add_shared(parser, "generations", default=d.generations,
+               help=f"generations after the initial population (default {d.generations}, the paper's)")
     parser.add_argument("--heldout-top", type=int, default=d.heldout_top, help="best candidates re-scored held out")
     add_shared(parser, "seed", default=0, help="the search's random seed (default 0)")
     parser.add_argument("--batch-size", type=int, default=1, help="windows per forward")

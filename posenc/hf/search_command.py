@@ -61,8 +61,8 @@ def lab_arguments(parser) -> None:
     parser.add_argument("--scheme", default="rope", help="scheme of the run folder's checkpoint (default rope)")
     parser.add_argument("--task", default="lm", help="task of the run folder's checkpoint (default lm)")
     add_shared(parser, "seed", default=None, help="seed of the run folder's checkpoint (default lowest)")
-    parser.add_argument("--population", type=int, default=None, help="candidates per generation (default 32)")
-    parser.add_argument("--generations", type=int, default=None, help="generations (default 10)")
+    add_shared(parser, "population", default=None, help="candidates per generation (default 32)")
+    add_shared(parser, "generations", default=None, help="generations (default 10)")
     parser.add_argument("--windows", type=int, default=None,
                         help="windows of the target length in the search and held-out splits (default 4)")
     parser.add_argument("--paper", action="store_true",

@@ -103,6 +103,16 @@ class LongRopeSettings:
     def to_dict(self) -> dict:
         return _jsonable(asdict(self))
 
+    def evaluations(self, seeds: int | None = None, heldout: bool = True) -> tuple[int, int]:
+        """(search-fitness evaluations, held-out scores at most) of a search with these settings, as its progress
+        bar counts them: the initial population, then population - parents new children per generation; with a
+        held-out fitness, the re-score of the heldout_top best and of the ``seeds`` distinct seeds (default
+        len(self.seeds)), fewer when they overlap. ``posenc tune`` plans a search's cost from it."""
+        search = self.population + self.generations * (self.population - self.parents)
+        if not heldout:
+            return search, 0
+        return search, min(self.heldout_top, self.population) + (len(self.seeds) if seeds is None else seeds)
+
 
 @dataclass
 class LongRopeResult:
@@ -188,7 +198,8 @@ def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original
                     target_length: int | None = None, factor: float | None = None, heldout: Fitness | None = None,
                     settings: LongRopeSettings | None = None, initial: Sequence = (),
                     attention_factor: float | None = None, checkpoint: str | Path | None = None,
-                    resume: bool = True, progress: bool = True, problem: Mapping | None = None) -> LongRopeResult:
+                    resume: bool = True, progress: bool = True, problem: Mapping | None = None,
+                    on_evaluation: Callable[[str], None] | None = None) -> LongRopeResult:
     """Search LongRoPE's long factors (and n_hat, if settings.n_hat_choices offers more than one) for extending a
     RoPE model trained at ``original_length`` (L0) to ``target_length`` (or by ``factor``).
 
@@ -202,6 +213,8 @@ def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original
     problem: what the fitness scores, as JSON-able values (the model's and the data's fingerprints, windows, dtype:
         ``posenc._internal.fingerprint``); a checkpoint resumes only a search of the same problem, so
         another model's or another text's record is refused instead of returned.
+    on_evaluation: called with "fitness" or "heldout" after each new score (posenc tune's progress bar counts
+        them); scores kept from a checkpoint are not reported again.
     Returns a ``LongRopeResult`` (role "long"); ``result.rope_scaling()`` is the config.
     """
     settings = settings or LongRopeSettings()
@@ -212,8 +225,8 @@ def longrope_search(fitness: Fitness, *, rotary_dim: int, theta: float, original
         raise ConfigError(f"target_length ({space.target_length}) must be longer than original_length "
                           f"({space.original_length}): long factors apply only past it (use short_factor_search "
                           "for the original context)")
-    return _Search(space, settings, "long", fitness, heldout, initial, attention_factor, problem).run(
-        checkpoint, resume, progress)
+    return _Search(space, settings, "long", fitness, heldout, initial, attention_factor, problem,
+                   on_evaluation).run(checkpoint, resume, progress)
 
 
 def short_factor_search(fitness: Fitness, *, rotary_dim: int, theta: float, original_length: int, factor: float,
@@ -244,7 +257,7 @@ class _Search:
 
     def __init__(self, space: LongRopeSpace, settings: LongRopeSettings, role: str, fitness: Fitness,
                  heldout: Fitness | None, initial: Sequence, attention_factor: float | None,
-                 problem: Mapping | None = None):
+                 problem: Mapping | None = None, on_evaluation: Callable[[str], None] | None = None):
         check_choice(role, "role", ROLES, error=ConfigError)
         for name, fn in (("fitness", fitness), ("heldout", heldout)):
             if fn is not None and not callable(fn):
@@ -255,6 +268,7 @@ class _Search:
             attention_factor = check_float(attention_factor, "attention_factor", positive=True, error=ConfigError)
         self.space, self.settings, self.role = space, settings, role
         self.fitness, self.heldout, self.attention_factor = fitness, heldout, attention_factor
+        self.on_evaluation = on_evaluation
         self.problem = None if problem is None else _jsonable(dict(problem))
         self.seed_candidates = self._seeds(initial)
         if len(set(self.seed_candidates.values())) > settings.population:
@@ -306,6 +320,8 @@ class _Search:
         value = float(value)
         if self._bar is not None:
             self._bar.update(1)
+        if self.on_evaluation is not None:
+            self.on_evaluation(what)
         return value if math.isfinite(value) else math.inf
 
     def _evaluate(self, candidates: list[Candidate]) -> list[int]:
@@ -391,8 +407,7 @@ class _Search:
             if self.result is not None:
                 return LongRopeResult.from_dict(self.result)
         st = self.settings
-        total = st.population + st.generations * (st.population - st.parents)
-        total += (min(st.heldout_top, st.population) + len(self.seed_candidates)) if self.heldout else 0
+        total = sum(st.evaluations(len(self.seed_candidates), heldout=self.heldout is not None))
         self._t0 = time.perf_counter()
         self._bar = tqdm(total=total, initial=len(self.evaluated), desc=f"longrope search ({self.role})",
                          unit="eval", disable=not progress, dynamic_ncols=True, mininterval=0.5, leave=False)

@@ -17,7 +17,7 @@ import torch
 
 from posenc._internal.errors import ConfigError, DataError
 from posenc._internal.flags import add_shared
-from posenc.hf.tune import measure, plan as planning, plots as plotting, race as racing, ranks
+from posenc.hf.tune import measure, plan as planning, plots as plotting, race as racing, ranks, searched
 from posenc.hf.tune.report import (OUTPUT_FILES, check_out_folder, report_markdown, retrieval_note, write_deploy,
                                    write_gguf_deploy)
 
@@ -53,6 +53,7 @@ def add_arguments(parser) -> None:
     add_shared(parser, "dtype", default="float32")
     add_shared(parser, "device", default="cpu")
     add_shared(parser, "no_progress")
+    searched.add_arguments(parser)
     from posenc.lab.launch import add_arguments as add_launch_arguments
 
     add_launch_arguments(parser, "measure with N processes on this machine, one device each (cuda:LOCAL_RANK "
@@ -158,12 +159,18 @@ def make_plan(args, config, trained: int, budget: float, tasks=("lm",)) -> tuple
     cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length, args.methods, own)
     flops_at = _flops_at(config)
     peak = matmul_peak(DTYPES[args.dtype], n=1024, repeats=3, device=args.device)
-    plan = planning.make_plan(cands, skipped, target=args.target_length, trained=trained,
-                              windows=_windows(args.model, args.data, args.target_length), budget_s=budget,
-                              peak_flops=peak, flops=flops_at(args.target_length), flops_trained=flops_at(trained),
-                              retrieval={t: planning.retrieval_samples(t, args.ruler_samples) for t in tasks[1:]},
-                              flops_step=flops_at(args.target_length + 1) - flops_at(args.target_length),
-                              configured=own.to_dict() if own else None)
+    windows = _windows(args.model, args.data, args.target_length)
+
+    def build(with_cands, search):
+        return planning.make_plan(with_cands, skipped, target=args.target_length, trained=trained, windows=windows,
+                                  budget_s=budget, peak_flops=peak, flops=flops_at(args.target_length),
+                                  flops_trained=flops_at(trained),
+                                  retrieval={t: planning.retrieval_samples(t, args.ruler_samples) for t in tasks[1:]},
+                                  flops_step=flops_at(args.target_length + 1) - flops_at(args.target_length),
+                                  configured=own.to_dict() if own else None, search=search)
+
+    # the short LongRoPE search joins when the budget holds it (posenc.hf.tune.searched's rule)
+    plan = searched.plan(args, trained, cands, build, replace=own is not None)
     return plan, planning.format_plan(plan, flops_at)
 
 
@@ -354,6 +361,8 @@ class Tune:
         try:
             if self.pool is not None:
                 self.pool.start(self.store, self.save)
+            # the search first: its config is the searched candidate every later stage measures
+            self.partial["search"] = searched.run_search(self)
             trained = self.trained_check()
             self.stage(trained_check=trained)
             round_jobs = None if self.pool is None else lambda alive, w: self.spread(
@@ -425,8 +434,8 @@ class Tune:
                "flagged": racing.flagged(trained), "passkey": passkey, "ruler": ruler,
                "ruler_samples": self.args.ruler_samples, "tasks": self.tasks, "answer": ans,
                "answer_row": {"method": winner.method, "kind": winner.kind, "options": winner.options,
-                              "configured": winner.configured},
-               "configured": self.plan.configured,
+                              "configured": winner.configured, "searched": winner.searched},
+               "configured": self.plan.configured, "search": self.partial.get("search"),
                "winner_kind": winner.kind, "deploy": "config.json" if winner.kind == "config" else "patch_spec.json",
                "spent_s": round(time.perf_counter() - self.started, 1)}
         self.draw(doc)

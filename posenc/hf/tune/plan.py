@@ -15,6 +15,9 @@ answer budget of decode steps, each a forward of one token at the target length 
 model_flops(L)); per survivor a task costs ``samples x (1 + decode x step / window)`` of the survivor's window
 estimate. The survivors are estimated as the race's last round (the field halving, at least two); the budget
 reserves their retrieval before the race's windows.
+
+A short LongRoPE search (posenc.hf.tune.searched) is estimated as its evaluations, each one window of the target
+length on the training split (as a config edit's window), and reserved before the race's windows as well.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Candidate:
     options: dict = field(default_factory=dict)
     passes: int = 1                  # score passes per forward, for the estimate
     configured: str = ""
+    searched: str = ""               # the config file a LongRoPE search wrote (posenc.hf.tune.searched)
 
     @property
     def name(self) -> str:
@@ -47,6 +51,8 @@ class Candidate:
         or with its configured label (``yarn as configured (fine-tuned)``)."""
         if self.configured:
             return f"{self.method} {self.configured}"
+        if self.searched:
+            return f"{self.method} (searched)"
         if not self.options:
             return self.method
         return f"{self.method}({','.join(f'{k}={v}' for k, v in self.options.items())})"
@@ -173,6 +179,9 @@ class Plan:
     retrieval: dict[str, dict] = field(default_factory=dict)
     survivors: int = 0                                               # estimated: the race's last round
     configured: dict | None = None   # the config's own scaling (Configured.to_dict), when it has one
+    # the short LongRoPE search: {"included", "reason", "evaluations", "heldout", "settings", ...}
+    # (posenc.hf.tune.searched.decide); None when tune was not asked to consider it
+    search: dict | None = None
 
     def measurement_s(self, c: Candidate, length_flops: float | None = None) -> float:
         """The estimate of one window of ``c`` (at the target length unless ``length_flops`` says otherwise)."""
@@ -193,12 +202,22 @@ class Plan:
         return per_window * sum(windows)
 
     @property
+    def search_s(self) -> float:
+        """The estimate of the LongRoPE search (0 when it is not in the plan): its fitness evaluations and held-out
+        scores, each one window at the target length."""
+        if not self.search or not self.search.get("included"):
+            return 0.0
+        return (self.search["evaluations"] + self.search["heldout"]) * self.measurement_s(Candidate("longrope",
+                                                                                                   "config"))
+
+    @property
     def total_s(self) -> float:
-        return self.trained_check_s + sum(self.rounds) + self.retrieval_s()
+        return self.search_s + self.trained_check_s + sum(self.rounds) + self.retrieval_s()
 
     def fitting_rounds(self) -> int:
-        """How many window rounds the budget holds after the trained-length check and the survivors' retrieval."""
-        left, n = self.budget_s - self.trained_check_s - self.retrieval_s(), 0
+        """How many window rounds the budget holds after the search, the trained-length check and the survivors'
+        retrieval."""
+        left, n = self.budget_s - self.search_s - self.trained_check_s - self.retrieval_s(), 0
         for seconds in self.rounds:
             if seconds > left:
                 break
@@ -211,6 +230,7 @@ class Plan:
         out["candidates"] = [{"name": c.name, **asdict(c), "estimate_s": self.seconds[c.name]}
                              for c in self.candidates]
         out["total_s"] = self.total_s
+        out["search_s"] = self.search_s
         out["retrieval_s"] = {t: self.retrieval_s(task=t) for t in self.retrieval}
         out["fitting_rounds"] = self.fitting_rounds()
         return out
@@ -230,14 +250,15 @@ def retrieval_samples(task: str, ruler_samples: int) -> tuple[int, int]:
 
 def make_plan(candidates_: list[Candidate], skipped, *, target: int, trained: int, windows: int, budget_s: float,
               peak_flops: float, flops: float, flops_trained: float, retrieval: dict | None = None,
-              flops_step: float = 0.0, configured: dict | None = None) -> Plan:
+              flops_step: float = 0.0, configured: dict | None = None, search: dict | None = None) -> Plan:
     """The plan's estimates: each candidate's window at the target, the rounds (all candidates on the first
     window, then the field halving each window), the trained-length check (every candidate and the unchanged
     model, one window at the trained length), and ``retrieval`` (task -> (samples, decode steps) per survivor;
-    ``flops_step``: one decode step's FLOPs at the target) on the estimated survivors."""
+    ``flops_step``: one decode step's FLOPs at the target) on the estimated survivors; ``search``: the LongRoPE
+    search's evaluations (``Plan.search_s``)."""
     plan = Plan(target=target, trained=trained, windows=windows, budget_s=budget_s, peak_flops=peak_flops,
                 flops=flops, flops_trained=flops_trained, candidates=list(candidates_), skipped=list(skipped),
-                configured=configured)
+                configured=configured, search=search)
     plan.seconds = {c.name: plan.measurement_s(c) for c in plan.candidates}
     by_cost = sorted(plan.seconds.values())
     for w in range(windows):
@@ -259,7 +280,8 @@ def alternatives(plan: Plan, flops_at) -> list[str]:
     out = []
     # a candidate's first window at the target and its trained-length check (the unchanged model's too)
     own = {c.name: plan.seconds[c.name] + plan.measurement_s(c, plan.flops_trained) for c in plan.candidates}
-    left = plan.budget_s - plan.measurement_s(Candidate("none", "config"), plan.flops_trained) - plan.retrieval_s()
+    left = plan.budget_s - plan.measurement_s(Candidate("none", "config"), plan.flops_trained) - plan.retrieval_s() \
+        - plan.search_s
     ranked = sorted(plan.candidates, key=lambda c: (c.kind != "config", own[c.name]))
     kept, spent = [], 0.0
     for c in ranked:
@@ -297,6 +319,10 @@ def format_plan(plan: Plan, flops_at=None) -> str:
                      "check compares with the model as configured")
     lines += [f"  {c.name:<44} {c.kind:<9} {plan.seconds[c.name]:9.3g} s" for c in plan.candidates]
     lines += [f"  left out: {m}: {why}" for m, why in plan.skipped]
+    if plan.search:
+        from posenc.hf.tune.searched import plan_line
+
+        lines.append(plan_line(plan))
     lines.append(f"trained-length check {plan.trained_check_s:.3g} s; rounds (window 1..{len(plan.rounds)}): "
                  + ", ".join(f"{s:.3g}" for s in plan.rounds) + " s")
     lines += _retrieval_lines(plan)

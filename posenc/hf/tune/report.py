@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 
 from posenc._internal.errors import ConfigError
+from posenc.hf.tune import searched
 from posenc.hf.tune.plots import PLOTS
 
 # what --out receives; a folder already holding one needs --overwrite (or --resume for an interrupted tune)
-OUTPUT_FILES = ("results.json", "report.md", "config.json", "patch_spec.json", "extended.gguf", *PLOTS)
+OUTPUT_FILES = ("results.json", "report.md", "config.json", "patch_spec.json", "extended.gguf", *PLOTS,
+                searched.CHECKPOINT, searched.CONFIG)
 # the GGUF file written for llama.cpp when the input is a GGUF file and a frequency method llama.cpp runs won
 GGUF_OUT = "extended.gguf"
 WHERE = {"config": "config.json: transformers and vLLM load it as the model's config (copy it beside the weights)",
@@ -44,6 +46,9 @@ def write_deploy(out: Path, winner: dict, config, target: int, trained: int, *, 
 
     if winner.get("configured"):
         atomic_write_json(out / "config.json", config.to_dict())
+        return ["config.json"]
+    if winner.get("searched"):       # the config posenc search wrote, with the searched factors
+        atomic_write_json(out / "config.json", searched.deploy_config(winner))
         return ["config.json"]
     if winner["kind"] == "config":
         from posenc.hf.scaling import extend_for_factor
@@ -80,6 +85,9 @@ def write_gguf_deploy(out: Path, model: str, winner: dict, target: int) -> dict 
         return None
     if winner.get("configured"):
         return {"refused": "the winner is the model as configured: the input GGUF runs as it is"}
+    if winner.get("searched"):
+        return {"refused": "the winner is LongRoPE with searched factors, which tune writes into config.json only: "
+                           "posenc extend MODEL.gguf --method longrope with that config's factors writes the GGUF"}
     try:
         extend_gguf.check_method(winner["method"], read_gguf(model).architecture)
         plan = plan_gguf_extension(model, target, winner["method"])
@@ -188,6 +196,7 @@ def report_markdown(doc: dict) -> str:
         lines += ["", "## Passkey (survivors)", ""]
         lines += [f"- {name}: {_num(rate, 2)}" for name, rate in doc["passkey"].items()]
     lines += _ruler_lines(doc)
+    lines += searched.report_lines(doc)
     lines += _plot_lines(doc)
     lines += ["", "## Answer", "", f"Winner: **{ans['winner']}** ({ans['reason']}).", ""]
     if ans.get("retrieval"):
