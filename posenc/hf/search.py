@@ -48,7 +48,9 @@ class ModelSearchResult:
     tokens: dict                     # {"search": n, "heldout": n, "byte_tokens": bool, "data": provenance}
 
 
-def _read_config(model_dir: Path, replace: bool):
+def read_search_config(model_dir: Path, replace: bool):
+    """The model's config for a LongRoPE search -> (config, its dict, the RoPE config, the original context);
+    ConfigError when the model is not RoPE (``replace``: read a scaled config from its original parameters)."""
     from posenc.hf.loading import read_config
     from posenc.rope.config import load_rope_config, rope_layer_types
     from posenc.rope.contexts import trained_length
@@ -169,7 +171,7 @@ def search_model(model_dir: str | os.PathLike, target_length: int, *, settings=N
     if tuple(settings.n_hat_choices) != (0,):
         raise ConfigError(f"n_hat_choices: transformers' longrope has no n_hat (leading positions left unscaled); "
                           f"expected (0,), got {settings.n_hat_choices}")
-    config, data_dict, rc, original = _read_config(folder, replace)
+    config, data_dict, rc, original = read_search_config(folder, replace)
     check_model_files(folder, config)  # weights and tokenizer are there too
     check_int(target_length, "target_length", min=original + 1, error=ConfigError)
     for name, value in (("windows", windows), ("heldout_windows", heldout_windows), ("batch_size", batch_size)):

@@ -320,9 +320,7 @@ def format_plan(plan: Plan, flops_at=None) -> str:
     lines += [f"  {c.name:<44} {c.kind:<9} {plan.seconds[c.name]:9.3g} s" for c in plan.candidates]
     lines += [f"  left out: {m}: {why}" for m, why in plan.skipped]
     if plan.search:
-        from posenc.hf.tune.searched import plan_line
-
-        lines.append(plan_line(plan))
+        lines.append(search_line(plan))
     lines.append(f"trained-length check {plan.trained_check_s:.3g} s; rounds (window 1..{len(plan.rounds)}): "
                  + ", ".join(f"{s:.3g}" for s in plan.rounds) + " s")
     lines += _retrieval_lines(plan)
@@ -347,3 +345,13 @@ def _retrieval_lines(plan: Plan) -> list[str]:
     lines += [f"  {task:<44} {str(r['samples']) + ' samples x (prefill + ' + str(r['decode']) + ' decode steps)':<44}"
               f"{plan.retrieval_s(task=task):9.3g} s" for task, r in plan.retrieval.items()]
     return lines
+
+
+def search_line(p) -> str:
+    """The plan's line about the search: in or left out, why, and its evaluations."""
+    s = p.search
+    what = (f"{s['evaluations']} + up to {s['heldout']} held-out evaluations (population {s['settings']['population']}"
+            f", {s['settings']['generations']} generations), one window of {p.target} each on the training split")
+    if s["included"]:
+        return f"LongRoPE search: in, {p.search_s:.3g} s, runs first: {what}; {s['reason']}"
+    return f"LongRoPE search: left out: {s['reason']} ({what})"

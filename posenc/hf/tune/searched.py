@@ -77,11 +77,11 @@ def _why_not(args, trained: int, replace: bool) -> str | None:
     from posenc.hf.eval.adapter import token_stream
     from posenc.hf.lab_bridge import training_bytes
     from posenc.hf.loading import load_tokenizer
-    from posenc.hf.search import _read_config
+    from posenc.hf.search import read_search_config
     from posenc.hf.scaling import extend_for_factor
 
     try:      # posenc search's own check of the config, so the plan refuses exactly what the search would
-        _, data, _, _ = _read_config(Path(args.model), replace)
+        _, data, _, _ = read_search_config(Path(args.model), replace)
         extend_for_factor(data, "longrope", args.target_length / trained, replace=replace)
     except PosencError as exc:
         return str(exc)
@@ -125,16 +125,6 @@ def plan(args, trained: int, cands: list[Candidate], build, replace: bool):
             + f" ({sums})"
         return with_search
     return build(cands, {**entry, "reason": f"the budget does not hold it beside one window per candidate ({sums})"})
-
-
-def plan_line(p) -> str:
-    """The plan's line about the search: in or left out, why, and its evaluations."""
-    s = p.search
-    what = (f"{s['evaluations']} + up to {s['heldout']} held-out evaluations (population {s['settings']['population']}"
-            f", {s['settings']['generations']} generations), one window of {p.target} each on the training split")
-    if s["included"]:
-        return f"LongRoPE search: in, {p.search_s:.3g} s, runs first: {what}; {s['reason']}"
-    return f"LongRoPE search: left out: {s['reason']} ({what})"
 
 
 def run_search(tune) -> dict | None:
