@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 TRAIN_LEN = 32
@@ -109,3 +110,16 @@ def fails(capsys, main, command: str, argv: list[str]) -> str:
     assert err.startswith(f"posenc {command}: error: ") and "\n" not in err, err
     assert "internal error" not in err
     return err
+
+
+# the tune tests' shared module-scoped folders: a test module imports both names and asks for ``model`` and ``text``
+@pytest.fixture(scope="module", name="model")
+def tune_model_fixture(tmp_path_factory) -> str:
+    """A tiny random Llama folder (tiny_llama), made once per test module."""
+    return str(tiny_llama(tmp_path_factory.mktemp("tune") / "llama"))
+
+
+@pytest.fixture(scope="module", name="text")
+def tune_text_fixture(tmp_path_factory) -> str:
+    """A short text file (short_text), made once per test module."""
+    return str(short_text(tmp_path_factory.mktemp("text") / "text.txt"))

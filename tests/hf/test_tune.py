@@ -16,20 +16,11 @@ transformers = pytest.importorskip("transformers", minversion="5.0", reason="tra
 import posenc  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.hf.tune import measure, plan as planning, race as racing  # noqa: E402
-from posenc_hf_folders import TRAIN_LEN, fails, short_text, tiny_llama  # noqa: E402
+from posenc_hf_folders import TRAIN_LEN, fails  # noqa: E402
+from posenc_hf_folders import tune_model_fixture, tune_text_fixture  # noqa: E402,F401 (fixtures model, text)
 
 transformers.logging.set_verbosity_error()
 TARGET = 2 * TRAIN_LEN
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return str(tiny_llama(tmp_path_factory.mktemp("tune") / "llama"))
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    return str(short_text(tmp_path_factory.mktemp("text") / "text.txt"))
 
 
 def tune(model, text, *extra) -> int:

@@ -18,22 +18,13 @@ transformers = pytest.importorskip("transformers", minversion="5.0", reason="tra
 from posenc._internal.errors import DataError  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.hf.tune import measure, plots  # noqa: E402
-from posenc_hf_folders import TRAIN_LEN, short_text, tiny_llama  # noqa: E402
+from posenc_hf_folders import TRAIN_LEN  # noqa: E402
+from posenc_hf_folders import tune_model_fixture, tune_text_fixture  # noqa: E402,F401 (fixtures model, text)
 
 transformers.logging.set_verbosity_error()
 TARGET = 2 * TRAIN_LEN
 # log-perplexity at the target per method (rerope's three settings share it): yarn best, linear close, rerope out
 AT_TARGET = {"yarn": 1.0, "linear": 1.01, "rerope": 2.0}
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return str(tiny_llama(tmp_path_factory.mktemp("tune") / "llama"))
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    return str(short_text(tmp_path_factory.mktemp("text") / "text.txt"))
 
 
 def loss(model_dir, s) -> float:

@@ -25,23 +25,14 @@ from posenc._internal.errors import DataError  # noqa: E402
 from posenc.cli import main  # noqa: E402
 from posenc.hf.tune import measure, plan as planning, ranks  # noqa: E402
 from posenc.lab.distributed import DistInfo  # noqa: E402
-from posenc_hf_folders import TRAIN_LEN, fails, short_text, tiny_llama  # noqa: E402
+from posenc_hf_folders import TRAIN_LEN, fails  # noqa: E402
+from posenc_hf_folders import tune_model_fixture, tune_text_fixture  # noqa: E402,F401 (fixtures model, text)
 
 transformers.logging.set_verbosity_error()
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 2 * TRAIN_LEN
 # what the race decided and wrote: every one of these is the same with one process and with two
 RACED = ("measurements", "race", "trained_check", "flagged", "answer", "answer_row", "deploy")
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return str(tiny_llama(tmp_path_factory.mktemp("tune") / "llama"))
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    return str(short_text(tmp_path_factory.mktemp("text") / "text.txt"))
 
 
 def argv(model, text, out, methods: str, *extra) -> list[str]:
