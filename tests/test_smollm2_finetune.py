@@ -119,6 +119,23 @@ def test_a_missed_target_says_by_how_much(study):
     assert "**missed**" in (study.OUT / "report.md").read_text()
 
 
+def test_a_missed_text_target_says_why_from_the_8k_shift(study):
+    _write_run(study, "yarn-pose-32k", {"prose-8k": [_lm(8192, 6.0, 16384)],
+                                        "prose-32k-w1": [_lm(32768, 9.0, 32768)]})
+    assert study.main(["collect"]) == 0
+    goals = {t["target"]: t for t in json.loads((study.OUT / "results.json").read_text())["targets"]}
+    # the oracle: the committed zero-shot rows (the original at 8k and every method on the first prose 32k window)
+    base8 = next(r for r in ZERO["rows"] if r["part"] == "prose-8k" and r["scaling"] == "none")["value"]
+    zero32 = [r["value"] for r in ZERO["rows"] if r["task"] == "lm" and r["eval_len"] == 32768
+              and r["text"] == "prose" and (r.get("offset") or 0) == 0 and not r.get("variant")]
+    t8 = goals["prose 8k perplexity within 2% of the original model's (not above it by more)"]
+    assert t8["met"] is False and f"{6.0 / base8 - 1:+.1%} against the original model" in t8["why"]
+    t32 = goals["prose 32k perplexity below every zero-shot method on the same window"]
+    assert t32["met"] is False
+    assert f"x{9.0 / 6.0:.3f} fine-tuned against x{min(zero32) / base8:.3f}" in t32["why"]
+    assert "; why: at 8k, where no extension acts" in (study.OUT / "report.md").read_text()
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["train", "--runs", "yarn-pose-64k"], "unknown run 'yarn-pose-64k'"),
     (["eval", "--parts", "cpython-8k,cpython-8k"], "a part is given more than once"),
