@@ -5,6 +5,7 @@ beside the zero-shot rows of docs/results/smollm2/ on the same windows.
     python scripts/smollm2_study.py convert                      # the bf16 transformers folder (once)
     python scripts/smollm2_finetune.py train --runs yarn-pose-32k    # resumable: rerun to continue
     python scripts/smollm2_finetune.py eval --runs yarn-pose-32k --parts cpython-32k-w1,passkey-32k
+    python scripts/smollm2_finetune.py baseline                  # the original, linear and YaRN x4, at 8k
     python scripts/smollm2_finetune.py collect                   # results.json, report.md, plot
 
 A run trains into $SMOLLM2_FINETUNE_DIR/RUN (default /tmp/smollm2-finetune; the merged model is 270 MB and stays
@@ -63,6 +64,15 @@ PARTS = {
     "passkey-16k-t2": [*_PASSKEY, "--eval-lens", "16384", "--seed", "1"],
 }
 PARTS = {name: [*flags, "--methods", "none"] for name, flags in PARTS.items()}
+
+# the original model with the runs' static scalings at factor 4 on the trained length's windows: what the scaling
+# alone does at 8k (PI and YaRN change every length, not only past the trained one), to set beside the fine-tuned 8k
+BASELINE_RUN = "original"
+BASELINE_PARTS = {
+    "cpython-8k-x4": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "linear,yarn", "--factor", "4"],
+    "prose-8k-x4": ["--eval-lens", "8192", "--eval-tokens", "16384", "--methods", "linear,yarn", "--factor", "4",
+                    "--data", str(STUDY.PROSE_DIR)],
+}
 
 
 def name_list(choices: dict, what: str):
@@ -126,6 +136,22 @@ def evaluate(args) -> int:
     return 0
 
 
+def baseline(args) -> int:
+    """Each baseline part: ``posenc eval`` of the original bf16 model with linear and YaRN at factor 4, resumable."""
+    for part in args.parts:
+        doc = read_part(BASELINE_RUN, part)
+        if doc is not None and not doc["meta"].get("incomplete"):
+            print(f"{BASELINE_RUN} {part}: finished, skipped")
+            continue
+        resume = ["--resume"] if doc is not None else []
+        code = STUDY.posenc("eval", str(STUDY.MODEL_DIR), *BASELINE_PARTS[part], *STUDY.COMMON, "--threads",
+                            str(args.threads), "--out", str(OUT / BASELINE_RUN / "parts" / part), *resume,
+                            threads=args.threads)
+        if code:
+            return code
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Bad input (an unknown run or part, a damaged part file) ends in one line and exit 2, before anything runs."""
     from posenc._internal.errors import PosencError
@@ -142,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", type=name_list(PARTS, "part"), default=list(PARTS))
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=evaluate)
+    p = sub.add_parser("baseline", help="the original model with linear and YaRN at factor 4 on the 8k windows "
+                                        "(resumable)")
+    p.add_argument("--parts", type=name_list(BASELINE_PARTS, "part"), default=list(BASELINE_PARTS))
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=baseline)
     p = sub.add_parser("collect", help="results.json, report.md and the plot from the finished parts")
     p.set_defaults(func=collect)
     args = parser.parse_args(argv)

@@ -20,16 +20,18 @@ RUN_KEYS = ("steps", "tokens", "tokens_per_step", "wall_s", "train_s", "tokens_p
             "validation_losses", "started", "extension", "parameters", "torch_threads", "settings")
 
 
-def _rows(mod, run: str) -> tuple[list[dict], dict]:
+def _rows(mod, run: str, baseline: bool = False) -> tuple[list[dict], dict]:
     """The rows of a run's finished (or partial) parts, each tagged with run, part, text and offset, and the parts'
-    metadata (command, wall time, completeness)."""
+    metadata (command, wall time, completeness). ``baseline``: the original model's parts (mod.BASELINE_PARTS)."""
     rows, parts = [], {}
-    for part in mod.PARTS:
+    flags = mod.BASELINE_PARTS if baseline else mod.PARTS
+    model = mod.STUDY.MODEL_DIR if baseline else f"{mod.RUNS_DIR}/{run}/model"
+    for part in flags:
         doc = mod.read_part(run, part)
         if doc is None:
             continue
         meta, settings = doc["meta"], doc["meta"].get("settings") or {}
-        parts[part] = {"command": f"posenc eval {mod.RUNS_DIR}/{run}/model {' '.join(mod.PARTS[part] + mod.STUDY.COMMON)}"
+        parts[part] = {"command": f"posenc eval {model} {' '.join(flags[part] + mod.STUDY.COMMON)}"
                                   f" --threads {meta.get('threads') or 1} --out docs/results/smollm2-finetune/{run}/"
                                   f"parts/{part}",
                        "complete": not meta.get("incomplete"), "wall_s": meta.get("wall_s"),
@@ -38,7 +40,7 @@ def _rows(mod, run: str) -> tuple[list[dict], dict]:
                        "passkey_trials": settings.get("passkey_trials") if "passkey" in settings.get("tasks", [])
                        else None}
         rows += [{**r, "run": run, "part": part, "text": "prose" if part.startswith("prose") else "cpython",
-                  "offset": settings.get("eval_offset") or 0, "finetuned": True} for r in doc["results"]]
+                  "offset": settings.get("eval_offset") or 0, "finetuned": not baseline} for r in doc["results"]]
     return rows, parts
 
 
@@ -84,13 +86,14 @@ def targets(run: str, rows: list[dict], zero: list[dict], info: dict) -> list[di
                 "met": rss < 8 * GB if rss else None})
     for t in out:
         if t["met"] is False:
-            t["why"] = why_missed(t, rows, zero)
+            t["why"] = why_missed(t, rows, zero, (info.get("extension") or {}).get("method"))
     return [{**t, "run": run} for t in out]
 
 
-def why_missed(target: dict, rows: list[dict], zero: list[dict]) -> str | None:
-    """The measured reason a perplexity target on a text is missed: how much of the miss is already there at 8k,
-    where no extension acts (the text shifted by the training data), against how the perplexity grows to 32k."""
+def why_missed(target: dict, rows: list[dict], zero: list[dict], method: str | None) -> str | None:
+    """The measured reason a perplexity target on a text is missed: how much of the miss is already there at the
+    trained 8k (split into the run's scaling ``method`` alone, zero-shot, and the training), against how the
+    perplexity grows from 8k to 32k."""
     text = target["target"].split()[0]
     at = {r["eval_len"]: r for r in rows if r["task"] == "lm" and r["text"] == text}
     if 8192 not in at:
@@ -99,8 +102,15 @@ def why_missed(target: dict, rows: list[dict], zero: list[dict]) -> str | None:
     if base8 is None:
         return None
     shift = at[8192]["value"] / base8["value"] - 1
-    why = (f"at 8k, where no extension acts, {text} is already {shift:+.1%} against the original model "
-           "(the run trains on CPython source only, adapting the model to that text)")
+    why = f"at 8k {text} is already {shift:+.1%} against the original model"
+    scaled = next((r for r in same_windows(at[8192], zero) if r["scaling"] == method), None)
+    if scaled is not None:
+        # PI and YaRN rescale every length, the trained one too: split the 8k change into the scaling's and the
+        # training's share
+        why += (f": {method} at factor 4 alone (zero-shot) gives {scaled['value']:.3f} "
+                f"({scaled['value'] / base8['value'] - 1:+.1%}), the fine-tune {at[8192]['value'] / scaled['value'] - 1:+.1%} "
+                "against that")
+    why += " (the run trains on CPython source only)"
     if 32768 in at:
         best32 = min(same_windows(at[32768], zero), key=lambda r: r["value"], default=None)
         if best32 is not None:
@@ -256,7 +266,10 @@ def collect(mod) -> int:
 
     zero_study = json.loads(ZERO_SHOT.read_text(encoding="utf-8"))
     zero = [r for r in zero_study["rows"] if not r.get("finetuned")]
-    runs, rows, parts, goals = {}, [], {}, []
+    base_rows, base_parts = _rows(mod, mod.BASELINE_RUN, baseline=True)
+    zero += base_rows                    # the original with the runs' scalings at 8k: zero-shot rows like the rest
+    runs, rows, goals = {}, [], []
+    parts = {f"{mod.BASELINE_RUN}/{p}": v for p, v in base_parts.items()}
     for run in mod.RUNS:
         path = mod.OUT / run / "finetune.json"
         if not path.is_file():
@@ -274,7 +287,7 @@ def collect(mod) -> int:
         parts.update({f"{run}/{p}": v for p, v in run_parts.items()})
         goals += targets(run, run_rows, zero, info)
     study = {"study": "real-model-finetune", "name": zero_study.get("name"), "model": zero_study.get("model"),
-             "runs": runs, "parts": parts, "rows": rows, "targets": goals}
+             "runs": runs, "parts": parts, "rows": rows, "baseline_rows": base_rows, "targets": goals}
     atomic_write_json(mod.OUT / "results.json", study)
     from posenc.tools.evidence import SHIPPED, write_extracts
 

@@ -122,6 +122,11 @@ def test_a_missed_target_says_by_how_much(study):
 def test_a_missed_text_target_says_why_from_the_8k_shift(study):
     _write_run(study, "yarn-pose-32k", {"prose-8k": [_lm(8192, 6.0, 16384)],
                                         "prose-32k-w1": [_lm(32768, 9.0, 32768)]})
+    # the original model with YaRN x4 on the same 8k windows (the baseline part)
+    path = study.OUT / "original" / "parts" / "prose-8k-x4" / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"meta": {"methods": {"yarn": {}}, "timings_s": {"yarn": 1.0}, "settings": {}},
+                                "results": [{**_lm(8192, 5.5, 16384), "scaling": "yarn"}]}))
     assert study.main(["collect"]) == 0
     goals = {t["target"]: t for t in json.loads((study.OUT / "results.json").read_text())["targets"]}
     # the oracle: the committed zero-shot rows (the original at 8k and every method on the first prose 32k window)
@@ -130,10 +135,13 @@ def test_a_missed_text_target_says_why_from_the_8k_shift(study):
               and r["text"] == "prose" and (r.get("offset") or 0) == 0 and not r.get("variant")]
     t8 = goals["prose 8k perplexity within 2% of the original model's (not above it by more)"]
     assert t8["met"] is False and f"{6.0 / base8 - 1:+.1%} against the original model" in t8["why"]
+    assert (f"yarn at factor 4 alone (zero-shot) gives 5.500 ({5.5 / base8 - 1:+.1%}), the fine-tune "
+            f"{6.0 / 5.5 - 1:+.1%} against that") in t8["why"]
     t32 = goals["prose 32k perplexity below every zero-shot method on the same window"]
     assert t32["met"] is False
     assert f"x{9.0 / 6.0:.3f} fine-tuned against x{min(zero32) / base8:.3f}" in t32["why"]
-    assert "; why: at 8k, where no extension acts" in (study.OUT / "report.md").read_text()
+    report = (study.OUT / "report.md").read_text()
+    assert "; why: at 8k prose is already" in report and "| yarn (zero-shot) | 5.500 |" in report
 
 
 @pytest.mark.parametrize("argv, expected", [
