@@ -134,14 +134,14 @@ def test_a_missed_text_target_says_why_from_the_8k_shift(study):
     zero32 = [r["value"] for r in ZERO["rows"] if r["task"] == "lm" and r["eval_len"] == 32768
               and r["text"] == "prose" and (r.get("offset") or 0) == 0 and not r.get("variant")]
     t8 = goals["prose 8k perplexity within 2% of the original model's (not above it by more)"]
-    assert t8["met"] is False and f"{6.0 / base8 - 1:+.1%} against the original model" in t8["why"]
-    assert (f"yarn at factor 4 alone (zero-shot) gives 5.500 ({5.5 / base8 - 1:+.1%}), the fine-tune "
-            f"{6.0 / 5.5 - 1:+.1%} against that") in t8["why"]
+    assert t8["met"] is False and f"{6.0 / base8 - 1:+.1%} against the original model, and yarn at factor 4" in t8["why"]
+    assert f"gives 5.500 ({5.5 / base8 - 1:+.1%}): the fine-tune, on CPython source only, moves it " \
+           f"{6.0 / 5.5 - 1:+.1%} from there" in t8["why"]
     t32 = goals["prose 32k perplexity below every zero-shot method on the same window"]
     assert t32["met"] is False
     assert f"x{9.0 / 6.0:.3f} fine-tuned against x{min(zero32) / base8:.3f}" in t32["why"]
     report = (study.OUT / "report.md").read_text()
-    assert "; why: at 8k prose is already" in report and "| yarn (zero-shot) | 5.500 |" in report
+    assert "; why: at 8k prose is" in report and "| yarn (zero-shot) | 5.500 |" in report
 
 
 @pytest.mark.parametrize("argv, expected", [
