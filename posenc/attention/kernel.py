@@ -13,11 +13,12 @@ are stacked along the rows of one call, so keys are never repeated.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from posenc._internal.errors import PosencError
-from posenc.attention.rules import AttentionRule
+from posenc.attention.rules import AttentionRule, window_mode
 from posenc.rope.apply import apply_rope_table, math_dtype, rope_cos_sin
 
 BLOCK = 256  # query rows per block (times the GQA group): a piece's mask is at most BLOCK x its edge width
@@ -142,3 +143,33 @@ def rule_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Atte
                               " with no key")
         out[:, :, a:b] = o.view(B, Hk, g, b - a, -1).reshape(B, Hq, b - a, -1).to(q.dtype)
     return out
+
+
+@dataclass(frozen=True)
+class BandRule(AttentionRule):
+    """Plain RoPE over the keys i - window < j <= i: a sliding-window (local) layer as a rule of one mode, so the
+    kernel visits only the band of keys each block of queries can see. Internal: not a registered method."""
+
+    window: int
+    name = "band"
+
+    def modes(self):
+        return (window_mode("band", self.window),)
+
+    def identity_for(self, n):
+        return n <= self.window
+
+    @property
+    def keeps(self):
+        return f"the last {self.window} keys"
+
+
+def band_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, inv_freq: torch.Tensor, *,
+                   attention_scaling: float = 1.0, scale: float | None = None, layout: str = "half",
+                   q_offset: int | None = None, block: int = BLOCK) -> torch.Tensor:
+    """Sliding-window causal attention of UNROTATED q [B, Hq, Tq, D] over k, v [B, Hk, Tk, D] -> [B, Hq, Tq, Dv]:
+    query i (at q_offset + n, default Tk - Tq) sees the keys i - window < j <= i, with plain RoPE at its index.
+    Cost Tq x (window + block) instead of Tq x Tk: each block of queries reads only its band of keys (its middle
+    unmasked, the two edges masked), as in ``rule_attention``."""
+    return rule_attention(q, k, v, BandRule(int(window)), inv_freq, attention_scaling=attention_scaling, scale=scale,
+                          layout=layout, q_offset=q_offset, block=block)

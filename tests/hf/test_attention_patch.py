@@ -182,3 +182,33 @@ def test_bf16_model_under_an_identity_rule_agrees_within_a_rounding():
     assert got.dtype == torch.bfloat16
     # transformers rotates in bf16 with bf16 cos/sin; posenc rotates in fp32 and rounds once: a few bf16 ulps
     torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=4 * 2 ** -8 * float(want.abs().max()))
+
+
+def test_gemma3_local_layers_run_the_band_and_equal_transformers_masked_result(monkeypatch):
+    """Gemma 3's sliding layers (window 8, input 40) run the band kernel, which reads only the keys inside the
+    window, and give transformers' own masked result: fp32 logits within 1e-5 with every full layer under an identity
+    rule. A padded batch (a mask that is not the plain sliding one) falls back to SDPA with the mask."""
+    from posenc.attention import kernel
+
+    calls = []
+    band = kernel.band_attention
+
+    def spy(q, k, v, window, *args, **kwargs):
+        calls.append((q.shape[-2], k.shape[-2], window))
+        return band(q, k, v, window, *args, **kwargs)
+
+    monkeypatch.setattr(kernel, "band_attention", spy)
+    reference = build("gemma3_text")
+    assert reference.config.sliding_window == 8 < T
+    model = posenc.patch(copy.deepcopy(reference), method="rerope", window=T)
+    close(logits(model, T), logits(reference, T))
+    assert calls == [(T, T, 8)]     # the one sliding layer, the batch of 2 in one call
+    from posenc.hf.attention_patch import _is_band_mask
+
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    band_mask = ((j <= i) & (j > i - 8))[None, None]
+    assert _is_band_mask(band_mask, T, T, 8) and _is_band_mask(torch.where(band_mask, 0.0, float("-inf")), T, T, 8)
+    padded = band_mask.clone()
+    padded[..., :3] = False
+    assert not _is_band_mask(padded, T, T, 8) and not _is_band_mask(None, T, T, 8) and _is_band_mask(None, 8, 8, 8)
+
