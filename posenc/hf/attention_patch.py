@@ -316,3 +316,23 @@ def unpatch_attention(model: nn.Module) -> bool:
             del layer.posenc_rule_rotary
     return done
 
+
+def attention_path(model: nn.Module) -> str:
+    """In words, the attention code a forward of ``model`` runs, for reports (``posenc eval``'s results.json): the
+    attention implementation transformers dispatches to and, under posenc.patch, which posenc kernel runs each kind
+    of layer and what runs its pieces on the model's device and dtype."""
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    sliding = any(getattr(m, "is_sliding", False) for m in _attention_layers(model))
+    if implementation != IMPLEMENTATION:
+        if sliding:
+            return f"{implementation} (sliding layers: the whole square with transformers' mask)"
+        return implementation
+    try:
+        parameter = next(model.parameters())
+        device, dtype = parameter.device.type, parameter.dtype
+    except StopIteration:
+        device, dtype = "cpu", torch.float32
+    # the kernel's pieces: torch's CPU flash kernel for CPU floats below float64, an exact matmul softmax otherwise
+    pieces = ("torch's CPU flash kernel per piece" if device == "cpu" and dtype != torch.float64
+              else "matmul + log-sum-exp per piece")
+    return f"{IMPLEMENTATION} (blocked rule_attention, {pieces}" + (", band for sliding layers)" if sliding else ")")

@@ -212,3 +212,15 @@ def test_gemma3_local_layers_run_the_band_and_equal_transformers_masked_result(m
     padded[..., :3] = False
     assert not _is_band_mask(padded, T, T, 8) and not _is_band_mask(None, T, T, 8) and _is_band_mask(None, 8, 8, 8)
 
+
+def test_attention_path_names_the_code_that_runs():
+    from posenc.hf.attention_patch import attention_path
+
+    gemma = build("gemma3_text")
+    assert attention_path(gemma) == (f"{gemma.config._attn_implementation} (sliding layers: the whole square with "
+                                     "transformers' mask)")
+    posenc.patch(gemma, method="rerope", window=T)
+    assert attention_path(gemma) == ("posenc_rule (blocked rule_attention, torch's CPU flash kernel per piece, band "
+                                     "for sliding layers)")
+    llama = posenc.patch(build("llama").double(), method="rerope", window=T)
+    assert attention_path(llama) == "posenc_rule (blocked rule_attention, matmul + log-sum-exp per piece)"
