@@ -123,7 +123,7 @@ def precision(T: int = 1024, D: int = 64) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--lens", default="4096")
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtypes", default="bfloat16,float32")

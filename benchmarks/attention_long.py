@@ -143,7 +143,7 @@ def measure(T: int, D: int, dtype: torch.dtype, args) -> list[dict]:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--lens", default="4096,16384,32768", help="comma-separated lengths")
     p.add_argument("--head-dims", default="64,128")
     p.add_argument("--dtypes", default="bfloat16,float32")
