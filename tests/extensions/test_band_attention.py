@@ -45,17 +45,33 @@ def test_band_equals_the_window_oracle(T, window, heads, past):
     assert not q32.is_contiguous()
     got32 = band_attention(q32, k32, v32, window, inv.float(), attention_scaling=1.1, block=8)
     torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-5)
+    got16 = band_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), window, inv.float(), attention_scaling=1.1,
+                           block=8)                  # bf16: within bf16 rounding (inputs and output rounded)
+    torch.testing.assert_close(got16.double(), want, rtol=3e-2, atol=3e-2)
 
 
-def test_band_reads_only_the_keys_inside_the_window(monkeypatch):
+@pytest.mark.parametrize("dtype, piece", [(torch.float32, "_flash_band"), (torch.float64, "_piece")])
+def test_band_reads_only_the_keys_inside_the_window(monkeypatch, dtype, piece):
+    """float32: one flash call per block over its window plus the block; float64 (rule_attention's pieces): the
+    same keys in pieces. Never the T keys of the square."""
     widths = []
-    piece = kernel._piece
+    original = getattr(kernel, piece)
 
     def spy(q, k, v, mask, scale):
         widths.append(k.shape[-2])
-        return piece(q, k, v, mask, scale)
+        return original(q, k, v, mask, scale)
 
-    monkeypatch.setattr(kernel, "_piece", spy)
-    q, k, v = qkv(200, Hq=4, Hk=2, D=8, dtype=torch.float32)
-    band_attention(q, k, v, 16, default_inv_freq(8, 100.0), block=16)   # 8 query rows per block (2 heads stacked)
-    assert widths and sum(widths) <= (200 / 8) * (16 + 8)       # each block: its window plus the block, never T
+    monkeypatch.setattr(kernel, piece, spy)
+    q, k, v = qkv(200, Hq=4, Hk=2, D=8, dtype=dtype)
+    band_attention(q, k, v, 16, default_inv_freq(8, 100.0).to(dtype), block=16)   # 8 positions x 2 heads a block
+    assert widths and max(widths) <= 16 + 8 - 1 and sum(widths) <= (200 / 8) * (16 + 8)
+    if dtype == torch.float32:
+        assert len(widths) == 200 // 8             # one call per block, no pieces to merge
+
+
+def test_band_refuses_an_empty_window():
+    from posenc._internal.errors import PosencError
+
+    q, k, v = qkv(5, Hq=2, Hk=1, dtype=torch.float32)
+    with pytest.raises(PosencError, match="window"):
+        band_attention(q, k, v, 0, default_inv_freq(8, 100.0))
