@@ -224,3 +224,26 @@ def test_attention_path_names_the_code_that_runs():
                                      "for sliding layers)")
     llama = posenc.patch(build("llama").double(), method="rerope", window=T)
     assert attention_path(llama) == "posenc_rule (blocked rule_attention, matmul + log-sum-exp per piece)"
+
+
+def test_gemma3_decode_through_the_sliding_cache_equals_the_full_forward(monkeypatch):
+    """Decoding token by token past Gemma 3's window (8) through transformers' cache, the local layers run the band on
+    the cache's last keys and give the full forward's logits."""
+    from posenc.attention import kernel
+
+    calls = []
+    band = kernel.band_attention
+    monkeypatch.setattr(kernel, "band_attention", lambda q, k, v, *a, **kw: calls.append(k.shape[-2]) or
+                        band(q, k, v, *a, **kw))
+    model = posenc.patch(build("gemma3_text"), method="rerope", window=T)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        out = model(input_ids=ids[:, :12], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(12, 24):
+            out = model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    close(torch.cat(steps, dim=1), full)
+    assert calls[:2] == [24, 12] and len(calls) == 14   # the full forward, the prefill and each step: the band
