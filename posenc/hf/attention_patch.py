@@ -138,8 +138,8 @@ def _local_attention(query, key, value, mask, positions, inv_freq, att_scaling, 
     (``band_attention``), which reads only the keys inside the window, so the layer costs Tq x window, not Tq x Tk.
     Otherwise (under torch.compile, a padded or unknown mask): SDPA over the whole square with the mask."""
     t_q, t_k = query.shape[-2], key.shape[-2]
-    if mask is not None and mask.dim() == 4:
-        mask = mask[:, :, :, -t_k:]
+    if mask is not None and mask.dim() == 4 and mask.shape[-1] != t_k:
+        mask = mask[:, :, :, -t_k:]          # (only then: the same tensor object lets _is_band_mask keep its answer)
     if (window is not None and not torch.compiler.is_compiling() and query.device.type == "cpu"
             and _is_band_mask(mask, t_q, t_k, int(window))
             and _contiguous_offset_or_none(positions, t_q) is not None):
@@ -164,20 +164,39 @@ def _contiguous_offset_or_none(positions: torch.Tensor | None, t_q: int) -> int 
 
 def _is_band_mask(mask: torch.Tensor | None, t_q: int, t_k: int, window: int, rows: int = 1024) -> bool:
     """True when ``mask`` ([B, 1 or H, Tq, Tk], bool or additive; None counts as causal) keeps exactly the keys
-    i - window < j <= i for query i = Tk - Tq + n: transformers' sliding mask of an unpadded batch. Compared a block
-    of rows at a time, so no second [Tq, Tk] tensor is made."""
+    i - window < j <= i for query i = Tk - Tq + n: transformers' sliding mask of an unpadded batch.
+
+    transformers hands every sliding layer of a forward the same mask tensor, so the answer is kept for that tensor
+    (while it lives and is not written to): one check per forward, not one per layer. A block of rows at a time,
+    the columns outside its band only need to be all masked (a fast reduction), the band's own columns are compared."""
     if mask is None:
         return t_k <= window     # no mask: plain causal, a band only while every key is inside the window
     if mask.dim() != 4 or mask.shape[-2] != t_q or mask.shape[-1] != t_k:
         return False
-    j = torch.arange(t_k, device=mask.device)
+    key = (t_q, t_k, window, mask._version)
+    ref, known, answer = _BAND_CHECK
+    if ref is not None and ref() is mask and known == key:
+        return answer
+    answer = _band_rows_match(mask, t_q, t_k, window, rows)
+    _BAND_CHECK[:] = [weakref.ref(mask), key, answer]
+    return answer
+
+
+_BAND_CHECK: list = [None, None, None]    # [weak reference to the last mask checked, its key, the answer]
+
+
+def _band_rows_match(mask: torch.Tensor, t_q: int, t_k: int, window: int, rows: int) -> bool:
     for a in range(0, t_q, rows):
         b = min(t_q, a + rows)
-        i = torch.arange(t_k - t_q + a, t_k - t_q + b, device=mask.device)[:, None]
-        want = (j <= i) & (j > i - window)
-        got = mask[:, :, a:b]
-        got = got if got.dtype == torch.bool else got == 0
-        if not bool((got == want).all()):
+        first, last = t_k - t_q + a, t_k - t_q + b            # the block's queries, as key indices [first, last)
+        lo, hi = max(0, first - window + 1), last             # the only columns any of them may keep
+        block = mask[:, :, a:b]
+        kept = block if block.dtype == torch.bool else block == 0
+        if bool(kept[..., :lo].any()) or bool(kept[..., hi:].any()):
+            return False
+        i = torch.arange(first, last, device=mask.device)[:, None]
+        j = torch.arange(lo, hi, device=mask.device)[None, :]
+        if not bool((kept[..., lo:hi] == ((j <= i) & (j > i - window))).all()):
             return False
     return True
 
