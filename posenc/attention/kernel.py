@@ -8,16 +8,21 @@ the pieces are merged exactly (out = sum_p exp(lse_p - lse) out_p). No [T, T] sc
 On the CPU a piece is torch's flash attention for CPU (``_scaled_dot_product_flash_attention_for_cpu``, which
 returns the log-sum-exp); elsewhere a matmul + logsumexp over the piece. GQA: the query heads that share a key head
 are stacked along the rows of one call, so keys are never repeated.
+
+``band_attention`` is a sliding-window (local) layer: on the CPU one flash call per block of queries over the keys of
+its window, with one additive mask shared by every block past the first window; elsewhere ``rule_attention`` under
+a rule of one window mode.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from posenc._internal.errors import PosencError
-from posenc.attention.rules import AttentionRule
+from posenc.attention.rules import AttentionRule, window_mode
 from posenc.rope.apply import apply_rope_table, math_dtype, rope_cos_sin
 
 BLOCK = 256  # query rows per block (times the GQA group): a piece's mask is at most BLOCK x its edge width
@@ -73,17 +78,8 @@ def _merge(acc, piece):
     return o1 * w1 + o2.to(o1.dtype) * w2, lse
 
 
-def rule_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: AttentionRule, inv_freq: torch.Tensor, *,
-                   attention_scaling: float = 1.0, scale: float | None = None, layout: str = "half",
-                   q_offset: int | None = None, block: int = BLOCK) -> torch.Tensor:
-    """Causal attention of UNROTATED q [B, Hq, Tq, D] over unrotated k [B, Hk, Tk, D], v [B, Hk, Tk, Dv] -> [B, Hq,
-    Tq, Dv] (q's dtype), with RoPE positions given by ``rule``.
-
-    Keys sit at positions 0..Tk-1, queries at q_offset..q_offset+Tq-1 (default Tk - Tq: the last tokens, as after a
-    KV cache). inv_freq: [R/2] (R the rotary dim, the first R dims rotate in ``layout``); attention_scaling
-    multiplies cos and sin (transformers' convention); scale: the softmax scale (default 1/sqrt(D)). Hq must be a
-    multiple of Hk (GQA: query head h uses key head h // (Hq / Hk)).
-    """
+def _checked_offset(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int | None) -> int:
+    """The queries' offset among the keys (default Tk - Tq) after checking the shapes: PosencError naming them."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise PosencError(f"q, k, v must be [B, H, T, D]; got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     B, Hq, Tq, D = q.shape
@@ -95,6 +91,23 @@ def rule_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Atte
     if q_offset < 0 or q_offset + Tq > Tk:
         raise PosencError(f"q_offset: queries must sit among the keys (0 <= q_offset <= Tk - Tq = {Tk - Tq}), "
                           f"got {q_offset}")
+    return q_offset
+
+
+def rule_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: AttentionRule, inv_freq: torch.Tensor, *,
+                   attention_scaling: float = 1.0, scale: float | None = None, layout: str = "half",
+                   q_offset: int | None = None, block: int = BLOCK) -> torch.Tensor:
+    """Causal attention of UNROTATED q [B, Hq, Tq, D] over unrotated k [B, Hk, Tk, D], v [B, Hk, Tk, Dv] -> [B, Hq,
+    Tq, Dv] (q's dtype), with RoPE positions given by ``rule``.
+
+    Keys sit at positions 0..Tk-1, queries at q_offset..q_offset+Tq-1 (default Tk - Tq: the last tokens, as after a
+    KV cache). inv_freq: [R/2] (R the rotary dim, the first R dims rotate in ``layout``); attention_scaling
+    multiplies cos and sin (transformers' convention); scale: the softmax scale (default 1/sqrt(D)). Hq must be a
+    multiple of Hk (GQA: query head h uses key head h // (Hq / Hk)).
+    """
+    q_offset = _checked_offset(q, k, v, q_offset)
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
     rule.check_resolved()
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     g = Hq // Hk
@@ -142,3 +155,81 @@ def rule_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: Atte
                               " with no key")
         out[:, :, a:b] = o.view(B, Hk, g, b - a, -1).reshape(B, Hq, b - a, -1).to(q.dtype)
     return out
+
+
+@dataclass(frozen=True)
+class BandRule(AttentionRule):
+    """Plain RoPE over the keys i - window < j <= i: a sliding-window (local) layer as a rule of one mode, so the
+    kernel visits only the band of keys each block of queries can see. Internal: not a registered method."""
+
+    window: int
+    name = "band"
+
+    def modes(self):
+        return (window_mode("band", self.window),)
+
+    def identity_for(self, n):
+        return n <= self.window
+
+    @property
+    def keeps(self):
+        return f"the last {self.window} keys"
+
+
+def band_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, inv_freq: torch.Tensor, *,
+                   attention_scaling: float = 1.0, scale: float | None = None, layout: str = "half",
+                   q_offset: int | None = None, block: int = BLOCK) -> torch.Tensor:
+    """Sliding-window causal attention of UNROTATED q [B, Hq, Tq, D] over k, v [B, Hk, Tk, D] -> [B, Hq, Tq, Dv]:
+    query i (at q_offset + n, default Tk - Tq) sees the keys i - window < j <= i, with plain RoPE at its index.
+    Cost Tq x (window + block) instead of Tq x Tk: each block of queries reads only its band of keys.
+
+    On the CPU (float32, bf16, fp16, no autograd) a block is ONE call of torch's flash kernel over its band with an
+    additive mask, and every block past the first window has the same mask (built once): no pieces to merge. Any
+    other case runs ``rule_attention`` under ``BandRule`` (middle unmasked, edges masked, merged), the exact path
+    the tests hold both to."""
+    window = int(window)
+    if window < 1:
+        raise PosencError(f"window: a sliding window holds at least 1 key, got {window}")
+    if not (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        return rule_attention(q, k, v, BandRule(window), inv_freq, attention_scaling=attention_scaling, scale=scale,
+                              layout=layout, q_offset=q_offset, block=block)
+    q_offset = _checked_offset(q, k, v, q_offset)
+    B, Hq, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    g = Hq // Hk
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    qi = torch.arange(q_offset, q_offset + Tq, device=q.device, dtype=torch.float64)
+    qr = rotate(q, qi, inv_freq, attention_scaling, layout).to(q.dtype).view(B, Hk, g, Tq, D)
+    kr = rotate(k, torch.arange(Tk, device=k.device, dtype=torch.float64), inv_freq, attention_scaling,
+                layout).to(k.dtype)
+    out = torch.empty(B, Hq, Tq, v.shape[-1], dtype=q.dtype, device=q.device)
+    masks: dict = {}
+    step = max(1, block // g)
+    for a in range(0, Tq, step):
+        b = min(Tq, a + step)
+        first, last = q_offset + a, q_offset + b          # the block's queries (absolute), [first, last)
+        k0 = max(0, first - window + 1)                   # its band of keys: [k0, last)
+        shape = (b - a, first - k0, last - k0)            # the mask depends on these only: the same past the start
+        if shape not in masks:
+            masks[shape] = _band_mask(*shape, window, g, q.dtype, q.device)
+        rows = qr[:, :, :, a:b].reshape(B, Hk, g * (b - a), D)
+        o = _flash_band(rows, kr[:, :, k0:last], v[:, :, k0:last], masks[shape], scale)
+        out[:, :, a:b] = o.view(B, Hk, g, b - a, -1).reshape(B, Hq, b - a, -1)
+    return out
+
+
+def _flash_band(q, k, v, mask, scale):
+    """torch's CPU flash kernel on q [B, Hk, R, D] over one band k, v [B, Hk, S, D] with an additive mask [R, S]."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                      scale=scale)[0]
+
+
+def _band_mask(rows: int, first: int, width: int, window: int, g: int, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+    """Additive mask [g * rows, width] (0 kept, -inf not) of a block whose query n sits at key index first + n of its
+    band: keys first + n - window < j <= first + n; its rows repeated for the g query heads stacked per key head."""
+    i = torch.arange(first, first + rows, device=device)[:, None]
+    j = torch.arange(width, device=device)[None, :]
+    keep = (j <= i) & (j > i - window)
+    return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, float("-inf")).repeat(g, 1)

@@ -16,7 +16,10 @@ The hook, without copying any attention code:
    (Gemma 3).
 
 Sliding-window layers (Gemma 3's local layers; Mistral when its window is shorter than the keys) only see keys
-inside their window, already within the trained range: they run plain RoPE attention with transformers' mask.
+inside their window, already within the trained range: they run plain RoPE attention. Gemma 3's local layers run
+the band kernel (``posenc.attention.kernel.band_attention``: only the keys inside the window, so a 512-token window
+costs T x 512, not T x T) when transformers' mask is its plain sliding mask; otherwise (padding, torch.compile) SDPA
+with the mask over the whole square.
 Padding (a mask that is not the plain causal one), attention-logit softcapping (Gemma 2) and position ids that are not
 past..past+T-1 are refused with a PosencError. ``posenc.unpatch`` restores the rotary module, the attention
 implementation and the layers, object for object: logits are transformers' own again, bit for bit.
@@ -115,7 +118,8 @@ def rule_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     inv_freq, att_scaling = rotary.frequencies(getattr(module, "layer_type", None))
     positions = rotary.position_ids
     if getattr(module, "is_sliding", False):
-        out = _local_attention(query, key, value, attention_mask, positions, inv_freq, att_scaling, scaling)
+        window = sliding_window if sliding_window is not None else getattr(module, "sliding_window", None)
+        out = _local_attention(query, key, value, attention_mask, positions, inv_freq, att_scaling, scaling, window)
         return out.transpose(1, 2).contiguous(), None
     if torch.compiler.is_compiling():      # the rule's kernel reads its key bands on the host: one opaque op
         out = rule_attention_op(query, key, value, positions, attention_mask, rotary.key, inv_freq, att_scaling,
@@ -126,9 +130,80 @@ def rule_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     return out.transpose(1, 2).contiguous(), None
 
 
-def _local_attention(query, key, value, mask, positions, inv_freq, att_scaling, scaling) -> torch.Tensor:
-    """A local layer (Gemma 3): plain RoPE inside its window, whose distances stay below it; its cache holds the last
-    keys only, so keys sit at last - Tk + 1 .. last (positions offset in the graph: no host sync, traceable)."""
+def _local_attention(query, key, value, mask, positions, inv_freq, att_scaling, scaling, window) -> torch.Tensor:
+    """A local layer (Gemma 3): plain RoPE inside its window, whose distances stay below it. query [B, Hq, Tq, D],
+    key/value [B, Hk, Tk, D] (unrotated; the cache holds the last Tk keys) -> [B, Hq, Tq, Dv].
+
+    Eager, with transformers' own sliding mask (or none) over contiguous positions: the band kernel
+    (``band_attention``), which reads only the keys inside the window, so the layer costs Tq x window, not Tq x Tk.
+    Otherwise (under torch.compile, a padded or unknown mask): SDPA over the whole square with the mask."""
+    t_q, t_k = query.shape[-2], key.shape[-2]
+    if mask is not None and mask.dim() == 4 and mask.shape[-1] != t_k:
+        mask = mask[:, :, :, -t_k:]          # (only then: the same tensor object lets _is_band_mask keep its answer)
+    if (window is not None and not torch.compiler.is_compiling() and query.device.type == "cpu"
+            and _is_band_mask(mask, t_q, t_k, int(window))
+            and _contiguous_offset_or_none(positions, t_q) is not None):
+        from posenc.attention.kernel import band_attention
+
+        return band_attention(query, key, value, int(window), inv_freq, attention_scaling=att_scaling,
+                              scale=scaling, layout="half")
+    return _masked_local_attention(query, key, value, mask, positions, inv_freq, att_scaling, scaling)
+
+
+def _contiguous_offset_or_none(positions: torch.Tensor | None, t_q: int) -> int | None:
+    """The first query's position when every row's positions run last - Tq + 1 .. last (no padding), else None."""
+    if positions is None:
+        return 0
+    rows = positions.reshape(-1, positions.shape[-1])
+    if rows.shape[-1] != t_q:
+        return None
+    first = rows[:, :1]
+    ok = bool((rows == first + torch.arange(t_q, device=rows.device)).all()) and bool((first == first[0]).all())
+    return int(first[0, 0]) if ok else None
+
+
+def _is_band_mask(mask: torch.Tensor | None, t_q: int, t_k: int, window: int, rows: int = 1024) -> bool:
+    """True when ``mask`` ([B, 1 or H, Tq, Tk], bool or additive; None counts as causal) keeps exactly the keys
+    i - window < j <= i for query i = Tk - Tq + n: transformers' sliding mask of an unpadded batch.
+
+    transformers hands every sliding layer of a forward the same mask tensor, so the answer is kept for that tensor
+    (while it lives and is not written to): one check per forward, not one per layer. A block of rows at a time,
+    the columns outside its band only need to be all masked (a fast reduction), the band's own columns are compared."""
+    if mask is None:
+        return t_k <= window     # no mask: plain causal, a band only while every key is inside the window
+    if mask.dim() != 4 or mask.shape[-2] != t_q or mask.shape[-1] != t_k:
+        return False
+    key = (t_q, t_k, window, mask._version)
+    ref, known, answer = _BAND_CHECK
+    if ref is not None and ref() is mask and known == key:
+        return answer
+    answer = _band_rows_match(mask, t_q, t_k, window, rows)
+    _BAND_CHECK[:] = [weakref.ref(mask), key, answer]
+    return answer
+
+
+_BAND_CHECK: list = [None, None, None]    # [weak reference to the last mask checked, its key, the answer]
+
+
+def _band_rows_match(mask: torch.Tensor, t_q: int, t_k: int, window: int, rows: int) -> bool:
+    for a in range(0, t_q, rows):
+        b = min(t_q, a + rows)
+        first, last = t_k - t_q + a, t_k - t_q + b            # the block's queries, as key indices [first, last)
+        lo, hi = max(0, first - window + 1), last             # the only columns any of them may keep
+        block = mask[:, :, a:b]
+        kept = block if block.dtype == torch.bool else block == 0
+        if bool(kept[..., :lo].any()) or bool(kept[..., hi:].any()):
+            return False
+        i = torch.arange(first, last, device=mask.device)[:, None]
+        j = torch.arange(lo, hi, device=mask.device)[None, :]
+        if not bool((kept[..., lo:hi] == ((j <= i) & (j > i - window))).all()):
+            return False
+    return True
+
+
+def _masked_local_attention(query, key, value, mask, positions, inv_freq, att_scaling, scaling) -> torch.Tensor:
+    """The local layer as SDPA over the whole [Tq, Tk] square with transformers' mask: its cache holds the last keys
+    only, so keys sit at last - Tk + 1 .. last (positions offset in the graph: no host sync, traceable)."""
     from posenc.attention.kernel import rotate
 
     t_q, t_k = query.shape[-2], key.shape[-2]
@@ -137,8 +212,6 @@ def _local_attention(query, key, value, mask, positions, inv_freq, att_scaling, 
     k_pos = torch.arange(t_k, device=query.device, dtype=torch.float64) + (last - t_k + 1)
     q = rotate(query, q_pos, inv_freq, att_scaling, "half").to(query.dtype)
     k = rotate(key, k_pos, inv_freq, att_scaling, "half").to(key.dtype)
-    if mask is not None and mask.dim() == 4:
-        mask = mask[:, :, :, -t_k:]
     return F.scaled_dot_product_attention(q, k, value, attn_mask=mask, is_causal=mask is None and t_q > 1,
                                           scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
 
@@ -261,3 +334,24 @@ def unpatch_attention(model: nn.Module) -> bool:
         if "posenc_rule_rotary" in vars(layer):
             del layer.posenc_rule_rotary
     return done
+
+
+def attention_path(model: nn.Module) -> str:
+    """In words, the attention code a forward of ``model`` runs, for reports (``posenc eval``'s results.json): the
+    attention implementation transformers dispatches to and, under posenc.patch, which posenc kernel runs each kind
+    of layer and what runs its pieces on the model's device and dtype."""
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    sliding = any(getattr(m, "is_sliding", False) for m in _attention_layers(model))
+    if implementation != IMPLEMENTATION:
+        if sliding:
+            return f"{implementation} (sliding layers: the whole square with transformers' mask)"
+        return implementation
+    try:
+        parameter = next(model.parameters())
+        device, dtype = parameter.device.type, parameter.dtype
+    except StopIteration:
+        device, dtype = "cpu", torch.float32
+    # the kernel's pieces: torch's CPU flash kernel for CPU floats below float64, an exact matmul softmax otherwise
+    pieces = ("torch's CPU flash kernel per piece" if device == "cpu" and dtype != torch.float64
+              else "matmul + log-sum-exp per piece")
+    return f"{IMPLEMENTATION} (blocked rule_attention, {pieces}" + (", band for sliding layers)" if sliding else ")")

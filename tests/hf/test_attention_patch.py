@@ -182,3 +182,85 @@ def test_bf16_model_under_an_identity_rule_agrees_within_a_rounding():
     assert got.dtype == torch.bfloat16
     # transformers rotates in bf16 with bf16 cos/sin; posenc rotates in fp32 and rounds once: a few bf16 ulps
     torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=4 * 2 ** -8 * float(want.abs().max()))
+
+
+def test_gemma3_local_layers_run_the_band_and_equal_transformers_masked_result(monkeypatch):
+    """Gemma 3's sliding layers (window 8, input 40) run the band kernel, which reads only the keys inside the
+    window, and give transformers' own masked result: fp32 logits within 1e-5 with every full layer under an identity
+    rule. A padded batch (a mask that is not the plain sliding one) falls back to SDPA with the mask."""
+    from posenc.attention import kernel
+
+    calls = []
+    band = kernel.band_attention
+
+    def spy(q, k, v, window, *args, **kwargs):
+        calls.append((q.shape[-2], k.shape[-2], window))
+        return band(q, k, v, window, *args, **kwargs)
+
+    monkeypatch.setattr(kernel, "band_attention", spy)
+    reference = build("gemma3_text")
+    assert reference.config.sliding_window == 8 < T
+    model = posenc.patch(copy.deepcopy(reference), method="rerope", window=T)
+    close(logits(model, T), logits(reference, T))
+    assert calls == [(T, T, 8)]     # the one sliding layer, the batch of 2 in one call
+    from posenc.hf.attention_patch import _is_band_mask
+
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    band_mask = ((j <= i) & (j > i - 8))[None, None]
+    assert _is_band_mask(band_mask, T, T, 8) and _is_band_mask(torch.where(band_mask, 0.0, float("-inf")), T, T, 8)
+    padded = band_mask.clone()
+    padded[..., :3] = False
+    assert not _is_band_mask(padded, T, T, 8) and not _is_band_mask(None, T, T, 8) and _is_band_mask(None, 8, 8, 8)
+    assert _is_band_mask(band_mask, T, T, 8, rows=7)          # several row blocks; the answer is kept ...
+    band_mask[0, 0, 30, 2] = True
+    assert not _is_band_mask(band_mask, T, T, 8, rows=7)      # ... only while the mask is not written to
+
+
+def test_attention_path_names_the_code_that_runs():
+    from posenc.hf.attention_patch import attention_path
+
+    gemma = build("gemma3_text")
+    assert attention_path(gemma) == (f"{gemma.config._attn_implementation} (sliding layers: the whole square with "
+                                     "transformers' mask)")
+    posenc.patch(gemma, method="rerope", window=T)
+    assert attention_path(gemma) == ("posenc_rule (blocked rule_attention, torch's CPU flash kernel per piece, band "
+                                     "for sliding layers)")
+    llama = posenc.patch(build("llama").double(), method="rerope", window=T)
+    assert attention_path(llama) == "posenc_rule (blocked rule_attention, matmul + log-sum-exp per piece)"
+
+
+def test_gemma3_decode_through_the_sliding_cache_equals_the_full_forward(monkeypatch):
+    """Decoding token by token past Gemma 3's window (8) through transformers' cache, the local layers run the band on
+    the cache's last keys and give the full forward's logits."""
+    from posenc.attention import kernel
+
+    calls = []
+    band = kernel.band_attention
+    monkeypatch.setattr(kernel, "band_attention", lambda q, k, v, *a, **kw: calls.append(k.shape[-2]) or
+                        band(q, k, v, *a, **kw))
+    model = posenc.patch(build("gemma3_text"), method="rerope", window=T)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits
+        out = model(input_ids=ids[:, :12], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(12, 24):
+            out = model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    close(torch.cat(steps, dim=1), full)
+    assert calls[:2] == [24, 12] and len(calls) == 14   # the full forward, the prefill and each step: the band
+
+
+def test_the_sliding_mask_is_checked_once_per_forward(monkeypatch):
+    """transformers hands every sliding layer the same mask: posenc checks it is the plain band once, not per layer."""
+    from posenc.hf import attention_patch
+
+    checks = []
+    original = attention_patch._band_rows_match
+    monkeypatch.setattr(attention_patch, "_band_rows_match", lambda *a: checks.append(1) or original(*a))
+    kinds = ["sliding_attention", "sliding_attention", "full_attention"]
+    reference = build("gemma3_text", num_hidden_layers=3, layer_types=kinds)
+    model = posenc.patch(copy.deepcopy(reference), method="rerope", window=T)
+    close(logits(model, T), logits(reference, T))
+    assert len(checks) == 1

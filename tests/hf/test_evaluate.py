@@ -282,6 +282,11 @@ def test_attention_methods_are_patched_onto_the_loaded_model(tmp_path, text_file
         assert ppl[(method, 96)] != pytest.approx(ppl[("none", 96)], rel=1e-6)
     assert doc["meta"]["methods"]["self-extend"]["attention_rule"] == {
         "name": "self-extend", "group_size": 3, "window": 20, "keeps": "exact within 20, grouped by 3 beyond"}
+    # the attention code that ran: transformers' own for the plain model, posenc's kernel for a method
+    assert doc["meta"]["methods"]["none"]["attention_path"] == doc["meta"]["methods"]["none"]["attn_implementation"]
+    assert doc["meta"]["methods"]["none"]["attention_path"] in ("sdpa", "eager")
+    assert doc["meta"]["methods"]["sinks"]["attention_path"] == ("posenc_rule (blocked rule_attention, torch's CPU "
+                                                                 "flash kernel per piece)")
     with pytest.raises(ConfigError, match="method_options"):
         EvalSettings(methods=["sinks"], method_options={"dca.chunk_size": 3}).validate()
     with pytest.raises(ConfigError, match="takes no option"):
@@ -298,6 +303,7 @@ def test_eval_of_attention_methods_alone_writes_its_report(tmp_path, text_file, 
     report = (tmp_path / "out" / "report.md").read_text()
     assert "- method self-extend: self-extend on attention through posenc.patch" in report
     assert "- method rerope: rerope on attention through posenc.patch" in report
+    assert "attention posenc_rule (blocked rule_attention, torch's CPU flash kernel per piece)" in report
 
 
 def test_eval_runs_string_and_lm_infinite_by_name(tmp_path, text_file, capsys):

@@ -175,6 +175,7 @@ def run_method(model_dir, method: str, s: EvalSettings, *, meta: dict, curves: d
                progress: bool, log, out) -> list[dict]:
     """Load the model for ``method`` (its config edit, or posenc.patch of an attention method), record what it is
     in ``meta["methods"]``, and run every task of ``s`` on it -> their rows."""
+    from posenc.hf.attention_patch import attention_path
     from posenc.rope.describe import detect_scheme
 
     attention = attention_methods(s.methods)
@@ -200,6 +201,7 @@ def run_method(model_dir, method: str, s: EvalSettings, *, meta: dict, curves: d
                                "changes": extended.changes if extended else [],
                                "attention_rule": rule and {"name": rule.name, **rule.params(), "keeps": rule.keeps},
                                "attn_implementation": getattr(model.config, "_attn_implementation", None),
+                               "attention_path": attention_path(model),
                                "device_map": getattr(model, "hf_device_map", None)}
     sized = request_sizer(model, model_dir, method, s, meta["methods"][method])
     vocab = model.get_output_embeddings().weight.shape[0]

@@ -149,7 +149,7 @@ def report_markdown(doc: dict, plots: list[str] = ()) -> str:
                 f"{method} on attention through posenc.patch" if attention_methods([method]) else
                 f"{method} at factor {s['factor']:g}")
         lines.append(f"- method {method}: {what}; scheme {m['scheme']}, original context {m['original_context']}, "
-                     f"attention {m['attn_implementation']}"
+                     f"attention {m.get('attention_path') or m['attn_implementation']}"
                      + (f"; config: {'; '.join(m['changes'])}" if m["changes"] else ""))
     lines += ["", "## Results", "", report_tables(doc), ""]
     lines += [line for name in plots for line in (f"![{name}]({name})", "")]
