@@ -1,6 +1,8 @@
 """scripts/smollm2_study.py refuses bad input in one line (exit 2) before any part runs: an unknown or repeated
-part name in ``run --parts``, and a damaged part file (not JSON, or without what run / collect read), which the
-line names. No model runs here: ``posenc eval`` is replaced by a stub that fails the test if a part starts."""
+part name in ``run --parts`` (or a part a tune run measures now), an unknown tune run, and a damaged part file (not
+JSON, or without what run / collect read), which the line names. No model runs here: ``posenc eval`` and ``posenc
+tune`` are replaced by a stub that fails the test if a part starts. The study's tune runs are checked against the
+parts they stand for (tests/test_smollm2_study_tune.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ def _one_error_line(capsys) -> str:
 
 
 @pytest.mark.parametrize("parts, expected", [
-    ("cpython-8k,cpython-99k", "unknown part 'cpython-99k'; the parts are cpython-16k-w1, "),
+    ("cpython-8k,cpython-99k", "unknown part 'cpython-99k'; the parts are cpython-8k, passkey-8k, "),
+    ("cpython-8k,cpython-16k-w2", "part 'cpython-16k-w2' is measured by the tune run 'cpython-16k' now: python "
+                                  "scripts/smollm2_study.py tune --runs cpython-16k"),
     ("cpython-8k,,prose-8k", "unknown part ''"),
     ("cpython-8k,prose-8k,cpython-8k", "'cpython-8k' given more than once"),
 ])
@@ -92,6 +96,13 @@ def test_finished_parts_are_skipped_and_every_real_part_file_reads(study, capsys
     assert capsys.readouterr().out.strip() == "cpython-8k: finished, skipped"
     study.OUT = ROOT / "docs" / "results" / "smollm2"          # the study's own part files pass the check
     assert all(study.read_part(part) is not None for part in study.PARTS)
+
+
+def test_an_unknown_tune_run_is_one_line(study, capsys):
+    with pytest.raises(SystemExit) as info:
+        study.main(["tune", "--runs", "cpython-16k,cpython-64k"])
+    assert info.value.code == 2
+    assert "argument --runs: unknown tune run 'cpython-64k'; the runs are cpython-16k, " in _one_error_line(capsys)
 
 
 def test_the_command_line_gives_one_line_and_exit_2():

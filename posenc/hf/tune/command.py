@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from posenc._internal.errors import ConfigError, DataError
-from posenc._internal.flags import add_shared
+from posenc._internal.flags import add_shared, integer
 from posenc.hf.tune import measure, plan as planning, plots as plotting, race as racing, ranks, searched
 from posenc.hf.tune.report import (OUTPUT_FILES, check_out_folder, report_markdown, retrieval_note, write_deploy,
                                    write_gguf_deploy)
@@ -32,6 +32,7 @@ RULES = {"race": f"after each window, a candidate stays while its mean paired lo
          "trained": f"a candidate whose log-perplexity at the trained length exceeds the unchanged model's on the "
                     f"same window by more than {racing.TRAINED_MARGIN} nats (about 2% perplexity) is flagged; "
                     "attention rules that leave the trained length's positions unchanged are not measured there"}
+RACE_NONE = "--race none: every candidate on every window the budget holds; nobody is eliminated"
 
 
 def add_arguments(parser) -> None:
@@ -40,7 +41,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--budget", default="45m", help="time to spend: 45m, 2h, 90s or seconds (default 45m)")
     add_shared(parser, "data", default=None)
     add_shared(parser, "methods", default=None, help="the methods to race, comma-separated (default: every "
-               "registered frequency method eval runs as a config edit and every attention method)")
+               "registered frequency method eval runs as a config edit and every attention method); none races the "
+               "unchanged model as a baseline")
+    add_shared(parser, "method_options", default=None, help="attention methods' options, method.option=value,...: "
+               "a method named here races once with exactly these options instead of tune's derived settings")
+    parser.add_argument("--race", default="eliminate", choices=planning.RACES, help="eliminate (default: after each "
+                        "window only the candidates within the noise of the best go on) or none (every candidate "
+                        "on every window: a fixed grid)")
+    parser.add_argument("--windows", type=integer, default=planning.MAX_WINDOWS, help="windows of held-out text at "
+                        f"most, each L tokens (default {planning.MAX_WINDOWS}; the text may hold fewer)")
     parser.add_argument("--tasks", default="lm", help="lm (the race, always), and retrieval on the race's survivors: "
                         "passkey, ruler (RULER's eleven synthetic tasks) or RULER task names (niah_single_1, vt, ...)")
     parser.add_argument("--ruler-samples", type=int, default=RULER_SAMPLES, help="RULER samples per task and "
@@ -99,6 +108,7 @@ def _checked(args):
     from posenc._internal.validate import check_int
 
     check_int(args.ruler_samples, "ruler_samples", min=1, max=100_000, error=ConfigError)
+    check_int(args.windows, "windows", min=1, max=10_000, error=ConfigError)
     if not args.dry_run and not args.out:
         raise ConfigError("out: tune writes its deploy file and report into a folder: pass --out DIR (or --dry-run)")
     if args.out:
@@ -121,15 +131,15 @@ def _checked(args):
     return config, trained, budget, tasks
 
 
-def _windows(model: str, data, length: int) -> int:
-    """Windows of ``length`` tokens the held-out text holds (at most MAX_WINDOWS); DataError when none."""
+def _windows(model: str, data, length: int, most: int = planning.MAX_WINDOWS) -> int:
+    """Windows of ``length`` tokens the held-out text holds (at most ``most``: --windows); DataError when none."""
     from posenc.hf.eval.adapter import token_stream
     from posenc.hf.lab_bridge import scored_text
     from posenc.hf.loading import load_tokenizer
 
     text, meta, _ = scored_text(data, "validation")
-    stream, _ = token_stream(load_tokenizer(model), text, planning.MAX_WINDOWS * length + 1)
-    n = min(planning.MAX_WINDOWS, (len(stream) - 1) // length)
+    stream, _ = token_stream(load_tokenizer(model), text, most * length + 1)
+    n = min(most, (len(stream) - 1) // length)
     if n < 1:
         raise DataError(f"data: the held-out text ({meta.get('source')}) has {len(stream)} tokens, fewer than one "
                         f"window of --target-length {length} (+1): give a longer text")
@@ -156,10 +166,11 @@ def make_plan(args, config, trained: int, budget: float, tasks=("lm",)) -> tuple
     from posenc.hf.tune.configured import configured
 
     own = configured(config.to_dict(), args.model)     # the config's own scaling: raced as configured
-    cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length, args.methods, own)
+    cands, skipped = planning.candidates(config.to_dict(), trained, args.target_length, args.methods, own,
+                                         args.method_options)
     flops_at = _flops_at(config)
     peak = matmul_peak(DTYPES[args.dtype], n=1024, repeats=3, device=args.device)
-    windows = _windows(args.model, args.data, args.target_length)
+    windows = _windows(args.model, args.data, args.target_length, args.windows)
 
     def build(with_cands, search):
         return planning.make_plan(with_cands, skipped, target=args.target_length, trained=trained, windows=windows,
@@ -167,7 +178,7 @@ def make_plan(args, config, trained: int, budget: float, tasks=("lm",)) -> tuple
                                   flops_trained=flops_at(trained),
                                   retrieval={t: planning.retrieval_samples(t, args.ruler_samples) for t in tasks[1:]},
                                   flops_step=flops_at(args.target_length + 1) - flops_at(args.target_length),
-                                  configured=own.to_dict() if own else None, search=search)
+                                  configured=own.to_dict() if own else None, search=search, race=args.race)
 
     # the short LongRoPE search joins when the budget holds it (posenc.hf.tune.searched's rule)
     plan = searched.plan(args, trained, cands, build, replace=own is not None)
@@ -330,7 +341,8 @@ class Tune:
         spec = ExtensionSpec(original=self.trained, factor=self.plan.target / self.trained, rotary_dim=None,
                              target=self.plan.target)
         unchanged = planning.Candidate("none", "config")
-        measured = [c for c in self.plan.candidates if not c.configured and not (   # as configured: the reference
+        # as configured, and the baseline: the reference itself
+        measured = [c for c in self.plan.candidates if not c.configured and c.name != planning.BASELINE and not (
             c.kind == "attention" and attention_rule(c.method, spec, **c.options).identity_for(self.trained))]
         self.spread(self.lm_jobs([unchanged, *measured], self.trained, 0))
         base = self.loss(unchanged, self.trained, 0)
@@ -370,6 +382,7 @@ class Tune:
             result = racing.race([c.name for c in self.plan.candidates], self.plan.windows,
                                  lambda name, w: self.loss(self.by_name[name], self.plan.target, w),
                                  can_afford=self.can_afford, log=self.bar.write, before_round=round_jobs,
+                                 eliminate=self.plan.race != "none",
                                  on_round=lambda losses, alive: self.stage(race={"losses": losses, "alive": alive}))
             passkey = self.passkey(result["alive"]) if "passkey" in self.tasks else {}
             ruler = self.ruler(result["alive"], [t for t in self.tasks if t not in TASKS])
@@ -429,7 +442,8 @@ class Tune:
         winner = self.by_name[ans["winner"]]
         doc = {"key": _key(self.args), "model": str(self.args.model), "target": self.plan.target,
                "trained": self.trained, "budget_s": self.plan.budget_s, "plan": self.plan.to_dict(),
-               "plan_text": self.plan_text, "rules": RULES, "margin": racing.TRAINED_MARGIN,
+               "plan_text": self.plan_text, "rules": {**RULES, "race": RACE_NONE if self.plan.race == "none" else
+                                                      RULES["race"]}, "margin": racing.TRAINED_MARGIN,
                "measurements": self.store.done, "race": result, "trained_check": trained,
                "flagged": racing.flagged(trained), "passkey": passkey, "ruler": ruler,
                "ruler_samples": self.args.ruler_samples, "tasks": self.tasks, "answer": ans,

@@ -29,8 +29,15 @@ from posenc._internal.errors import ConfigError
 
 # a forward pass reaches about half the square-matmul peak (smaller, oddly shaped matmuls, attention, norms)
 EFFICIENCY = 0.5
-# windows of held-out text the race may use per candidate (the text's own length may allow fewer)
+# windows of held-out text the race may use per candidate unless --windows says otherwise (the text's own length may
+# allow fewer)
 MAX_WINDOWS = 8
+# --methods none: the unchanged model as a candidate, the baseline every extension must beat (left out by default:
+# it is what the user already has, and at L it usually loses by far)
+BASELINE = "none"
+# --race: "eliminate" drops the candidates outside the noise of the best after each window (posenc.hf.tune.race);
+# "none" measures every candidate on every window (a fixed grid: the same rows as a study of fixed windows)
+RACES = ("eliminate", "none")
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,8 @@ def tunable_methods() -> tuple[str, ...]:
 
 def check_methods(methods) -> list[str]:
     """``methods`` (None: every one of ``tunable_methods``), each checked: ConfigError naming --methods and listing
-    the methods tune races for an unknown one, or saying what to use for a registered one eval cannot run."""
+    the methods tune races (and BASELINE) for an unknown one, or saying what to use for a registered one eval cannot
+    run."""
     from posenc._internal.validate import check_choice
     from posenc.extensions import METHODS
     from posenc.hf.lab_bridge import check_config_method
@@ -99,17 +107,35 @@ def check_methods(methods) -> list[str]:
     for name in methods:
         if name in METHODS:
             check_config_method(name, "methods")
-        check_choice(name, "methods", tunable_methods(), error=ConfigError)
+        check_choice(name, "methods", (BASELINE, *tunable_methods()), error=ConfigError)
     return list(methods)
 
 
-def candidates(config: dict, trained: int, target: int, methods=None,
-               configured=None) -> tuple[list[Candidate], list[tuple[str, str]]]:
-    """-> (the candidates, [(method, why it is left out)]): the frequency methods of ``methods`` (default: every
-    one, ``tunable_methods``) this config takes at factor target / trained (``extend_for_factor`` decides, as
-    eval's loading does), then the attention methods' settings. ``configured`` (posenc.hf.tune.configured): the
-    config's own scaling, raced first as configured, and every other candidate computed from the original RoPE
-    parameters (replacing that scaling); a re-extension with the configured frequencies is left out as that one."""
+def explicit_options(options, methods: list[str]) -> dict[str, dict]:
+    """--method-options ({"method.option": value}) -> {method: {option: value}}: each attention method named there
+    races once, with exactly those options, instead of ``attention_settings``' derived ones. ConfigError naming
+    --method-options for a key whose method is not an attention method of ``methods`` (frequency methods race at
+    factor L / t as ``posenc extend`` writes them) or that the method does not take."""
+    from posenc.attention import attention_method_names
+    from posenc.extensions.catalogue import method_options
+
+    if not options:
+        return {}
+    raced = [m for m in attention_method_names() if m in methods]
+    method_options(options, raced, None, "method_options")
+    return {m: method_options(options, raced, m, "method_options") for m in raced
+            if any(str(k).partition(".")[0] == m for k in options)}
+
+
+def candidates(config: dict, trained: int, target: int, methods=None, configured=None,
+               options=None) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """-> (the candidates, [(method, why it is left out)]): BASELINE when ``methods`` names it, the frequency methods
+    of ``methods`` (default: every one, ``tunable_methods``) this config takes at factor target / trained
+    (``extend_for_factor`` decides, as eval's loading does), then the attention methods' settings (``options``:
+    --method-options, ``explicit_options``; a value the rule refuses is a ConfigError there, where a derived
+    setting the rule refuses is left out). ``configured`` (posenc.hf.tune.configured): the config's own scaling,
+    raced first as configured, and every other candidate computed from the original RoPE parameters (replacing that
+    scaling); a re-extension with the configured frequencies is left out as that one, and so is BASELINE."""
     from posenc.attention import attention_method_names, attention_rule
     from posenc.extensions import ExtensionSpec
     from posenc.hf.lab_bridge import config_methods
@@ -117,9 +143,14 @@ def candidates(config: dict, trained: int, target: int, methods=None,
     from posenc.hf.tune.configured import same_frequencies
 
     methods = check_methods(methods)
+    explicit = explicit_options(options, methods)
     out, skipped = [], []
     if configured is not None:
         out.append(Candidate(configured.rope_type, "config", configured=configured.label))
+        if BASELINE in methods:
+            skipped.append((BASELINE, f"the unchanged model is the model as configured: raced as {out[0].name}"))
+    elif BASELINE in methods:
+        out.append(Candidate(BASELINE, "config"))
     for method in (m for m in config_methods() if m in methods):
         try:
             written = extend_for_factor(config, method, target / trained, replace=configured is not None).config
@@ -133,13 +164,15 @@ def candidates(config: dict, trained: int, target: int, methods=None,
         out.append(Candidate(method, "config"))
     spec = ExtensionSpec(original=trained, factor=target / trained, rotary_dim=None, target=target)
     for method in (m for m in attention_method_names() if m in methods):
-        for options in attention_settings(method, trained, target):
+        for setting in [explicit[method]] if method in explicit else attention_settings(method, trained, target):
             try:
-                rule = attention_rule(method, spec, **options)
+                rule = attention_rule(method, spec, **setting)
             except ConfigError as exc:
+                if method in explicit:
+                    raise ConfigError(f"method_options: {method}: {exc}") from None
                 skipped.append((method, str(exc)))
                 continue
-            out.append(Candidate(method, "attention", options, passes=len(rule.modes())))
+            out.append(Candidate(method, "attention", setting, passes=len(rule.modes())))
     return out, skipped
 
 
@@ -182,6 +215,7 @@ class Plan:
     # the short LongRoPE search: {"included", "reason", "evaluations", "heldout", "settings", ...}
     # (posenc.hf.tune.searched.decide); None when tune was not asked to consider it
     search: dict | None = None
+    race: str = "eliminate"          # RACES: "none" measures every candidate on every window
 
     def measurement_s(self, c: Candidate, length_flops: float | None = None) -> float:
         """The estimate of one window of ``c`` (at the target length unless ``length_flops`` says otherwise)."""
@@ -250,26 +284,30 @@ def retrieval_samples(task: str, ruler_samples: int) -> tuple[int, int]:
 
 def make_plan(candidates_: list[Candidate], skipped, *, target: int, trained: int, windows: int, budget_s: float,
               peak_flops: float, flops: float, flops_trained: float, retrieval: dict | None = None,
-              flops_step: float = 0.0, configured: dict | None = None, search: dict | None = None) -> Plan:
+              flops_step: float = 0.0, configured: dict | None = None, search: dict | None = None,
+              race: str = "eliminate") -> Plan:
     """The plan's estimates: each candidate's window at the target, the rounds (all candidates on the first
     window, then the field halving each window), the trained-length check (every candidate and the unchanged
     model, one window at the trained length), and ``retrieval`` (task -> (samples, decode steps) per survivor;
     ``flops_step``: one decode step's FLOPs at the target) on the estimated survivors; ``search``: the LongRoPE
-    search's evaluations (``Plan.search_s``)."""
+    search's evaluations (``Plan.search_s``); ``race`` "none": every candidate on every window (no halving)."""
     plan = Plan(target=target, trained=trained, windows=windows, budget_s=budget_s, peak_flops=peak_flops,
                 flops=flops, flops_trained=flops_trained, candidates=list(candidates_), skipped=list(skipped),
-                configured=configured, search=search)
+                configured=configured, search=search, race=race)
     plan.seconds = {c.name: plan.measurement_s(c) for c in plan.candidates}
     by_cost = sorted(plan.seconds.values())
     for w in range(windows):
-        alive = len(by_cost) if w == 0 else max(min(2, len(by_cost)), math.ceil(len(by_cost) / 2 ** w))
+        alive = len(by_cost) if w == 0 or race == "none" else \
+            max(min(2, len(by_cost)), math.ceil(len(by_cost) / 2 ** w))
         plan.rounds.append(sum(by_cost[:alive]))
         plan.survivors = alive
     plan.retrieval = {task: {"samples": n, "decode": decode, "windows": n * (1 + decode * flops_step / flops)}
                       for task, (n, decode) in (retrieval or {}).items()}
     # the model as configured is the check's reference (the unchanged model), not measured against itself
-    plan.trained_check_s = sum(plan.measurement_s(c, flops_trained) for c in plan.candidates if not c.configured) + \
-        plan.measurement_s(Candidate("none", "config"), flops_trained)
+    # (and BASELINE, when it races, is that reference itself)
+    plan.trained_check_s = sum(plan.measurement_s(c, flops_trained) for c in plan.candidates
+                               if not c.configured and c.name != BASELINE) + \
+        plan.measurement_s(Candidate(BASELINE, "config"), flops_trained)
     return plan
 
 
@@ -279,7 +317,8 @@ def alternatives(plan: Plan, flops_at) -> list[str]:
     halving from the target, at which every candidate fits). ``flops_at(length)``: model_flops of one window."""
     out = []
     # a candidate's first window at the target and its trained-length check (the unchanged model's too)
-    own = {c.name: plan.seconds[c.name] + plan.measurement_s(c, plan.flops_trained) for c in plan.candidates}
+    own = {c.name: plan.seconds[c.name] + plan.measurement_s(c, plan.flops_trained) * (c.name != BASELINE)
+           for c in plan.candidates}
     left = plan.budget_s - plan.measurement_s(Candidate("none", "config"), plan.flops_trained) - plan.retrieval_s() \
         - plan.search_s
     ranked = sorted(plan.candidates, key=lambda c: (c.kind != "config", own[c.name]))
@@ -321,7 +360,8 @@ def format_plan(plan: Plan, flops_at=None) -> str:
     lines += [f"  left out: {m}: {why}" for m, why in plan.skipped]
     if plan.search:
         lines.append(search_line(plan))
-    lines.append(f"trained-length check {plan.trained_check_s:.3g} s; rounds (window 1..{len(plan.rounds)}): "
+    lines.append(f"trained-length check {plan.trained_check_s:.3g} s; rounds (window 1..{len(plan.rounds)}"
+                 + ("; --race none: every candidate on every window" if plan.race == "none" else "") + "): "
                  + ", ".join(f"{s:.3g}" for s in plan.rounds) + " s")
     lines += _retrieval_lines(plan)
     lines.append(f"estimated total {plan.total_s:.3g} s; budget {plan.budget_s:.3g} s")

@@ -68,13 +68,14 @@ def flagged(trained_check: dict[str, float]) -> list[str]:
 
 
 def race(names: list[str], windows: int, score, *, can_afford=lambda alive: True, log=print,
-         on_round=None, before_round=None) -> dict:
+         on_round=None, before_round=None, eliminate: bool = True) -> dict:
     """Run the race: ``score(name, window) -> loss`` (mean log-perplexity of that window); ``can_afford(alive)``:
     whether another window round for the names ``alive`` fits what is left of the budget; ``before_round(alive,
     window)``, when given, is told each round's work before ``score`` is asked for it (--nproc measures the round
     on several ranks at once); ``on_round(losses, alive)``: called after each window round (tune draws its plots
-    there). -> {"losses": name -> per-window losses (None where not measured), "rounds": [names measured in each
-    round], "stopped": why}."""
+    there); ``eliminate`` False (--race none): nobody leaves, every candidate runs every window the budget holds.
+    -> {"losses": name -> per-window losses (None where not measured), "rounds": [names measured in each round],
+    "stopped": why}."""
     losses = {name: [None] * windows for name in names}
     alive, rounds, stopped = list(names), [], "windows exhausted"
     for w in range(windows):
@@ -86,7 +87,7 @@ def race(names: list[str], windows: int, score, *, can_afford=lambda alive: True
         for name in alive:
             losses[name][w] = score(name, w)
         rounds.append(list(alive))
-        kept = survivors({name: losses[name][:w + 1] for name in alive})
+        kept = survivors({name: losses[name][:w + 1] for name in alive}) if eliminate else list(alive)
         dropped = [name for name in alive if name not in kept]
         if dropped:
             log(f"window {w + 1}: out of the race: {', '.join(dropped)}")

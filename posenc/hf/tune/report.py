@@ -9,6 +9,7 @@ from pathlib import Path
 
 from posenc._internal.errors import ConfigError
 from posenc.hf.tune import searched
+from posenc.hf.tune.plan import BASELINE
 from posenc.hf.tune.plots import PLOTS
 
 # what --out receives; a folder already holding one needs --overwrite (or --resume for an interrupted tune)
@@ -44,7 +45,7 @@ def write_deploy(out: Path, winner: dict, config, target: int, trained: int, *, 
     with those parameters (the rule runs on them, not on top of the scaling)."""
     from posenc._internal.atomic import atomic_write_json
 
-    if winner.get("configured"):
+    if winner.get("configured") or winner["method"] == BASELINE:      # the model's own config deploys as it is
         atomic_write_json(out / "config.json", config.to_dict())
         return ["config.json"]
     if winner.get("searched"):       # the config posenc search wrote, with the searched factors
@@ -83,7 +84,7 @@ def write_gguf_deploy(out: Path, model: str, winner: dict, target: int) -> dict 
 
     if winner["kind"] != "config" or not is_gguf(model):
         return None
-    if winner.get("configured"):
+    if winner.get("configured") or winner["method"] == BASELINE:
         return {"refused": "the winner is the model as configured: the input GGUF runs as it is"}
     if winner.get("searched"):
         return {"refused": "the winner is LongRoPE with searched factors, which tune writes into config.json only: "
