@@ -119,6 +119,15 @@ def test_a_missed_target_says_by_how_much(study):
     assert "**missed**" in (study.OUT / "report.md").read_text()
 
 
+def test_the_pi_run_has_only_the_memory_target(study):
+    # the issue sets its perplexity and passkey targets for YaRN + PoSE; memory applies to every run
+    _write_run(study, "pi-pose-32k", {"cpython-32k-w1": [_lm(32768, 9.0, 32768)]},
+               extension={"method": "linear", "factor": 4.0, "original_context": 8192, "target_length": 32768})
+    assert study.main(["collect"]) == 0
+    goals = [t for t in json.loads((study.OUT / "results.json").read_text())["targets"] if t["run"] == "pi-pose-32k"]
+    assert [t["target"] for t in goals] == ["training memory under 8 GB at 2k-token chunks"]
+
+
 def test_a_missed_text_target_says_why_from_the_8k_shift(study):
     _write_run(study, "yarn-pose-32k", {"prose-8k": [_lm(8192, 6.0, 16384)],
                                         "prose-32k-w1": [_lm(32768, 9.0, 32768)]})
