@@ -76,10 +76,15 @@ def band_sdpa_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 def use_band_route(model: nn.Module, enabled: bool = True) -> bool:
     """Point ``model`` (loaded with transformers' sdpa) at ``posenc_band`` when its config has sliding-window layers
-    and ``enabled`` (``posenc eval --no-band-attention`` passes False); True when it did. Any other model, or one
-    loaded with another implementation (eager, flash), is left as it is."""
+    and ``enabled`` (``posenc eval --no-band-attention`` passes False) and its weights are CPU float32/bf16/fp16;
+    True when it did. Any other model, or one loaded with another implementation (eager, flash), is left as it is."""
     config = model.config
     if not enabled or getattr(config, "_attn_implementation", None) != "sdpa" or not has_sliding_layers(config):
+        return False
+    # where the band kernel's one-call path cannot run (a GPU, float64) every call would fall back to sdpa: leave the
+    # model as it is, so that its recorded attention path is the code that runs
+    if not all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
+               for p in model.parameters() if p.is_floating_point()):
         return False
     from posenc.hf.attention_patch import register_implementation
 

@@ -93,6 +93,8 @@ def test_a_model_without_sliding_layers_is_left_as_it_is():
     eager = gemma3(attn_implementation="eager")
     assert not use_band_route(eager) and eager.config._attn_implementation == "eager"   # asked for: kept
     assert not use_band_route(gemma3(), enabled=False)
+    wide = gemma3().double()       # float64: the band's one-call path cannot run, so sdpa stays and is recorded
+    assert not use_band_route(wide) and attention_path(wide).startswith("sdpa (sliding layers: the whole square")
 
 
 def test_padding_and_autograd_fall_back_to_sdpa_with_the_mask(band_calls):
