@@ -143,7 +143,7 @@ BAD = {"methods": ["eval", "model", "--methods", "a,,b"], "method": ["export", "
        "dist_timeout": ["lab", "--dist-timeout", "soon"],
        "population": ["tune", "model", "--target-length", "9", "--population", "x"],
        "generations": ["tune", "model", "--target-length", "9", "--generations", "1.5"], "resume": ["eval", "model", "--resume=yes"], "overwrite": ["convert", "m.gguf", "--out", "o", "--overwrite=1"],
-       "no_progress": ["lab", "--no-progress=no"]}
+       "no_progress": ["lab", "--no-progress=no"], "no_band_attention": ["eval", "model", "--no-band-attention=1"]}
 
 
 def test_every_shared_flag_has_a_bad_value():

@@ -110,6 +110,9 @@ _FLAGS = (
     SharedFlag("resume", "--resume", "continue an interrupted run in --out", action="store_true"),
     SharedFlag("overwrite", "--overwrite", "replace what --out already holds", action="store_true"),
     SharedFlag("no_progress", "--no-progress", "no progress bars", aliases=("--quiet",), action="store_true"),
+    SharedFlag("no_band_attention", "--no-band-attention", "sliding-window layers (Gemma 3's local layers) run "
+               "transformers' sdpa over the whole masked square, as before (default: only the keys inside their "
+               "window, band_attention, when the mask is the plain sliding one)", action="store_true"),
     SharedFlag("threads", "--threads", "CPU threads for torch (0: torch's own)", integer, metavar="N"),
     SharedFlag("dtype", "--dtype", "weights and activations: " + ", ".join(DTYPE_NAMES), dtype),
     SharedFlag("device", "--device", "cpu, cuda, cuda:N, mps", device),

@@ -176,22 +176,26 @@ class BandRule(AttentionRule):
         return f"the last {self.window} keys"
 
 
-def band_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, inv_freq: torch.Tensor, *,
+def band_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, inv_freq: torch.Tensor | None, *,
                    attention_scaling: float = 1.0, scale: float | None = None, layout: str = "half",
                    q_offset: int | None = None, block: int = BLOCK) -> torch.Tensor:
     """Sliding-window causal attention of UNROTATED q [B, Hq, Tq, D] over k, v [B, Hk, Tk, D] -> [B, Hq, Tq, Dv]:
     query i (at q_offset + n, default Tk - Tq) sees the keys i - window < j <= i, with plain RoPE at its index.
     Cost Tq x (window + block) instead of Tq x Tk: each block of queries reads only its band of keys.
 
-    On the CPU (float32, bf16, fp16, no autograd) a block is ONE call of torch's flash kernel over its band with an
-    additive mask, and every block past the first window has the same mask (built once): no pieces to merge. Any
-    other case runs ``rule_attention`` under ``BandRule`` (middle unmasked, edges masked, merged), the exact path
-    the tests hold both to."""
+    ``inv_freq`` None: q and k are already rotated (transformers applied RoPE at the model's own positions, as for
+    plain sdpa), so nothing is rotated here and only the window's mask depends on the indices.
+
+    On the CPU (float32, bf16, fp16, no autograd: ``band_in_one_call``) a block is ONE call of torch's flash kernel
+    over its band with an additive mask, and every block past the first window has the same mask (built once): no
+    pieces to merge. Any other case runs ``rule_attention`` under ``BandRule`` (middle unmasked, edges masked,
+    merged), the exact path the tests hold both to."""
     window = int(window)
     if window < 1:
         raise PosencError(f"window: a sliding window holds at least 1 key, got {window}")
-    if not (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+    if not band_in_one_call(q, k, v):
+        if inv_freq is None:       # rotated already: zero frequencies rotate by nothing (cos 1, sin 0: exact)
+            inv_freq, attention_scaling = torch.zeros(q.shape[-1] // 2, dtype=torch.float32), 1.0
         return rule_attention(q, k, v, BandRule(window), inv_freq, attention_scaling=attention_scaling, scale=scale,
                               layout=layout, q_offset=q_offset, block=block)
     q_offset = _checked_offset(q, k, v, q_offset)
@@ -199,10 +203,13 @@ def band_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: in
     Hk, Tk = k.shape[1], k.shape[2]
     g = Hq // Hk
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    qi = torch.arange(q_offset, q_offset + Tq, device=q.device, dtype=torch.float64)
-    qr = rotate(q, qi, inv_freq, attention_scaling, layout).to(q.dtype).view(B, Hk, g, Tq, D)
-    kr = rotate(k, torch.arange(Tk, device=k.device, dtype=torch.float64), inv_freq, attention_scaling,
-                layout).to(k.dtype)
+    qr, kr = q, k
+    if inv_freq is not None:
+        qi = torch.arange(q_offset, q_offset + Tq, device=q.device, dtype=torch.float64)
+        qr = rotate(q, qi, inv_freq, attention_scaling, layout).to(q.dtype)
+        kr = rotate(k, torch.arange(Tk, device=k.device, dtype=torch.float64), inv_freq, attention_scaling,
+                    layout).to(k.dtype)
+    qr = qr.reshape(B, Hk, g, Tq, D)   # (a view where it can: the rows of one key head's group, stacked below)
     out = torch.empty(B, Hq, Tq, v.shape[-1], dtype=q.dtype, device=q.device)
     masks: dict = {}
     step = max(1, block // g)
@@ -217,6 +224,13 @@ def band_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: in
         o = _flash_band(rows, kr[:, :, k0:last], v[:, :, k0:last], masks[shape], scale)
         out[:, :, a:b] = o.view(B, Hk, g, b - a, -1).reshape(B, Hq, b - a, -1)
     return out
+
+
+def band_in_one_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``band_attention`` runs its one-flash-call-per-block path on q, k, v ([B, H, T, D]): CPU tensors of
+    float32, bf16 or fp16 with no gradient to track (torch's CPU flash kernel has no backward through our blocks)."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
 
 
 def _flash_band(q, k, v, mask, scale):

@@ -258,12 +258,15 @@ def _(query, key, value, positions, mask, rule_key, inv_freq, attention_scaling,
     return query.new_empty(query.shape[0], query.shape[1], query.shape[2], value.shape[3])
 
 
-def _register() -> None:
+def register_implementation(name: str = IMPLEMENTATION, forward=rule_attention_forward) -> None:
+    """Register ``forward`` as transformers' attention implementation ``name`` (AttentionInterface), with sdpa's
+    mask function under the same name, so that a model whose ``config._attn_implementation`` is ``name`` gets the
+    very masks transformers makes for sdpa (a forward that falls back to sdpa hands them on unchanged)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, rule_attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+    ALL_ATTENTION_FUNCTIONS.register(name, forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
 
 
 def _attention_layers(model: nn.Module):
@@ -307,7 +310,7 @@ def patch_attention(model: nn.Module, method, *, target: int | None = None, **op
     target = 4 * original if target is None else target
     spec = ExtensionSpec(original=original, factor=max(1.0, target / original), rotary_dim=None, target=int(target))
     rule = attention_rule(rule, spec)
-    _register()
+    register_implementation()
     parent, attr, rotary = find_rotary(model)
     wrapper = RuleRotaryEmbedding(rotary, rule, rule.name)
     layers = _attention_layers(model)
@@ -339,11 +342,17 @@ def unpatch_attention(model: nn.Module) -> bool:
 def attention_path(model: nn.Module) -> str:
     """In words, the attention code a forward of ``model`` runs, for reports (``posenc eval``'s results.json): the
     attention implementation transformers dispatches to and, under posenc.patch, which posenc kernel runs each kind
-    of layer and what runs its pieces on the model's device and dtype."""
+    of layer and what runs its pieces on the model's device and dtype; under ``posenc.hf.band_route``, sdpa with the
+    sliding layers on the band kernel."""
+    from posenc.hf import band_route
+
     implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    if implementation == band_route.IMPLEMENTATION:
+        return band_route.PATH
+    # the layers posenc.patch runs on the band (Gemma 3's local layers); transformers' windows are the config's
     sliding = any(getattr(m, "is_sliding", False) for m in _attention_layers(model))
     if implementation != IMPLEMENTATION:
-        if sliding:
+        if sliding or band_route.has_sliding_layers(model.config):
             return f"{implementation} (sliding layers: the whole square with transformers' mask)"
         return implementation
     try:

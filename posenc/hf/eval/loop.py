@@ -186,6 +186,10 @@ def run_method(model_dir, method: str, s: EvalSettings, *, meta: dict, curves: d
                                              unscaled=method in attention and s.replace_scaling, log=log,
                                              progress=progress)
     rule = None
+    if method not in attention:      # sliding-window layers run only their band (full layers: sdpa as loaded)
+        from posenc.hf.band_route import use_band_route
+
+        use_band_route(model, enabled=not s.no_band_attention)
     if method in attention:  # the loaded model's attention runs the method's rule
         from posenc.hf.patch import patch
 

@@ -85,6 +85,11 @@ class EvalSettings:
     dtype: str = flag("float32", "weights and activations (default float32)", shared="dtype")
     device_map: str | None = flag(None, "auto: accelerate's multi-device load", type=str, choices=("auto",))
     attn_implementation: str | None = flag(None, "eager, sdpa, flash_attention_2 (default: model's)", type=str)
+    # off: today's sdpa square on sliding layers too (posenc.hf.band_route; a model without them is sdpa either way)
+    no_band_attention: bool = flag(False, "sliding-window layers (Gemma 3's local layers, Mistral-style windows) run "
+                                   "transformers' sdpa over the whole masked square (default with sdpa: only the "
+                                   "keys inside each window, band_attention, when the mask is the plain sliding "
+                                   "one; full-attention layers run sdpa either way)", shared="no_band_attention")
     batch_tokens: int | None = flag(None, "tokens per forward (default: as many windows as keep logits ~256 MiB)",
                                     type=int)
     # the settings registered tasks declare (passkey_depths, passkey_trials, a plug-in's own): name -> value; their

@@ -62,6 +62,7 @@ def add_arguments(parser) -> None:
     add_shared(parser, "dtype", default="float32")
     add_shared(parser, "device", default="cpu")
     add_shared(parser, "no_progress")
+    add_shared(parser, "no_band_attention")
     searched.add_arguments(parser)
     from posenc.lab.launch import add_arguments as add_launch_arguments
 
@@ -289,7 +290,7 @@ class Tune:
         return measure.eval_settings(c, length=length, trained=self.trained, target=self.args.target_length,
                                      window=window, data=self.args.data, dtype=self.args.dtype,
                                      device=self.args.device, tasks=tasks,
-                                     replace=self.plan.configured is not None)
+                                     replace=self.plan.configured is not None, band=not self.args.no_band_attention)
 
     def loss(self, c, length: int, window: int) -> float:
         """Candidate ``c``'s log-perplexity on ``window`` at ``length`` (measured once; kept for --resume)."""

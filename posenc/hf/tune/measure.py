@@ -11,13 +11,15 @@ from posenc.hf.tune.plan import Candidate
 
 
 def eval_settings(c: Candidate, *, length: int, trained: int, target: int, window: int, data, dtype: str,
-                  device: str, tasks=("lm",), options: dict | None = None, replace: bool = False):
+                  device: str, tasks=("lm",), options: dict | None = None, replace: bool = False,
+                  band: bool = True):
     """The EvalSettings that measure candidate ``c`` on window ``window`` (tokens [window x length, (window + 1) x
     length) of the scored text) at ``length``: its method as eval runs it (a config edit at factor target /
     trained, or the attention rule with its options); the model as configured (``c.configured``, and the
     reference "none") loads as its config says, and a searched candidate (``c.searched``) as the search's config
     file says (eval's --config). ``replace``: the config holds a scaling that the method replaces
-    (eval's --replace: computed from the original RoPE parameters)."""
+    (eval's --replace: computed from the original RoPE parameters). ``band`` False: sliding-window layers run
+    sdpa's masked square (eval's --no-band-attention)."""
     from posenc.hf.eval.settings import EvalSettings
 
     method = "none" if c.configured or c.searched else c.method
@@ -26,7 +28,7 @@ def eval_settings(c: Candidate, *, length: int, trained: int, target: int, windo
                         method_options={f"{method}.{k}": v for k, v in c.options.items()}, data=data,
                         eval_tokens=length, eval_offset=window * length, sliding_stride=0, dtype=dtype,
                         device=device, options=dict(options or {}), replace_scaling=replace and method != "none",
-                        config=c.searched or None)
+                        config=c.searched or None, no_band_attention=not band)
 
 
 def window_loss(model_dir: str, settings) -> float:

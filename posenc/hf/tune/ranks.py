@@ -57,7 +57,7 @@ def _measure(job: Job, args, trained: int) -> dict:
     """The EvalSettings and the measuring function the Tune itself uses for that kind of measurement."""
     settings = measure.eval_settings(job.candidate, length=job.length, trained=trained, target=args.target_length,
                                      window=job.window, data=args.data, dtype=args.dtype, device=args.device,
-                                     tasks=job.tasks)
+                                     tasks=job.tasks, band=not getattr(args, "no_band_attention", False))
     if job.tasks == ("lm",):
         return {job.keys[0]: measure.window_loss(args.model, settings)}
     if job.tasks == ("passkey",):
