@@ -6,8 +6,9 @@ config's original (unscaled) RoPE parameters at factor L / original context, as 
 Why this is tune's behaviour and not a flag: a factor L / original applied on top of an existing scaling would
 scale twice, and an attention method on top of it would extend twice, so without replacing there is nothing else
 coherent to race; and tune writes nothing into the model, while the model as configured stays a candidate that
-wins when it is the best. A config whose scaling cannot be removed by extend (RoPE per layer type, a query
-temperature tied to the scaling) is raced as before: its frequency methods are left out with extend's reason.
+wins when it is the best. A config whose scaling cannot be removed by extend (a query temperature tied to the
+scaling) is raced as before: its frequency methods are left out with extend's reason. RoPE per layer type (Gemma
+3) is no such case: extend removes and replaces the global (full-attention) entry's scaling only.
 """
 
 from __future__ import annotations
