@@ -171,3 +171,27 @@ def test_the_shared_rule_round_trips():
     view = global_rope_view(source)
     assert view["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6} and "rope_theta" not in view
     assert with_global_rope(source, view)["rope_parameters"] == source["rope_parameters"]
+
+
+def test_tune_plans_the_frequency_methods_and_reads_the_global_entrys_length(tmp_path):
+    """posenc tune on Gemma 3: every frequency method is a candidate (extend decides, as eval's loading does); a
+    scaled global entry (Gemma 3 4B: linear x8) is the configured scaling, its trained length the global one's even
+    when transformers 5 lists the sliding entry first."""
+    from posenc.hf.tune.configured import configured, same_frequencies
+    from posenc.hf.tune.plan import candidates
+    from posenc.rope.contexts import trained_length
+
+    plain = gemma3_config().to_dict()
+    cands, skipped = candidates(plain, LMAX, TARGET)
+    assert {c.method for c in cands if c.kind == "config"} == {"linear", "ntk", "dynamic", "yarn", "llama3",
+                                                            "longrope"}
+    assert not any("per layer type" in why for _, why in skipped)
+    scaled = gemma3_config(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                            "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                               "rope_theta": 1e6}},
+                           max_position_embeddings=8 * LMAX).to_dict()
+    assert list(scaled["rope_parameters"])[0] == "sliding_attention" and trained_length(scaled) == LMAX
+    own = configured(scaled, tmp_path)
+    assert own is not None and own.rope_type == "linear"
+    again = extend_config(scaled, 8 * LMAX, "linear", replace=True).config
+    assert same_frequencies(again, scaled, 8 * LMAX)
