@@ -21,8 +21,9 @@ built-ins (s = target / original context L0, unless --factor is given):
 
 RoPE per layer type (Gemma 3's local / global layers, ModernBERT, OLMo 3): only the full-attention (global) entry
 is rescaled, with s = target / that entry's original context; the sliding entry is written back unchanged (its
-layers attend within their window, inside the trained range), in the nested rope_parameters of the 5.x form or,
-for Gemma 3, beside rope_local_base_freq in the 4.x form. The rule is posenc.rope.layers' (``global_rope_view``,
+layers attend within their window, inside the trained range), in the nested rope_parameters of the 5.x form or
+the 4.x form's rope_scaling (beside Gemma 3's rope_local_base_freq) where the family's config class reads that
+for the global layers only (Gemma 3, OLMo 3; not ModernBERT). The rule is posenc.rope.layers' (``global_rope_view``,
 ``with_global_rope``); a per-layer-type config with no full_attention entry is refused.
 """
 
@@ -214,11 +215,8 @@ def _validated(config, target_length, method, transformers_version, factor, repl
         text_key, cfg = "text_config", dict(cfg["text_config"])
     # RoPE per layer type (Gemma 3's local / global layers): the global layers' RoPE is extended as a config of
     # its own and put back beside the others, unchanged (posenc.rope.layers owns the rule)
-    layered, view = cfg, global_rope_view(cfg)
-    if view is None:
-        layered = None
-    else:
-        cfg = view
+    view = global_rope_view(cfg)
+    layered, cfg = (None, cfg) if view is None else (cfg, view)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
@@ -379,7 +377,7 @@ def _layer_type_note(req: _Request, target_length: int) -> str:
 
     others = [k for k in layer_type_parameters(req.layered) if k != GLOBAL_LAYER_TYPE]
     head = (f"RoPE per layer type: only the {GLOBAL_LAYER_TYPE} (global) entry is rescaled, factor {req.factor:g} "
-            f"(target {target_length} / its original context {req.original}); {', '.join(others)} left as given")
+            f"(its original context {req.original}, target {target_length}); {', '.join(others)} left as given")
     try:
         window = layer_schedule(req.layered).sliding_window
     except ConfigError:

@@ -91,8 +91,9 @@ def test_only_the_global_layers_are_rescaled_as_transformers_computes_it(tmp_pat
     assert torch.equal(after.sliding_attention_inv_freq, before.sliding_attention_inv_freq)  # bit for bit
     assert after.sliding_attention_attention_scaling == 1.0
     assert config.rope_parameters["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
-    assert any(n.startswith("RoPE per layer type: only the full_attention (global) entry is rescaled, factor 4 ")
-               and "8-token window, inside the trained range" in n for n in result.notes)
+    assert result.notes[0] == ("RoPE per layer type: only the full_attention (global) entry is rescaled, factor 4 "
+                               "(its original context 32, target 128); sliding_attention left as given: those "
+                               "layers attend within their 8-token window, inside the trained range")
     if method != "ntk":          # ntk is written as a raised base; the others keep it
         assert entry["rope_theta"] == 1e6
 
@@ -195,3 +196,11 @@ def test_tune_plans_the_frequency_methods_and_reads_the_global_entrys_length(tmp
     assert own is not None and own.rope_type == "linear"
     again = extend_config(scaled, 8 * LMAX, "linear", replace=True).config
     assert same_frequencies(again, scaled, 8 * LMAX)
+
+
+def test_a_window_past_the_original_context_is_a_warning():
+    """Sliding layers whose window is longer than the trained context would see untrained distances: said first."""
+    result = extend_config(gemma3_config(sliding_window=2 * LMAX).to_dict(), TARGET, "yarn")
+    assert result.notes[0].startswith("WARNING: RoPE per layer type: only the full_attention (global) entry")
+    assert result.notes[0].endswith("their window (64 tokens) is longer than the original context, so past it they "
+                                    "see distances they did not train on")
