@@ -50,10 +50,12 @@ class ModelSearchResult:
 
 def read_search_config(model_dir: Path, replace: bool):
     """The model's config for a LongRoPE search -> (config, its dict, the RoPE config, the original context);
-    ConfigError when the model is not RoPE (``replace``: read a scaled config from its original parameters)."""
+    ConfigError when the model is not RoPE (``replace``: read a scaled config from its original parameters). With
+    RoPE per layer type (Gemma 3) the RoPE config is the global (full-attention) layers': the search's factors go
+    into that entry only (``posenc.rope.layers``' rule, as ``posenc extend`` writes it)."""
     from posenc.hf.loading import read_config
-    from posenc.rope.config import load_rope_config, rope_layer_types
     from posenc.rope.contexts import trained_length
+    from posenc.rope.layers import global_rope_config
     from posenc.rope.describe import detect_scheme
 
     config = read_config(model_dir)
@@ -61,14 +63,12 @@ def read_search_config(model_dir: Path, replace: bool):
     scheme, why = detect_scheme(data)
     if scheme != "rope":
         raise ConfigError(f"model {model_dir}: LongRoPE rescales RoPE frequencies; this model is {scheme} ({why})")
-    layer_types = rope_layer_types(data)
-    if layer_types:
-        raise ConfigError(f"model {model_dir}: its RoPE parameters differ per layer type ({', '.join(layer_types)}; "
-                          "e.g. Gemma 3's local and global bases); the search rescales a single set of frequencies "
-                          "and does not support this model")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rc = load_rope_config(data)
+    try:      # RoPE per layer type (Gemma 3): the search rescales the global layers' RoPE, as extend writes it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rc = global_rope_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"model {model_dir}: {exc}") from None
     if rc.rope_type != "default" and not replace:
         raise ConfigError(f"model {model_dir}: its config already uses rope_type {rc.rope_type!r}; pass replace=True "
                           "(--replace) to search factors for its original context instead")

@@ -58,16 +58,23 @@ def trained_length(source) -> int | None:
     there); None when the config states neither.
 
     ``source``: a ``RopeConfig``, a config (mapping, config.json path, transformers config) or a loaded model (its
-    ``.config``). A config with RoPE parameters per layer type (Gemma 3) is read at the first layer type that states
-    an original length, else the first one.
+    ``.config``). A config with RoPE parameters per layer type (Gemma 3) is read at its full-attention (global)
+    entry, the one a context extension rescales (posenc.rope.layers); without one, at the first layer type that
+    states an original length, else the first one.
     """
     from posenc.rope.config import RopeConfig
+    from posenc.rope.layers import global_rope_config
 
     if isinstance(source, RopeConfig):
         return _trained_length(source)
     config = getattr(source, "config", source)   # a model: its config
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")           # loading the model or the config warns; this only reads lengths
+        try:
+            # (transformers 5 may list Gemma 3's sliding entry first: Gemma 3 4B's would claim 131072, not 16384)
+            return _trained_length(global_rope_config(config))
+        except ConfigError:
+            pass
         configs = _rope_configs(config)
     lengths = [(_trained_length(rc), rc.original_max_position_embeddings) for rc in configs]
     return next((length for length, stated in lengths if stated), lengths[0][0])

@@ -42,7 +42,8 @@ import torch
 
 from posenc._internal.validate import check_float, check_int, is_int
 from posenc._internal.errors import ConfigError
-from posenc.rope.config import (CONFIG_DEFAULTS, RopeConfig, as_mapping, config_value,  # noqa: F401 (re-exported)
+from posenc.rope.config import (CONFIG_DEFAULTS, LOCAL_GLOBAL_THETA, RopeConfig, as_mapping,  # noqa: F401
+                                config_value,
                                 layer_type_parameters, load_rope_config, model_type_of, rope_attention_keys,
                                 rope_section)
 from posenc.rope.scaling import yarn_mscale
@@ -330,3 +331,92 @@ def layer_schedule(config) -> LayerSchedule:
                          sink_logits=model_type_of(cfg) in SINK_LOGIT_TYPES,
                          learned_frequency_scale=model_type_of(cfg) in LEARNED_POSITION_WEIGHT_TYPES,
                          learned_query_scale=model_type_of(cfg) in LEARNED_POSITION_WEIGHT_TYPES)
+
+
+# ---- extending a config with RoPE parameters per layer type -------------------------------------------------------
+# The one rule every context-extension writer follows (posenc extend, and through it eval, tune, finetune, export and
+# search; pick's snippet; llama.cpp's GGUF form): only the full-attention (global) layers' RoPE is rescaled. They see
+# every distance up to the context; sliding / chunked layers see only their window, which stays inside the trained
+# range, so their RoPE keeps the meaning the model trained with. transformers' Gemma 3 reads a 4.x rope_scaling the
+# same way (onto the full_attention entry only), and llama.cpp scales only Gemma 3's full-attention layers.
+GLOBAL_LAYER_TYPE = "full_attention"
+# the top-level keys a local/global family keeps its bases in (Gemma 3's rope_local_base_freq, ModernBERT's two)
+# (rope_theta, which OLMo 3 and Gemma 3 use for the global base, is the ordinary key, written with the global RoPE)
+_LOCAL_GLOBAL_KEYS = frozenset(k for keys in LOCAL_GLOBAL_THETA.values() for k in keys[:2] if k) - {"rope_theta"}
+
+
+def global_rope_entry(config) -> dict | None:
+    """The RoPE parameters of the full-attention (global) layers of a config with RoPE parameters per layer type
+    (Gemma 3, ModernBERT, OLMo 3), as transformers standardises them; None for a config with one set.
+
+    ConfigError (one line, naming the entries) when the per-layer-type parameters have no full-attention entry, or
+    a null one: which layers a context extension should rescale is then not stated. ``config``: a mapping / path /
+    transformers config (its text part is read).
+    """
+    entries = layer_type_parameters(config_mapping(config))
+    if entries is None:
+        return None
+    entry = entries.get(GLOBAL_LAYER_TYPE)
+    if entry is None:
+        state = "is null (no RoPE)" if GLOBAL_LAYER_TYPE in entries else "is missing"
+        raise ConfigError(f"the config has RoPE parameters per layer type ({', '.join(entries)}) but its "
+                          f"{GLOBAL_LAYER_TYPE!r} entry {state}: a context extension rescales the global "
+                          "(full-attention) layers only, and which those are is not stated")
+    return dict(entry)
+
+
+def global_rope_view(config) -> dict | None:
+    """A config with RoPE parameters per layer type as a config with one set, that of its global layers: every key
+    kept but the RoPE ones, and ``rope_parameters`` the full-attention entry (rope_theta inside). What a single-set
+    writer (``posenc extend``) edits; ``with_global_rope`` puts the edit back. None for a config with one set;
+    ConfigError as ``global_rope_entry``'s."""
+    entry = global_rope_entry(config)
+    if entry is None:
+        return None
+    cfg = config_mapping(config)
+    view = {k: v for k, v in cfg.items()
+            if k not in {"rope_parameters", "rope_scaling", "rope_theta"} | _LOCAL_GLOBAL_KEYS}
+    view["rope_parameters"] = entry
+    return view
+
+
+def global_rope_config(config) -> RopeConfig:
+    """The RopeConfig a context extension rescales: that of the global (full-attention) layers for a config with
+    RoPE parameters per layer type, else the config's one set (``load_rope_config``). ConfigError as
+    ``global_rope_entry``'s and ``load_rope_config``'s."""
+    view = global_rope_view(config)
+    return load_rope_config(config if view is None else view)
+
+
+def with_global_rope(config, edited: Mapping, *, transformers_version: int = 5) -> dict:
+    """``edited`` (``global_rope_view(config)`` after an edit, its RoPE in transformers' ``transformers_version``
+    form: 5 a flat ``rope_parameters``, 4 ``rope_scaling`` + ``rope_theta``) with the RoPE of ``config``'s other
+    layer types put back unchanged: in the 5.x form a nested ``rope_parameters`` (the other entries as the file
+    gives them), in the 4.x form the family's local base key beside rope_scaling (Gemma 3's rope_local_base_freq).
+
+    The result is read back: every other entry must mean what it meant. ConfigError when a form cannot say that
+    (4.x for a family whose rope_scaling also reaches the local layers, ModernBERT, or with no such key), naming the
+    5.x form; and as ``global_rope_entry``'s.
+    """
+    cfg = config_mapping(config)
+    if global_rope_entry(cfg) is None:
+        raise ConfigError("with_global_rope: the config has one set of RoPE parameters, not one per layer type")
+    entries = layer_type_parameters(cfg)
+    out = {k: v for k, v in edited.items() if k not in _LOCAL_GLOBAL_KEYS}
+    if transformers_version == 5:
+        out["rope_parameters"] = {k: (dict(edited["rope_parameters"]) if k == GLOBAL_LAYER_TYPE else v)
+                                  for k, v in entries.items()}
+        for key in ("rope_scaling", "rope_theta"):    # inside the nested entries now (5.x prefers rope_scaling)
+            out.pop(key, None)
+    else:
+        keys = LOCAL_GLOBAL_THETA.get(model_type_of(cfg))
+        local = entries.get("sliding_attention")
+        if keys is not None and keys[1] is not None and local is not None:
+            out[keys[1]] = local.get("rope_theta")
+    kept = layer_type_parameters(out)
+    if kept is None or any(kept.get(k) != v for k, v in entries.items() if k != GLOBAL_LAYER_TYPE):
+        raise ConfigError(f"transformers {transformers_version}.x's form cannot rescale the {GLOBAL_LAYER_TYPE} "
+                          "RoPE of this config without changing its other layer types' "
+                          f"({', '.join(k for k in entries if k != GLOBAL_LAYER_TYPE)}): write the 5.x form "
+                          "(nested rope_parameters; --transformers-version 5)")
+    return out

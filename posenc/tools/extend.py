@@ -18,6 +18,13 @@ built-ins (s = target / original context L0, unless --factor is given):
               (``posenc search``'s rope_scaling.json: factors searched on the model); without them an
               UNSEARCHED initialisation: short = 1 (unchanged inside L0), long_j = default_j / yarn_j (YaRN's
               keep/blend/interpolate per pair, from the registry). extend runs no search (posenc search does).
+
+RoPE per layer type (Gemma 3's local / global layers, ModernBERT, OLMo 3): only the full-attention (global) entry
+is rescaled, with s = target / that entry's original context; the sliding entry is written back unchanged (its
+layers attend within their window, inside the trained range), in the nested rope_parameters of the 5.x form or
+the 4.x form's rope_scaling (beside Gemma 3's rope_local_base_freq) where the family's config class reads that
+for the global layers only (Gemma 3, OLMo 3; not ModernBERT). The rule is posenc.rope.layers' (``global_rope_view``,
+``with_global_rope``); a per-layer-type config with no full_attention entry is refused.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ class _Request:
     old_warnings: set
     original: int
     factor: float
+    layered: dict | None = None      # the text config as given when its RoPE is per layer type (cfg: its global view)
 
     @property
     def base(self) -> float:
@@ -111,8 +119,8 @@ def extend_config(config: str | os.PathLike | Mapping[str, Any], target_length: 
     own, scaling, max_positions, notes = _computed(req, method, target_length, options)
     new, lmax_key = _written(req, scaling, max_positions, transformers_version, notes)
     check = _self_check(req, new, own, scaling, target_length)
-    changes = [f"{key}: {_short(req.cfg.get(key, '<absent>'))} -> {_short(new.get(key, '<absent>'))}"
-               for key in sorted(set(req.cfg) | set(new)) if req.cfg.get(key, "<absent>") != new.get(key, "<absent>")]
+    new = _put_back(req, new, transformers_version)
+    changes = _changes(req.layered if req.layered is not None else req.cfg, new)
     _add_notes(notes, req, target_length, factor, transformers_version, lmax_key)
     if req.text_key is not None:
         changes = [f"{req.text_key}.{change}" for change in changes]
@@ -130,7 +138,34 @@ def unscaled_config(config: str | os.PathLike | Mapping[str, Any], *, transforme
     # the longest target is only a probe: _validated checks the request; the scaling written is none
     req = _validated(config, MAX_CONTEXT, "linear", transformers_version, None, True)
     new, _ = _written(req, {"rope_type": "default"}, req.original, transformers_version, [])
+    new = _put_back(req, new, transformers_version)
     return {**req.outer, req.text_key: new} if req.text_key is not None else new
+
+
+def _put_back(req: _Request, new: dict, transformers_version: int) -> dict:
+    """The written text config, for a config with RoPE per layer type its global layers' new RoPE put back beside
+    the other layer types' unchanged RoPE (``posenc.rope.layers.with_global_rope``); else ``new`` itself."""
+    if req.layered is None:
+        return new
+    from posenc.rope.layers import with_global_rope
+
+    return with_global_rope(req.layered, new, transformers_version=transformers_version)
+
+
+def _changes(old: Mapping, new: Mapping) -> list[str]:
+    """"key: old -> new" for each key that changed; a nested rope_parameters (one entry per layer type) entry by
+    entry, so that the entries left as they were are not listed."""
+    def nested(value):
+        return isinstance(value, Mapping) and value and all(v is None or isinstance(v, Mapping) for v in value.values())
+
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if key == "rope_parameters" and nested(a) and nested(b):
+            out += [f"{key}.{change}" for change in _changes(a, b)]
+        elif a != b:
+            out.append(f"{key}: {_short(a)} -> {_short(b)}")
+    return out
 
 
 def _refuse_position_weights(cfg: Mapping) -> None:
@@ -152,7 +187,8 @@ def _refuse_position_weights(cfg: Mapping) -> None:
 
 def _validated(config, target_length, method, transformers_version, factor, replace) -> _Request:
     """Every check of the request before anything is computed; ConfigError naming the argument otherwise."""
-    from posenc.rope.config import layer_type_parameters, rope_section, vision_config_of
+    from posenc.rope.config import rope_section, vision_config_of
+    from posenc.rope.layers import global_rope_view
 
     m = get_method(method)
     if m.fit is not None:
@@ -174,13 +210,13 @@ def _validated(config, target_length, method, transformers_version, factor, repl
         raise ConfigError("this is a vision tower with 2-D (axial) RoPE: its positions are the row and column of "
                           "each image patch, bounded by the image size, so there is no context to extend; extend "
                           "the language model's config instead")
-    if layer_type_parameters(cfg) is not None:
-        raise ConfigError("this config has RoPE parameters per layer type (local / global layers, e.g. Gemma 3, "
-                          "ModernBERT): extend writes one RoPE dict for every layer, which would also rescale the "
-                          "local layers; edit the full_attention entry by hand")
     outer, text_key = cfg, None
     if rope_section(cfg) is not cfg:      # multimodal: the language model's RoPE lives in its text_config
         text_key, cfg = "text_config", dict(cfg["text_config"])
+    # RoPE per layer type (Gemma 3's local / global layers): the global layers' RoPE is extended as a config of
+    # its own and put back beside the others, unchanged (posenc.rope.layers owns the rule)
+    view = global_rope_view(cfg)
+    layered, cfg = (None, cfg) if view is None else (cfg, view)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rc = load_rope_config(cfg)
@@ -206,7 +242,7 @@ def _validated(config, target_length, method, transformers_version, factor, repl
                           f"max_position_embeddings would claim {target_length} ({target_length / original:g}x "
                           f"the original context {original}); leave --factor out for target / original = "
                           f"{target_length / original:g}")
-    return _Request(m, outer, text_key, cfg, rc, old_warnings, original, s)
+    return _Request(m, outer, text_key, cfg, rc, old_warnings, original, s, layered)
 
 
 def _computed(req: _Request, method: str, target_length: int, options: dict):
@@ -322,6 +358,8 @@ def _add_notes(notes: list, req: _Request, target_length: int, factor, transform
     if req.base != rc.theta:
         notes.append(f"rope_theta {req.base:.7g} kept: the {rc.rope_type!r} scaling raised the base {rc.theta:g} to "
                      f"it at every length, so the model trained with it; {m.name} scales from it")
+    if req.layered is not None:
+        notes.insert(0, _layer_type_note(req, target_length))
     if transformers_version == 4:
         notes.append("written as rope_scaling with key 'rope_type' (transformers >= 4.45; older releases read "
                      "'type', and yarn/llama3 need >= 4.43/4.45)")
@@ -330,6 +368,25 @@ def _add_notes(notes: list, req: _Request, target_length: int, factor, transform
                         "(base 10000 is hard-coded), so this config changes nothing there; it takes effect only in "
                         "code that reads these keys (posenc, some serving runtimes)")
     notes.append(fill(m.note))  # the lab's numbers in the note, from the packaged results
+
+
+def _layer_type_note(req: _Request, target_length: int) -> str:
+    """What extending a config with RoPE per layer type did: the global entry only, and why the others stay."""
+    from posenc.rope.config import layer_type_parameters
+    from posenc.rope.layers import GLOBAL_LAYER_TYPE, layer_schedule
+
+    others = [k for k in layer_type_parameters(req.layered) if k != GLOBAL_LAYER_TYPE]
+    head = (f"RoPE per layer type: only the {GLOBAL_LAYER_TYPE} (global) entry is rescaled, factor {req.factor:g} "
+            f"(its original context {req.original}, target {target_length}); {', '.join(others)} left as given")
+    try:
+        window = layer_schedule(req.layered).sliding_window
+    except ConfigError:
+        window = None
+    if window is not None and window <= req.original:
+        return head + f": those layers attend within their {window}-token window, inside the trained range"
+    return ("WARNING: " + head + ": their window "
+            + ("is not stated" if window is None else f"({window} tokens) is longer than the original context")
+            + ", so past it they see distances they did not train on")
 
 
 def _short(value) -> str:

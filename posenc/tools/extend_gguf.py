@@ -41,9 +41,6 @@ ARCHITECTURES = ("llama", "qwen2", "gemma3")
 # model.get_rope_factors; src/models/qwen2.cpp and gemma3.cpp pass none)
 FACTOR_TENSOR_ARCHITECTURES = ("llama",)
 FACTOR_TENSOR_METHODS = ("llama3", "longrope")
-# the architectures whose sliding-window layers llama.cpp runs with their own base and scale 1 whatever the file's
-# rope.scaling keys say (src/llama-model.cpp, gemma3: rope_freq_base_train_swa 10000, rope_freq_scale_train_swa 1)
-GLOBAL_LAYERS_ONLY = ("gemma3",)
 # why llama.cpp cannot run a frequency method as posenc means it
 REFUSED = {
     "dynamic": "llama.cpp has no dynamic NTK (its rope scaling types are none, linear, yarn and longrope): the base "
@@ -109,23 +106,23 @@ def check_unscaled(model) -> None:
 
 def extend_source(model, method: str):
     """What ``posenc.tools.extend.extend_config`` computes the numbers from for the GGUF file ``model`` (a
-    posenc.gguf.GGUFModel): its path, or for Gemma 3 its full-attention layers' RoPE as a plain config. ConfigError
-    first for a method or architecture llama.cpp cannot run as posenc means it, or a file already scaled."""
+    posenc.gguf.GGUFModel): its path. ConfigError first for a method or architecture llama.cpp cannot run as posenc
+    means it, or a file already scaled."""
     check_method(method, model.architecture)
     check_unscaled(model)
-    if model.architecture in GLOBAL_LAYERS_ONLY:
-        # llama.cpp scales only the full-attention layers here (the sliding-window ones keep their own base and
-        # scale 1), as transformers scales only Gemma 3's full_attention entry: the numbers are those of the
-        # full-attention layers' RoPE, a plain RoPE config without the family's per-layer-type reading
-        return {k: v for k, v in model.config.items() if k != "model_type"}
     return model.path
 
 
 def llama_cpp_form(model, result) -> GGUFExtension:
     """What to write into a copy of the GGUF file ``model`` for ``result`` (the ExtendResult, transformers 5.x
     form, that ``extend_config`` gave for ``extend_source(model, method)``); see the module docstring."""
+    from posenc.rope.layers import global_rope_entry
+
     arch = model.architecture
-    rope = result.config["rope_parameters"]
+    # Gemma 3: llama.cpp scales only the full-attention layers (the sliding-window ones keep their own base and
+    # scale 1 whatever rope.scaling says: src/llama-model.cpp's rope_freq_base_train_swa / rope_freq_scale_train_swa),
+    # as transformers does, so the numbers are extend's global entry (posenc.rope.layers' rule)
+    rope = global_rope_entry(result.config) or result.config["rope_parameters"]
     build = _FORMS[rope["rope_type"] if result.method != "ntk" else "ntk"]
     metadata, tensors, flags, notes = build(arch, rope, result)
     # (type None: the file's own type for the entry is kept)
@@ -146,11 +143,11 @@ def _linear(arch, rope, result):
 def _yarn(arch, rope, result):
     from gguf import GGUFValueType as T, Keys
 
-    from posenc.rope.config import load_rope_config
+    from posenc.rope.layers import global_rope_config
     from posenc.rope.scaling import yarn_betas
 
     s, original = float(rope["factor"]), int(rope["original_max_position_embeddings"])
-    fast, slow = yarn_betas(load_rope_config(result.config))
+    fast, slow = yarn_betas(global_rope_config(result.config))
     meta = {_key(arch, Keys.Rope.SCALING_TYPE): ("yarn", T.STRING),
             _key(arch, Keys.Rope.SCALING_FACTOR): (s, T.FLOAT32),
             _key(arch, Keys.Rope.SCALING_ORIG_CTX_LEN): (original, T.UINT32),
@@ -182,10 +179,10 @@ def _divisors(result, seq_len: int):
     import numpy as np
 
     from posenc.rope.apply import default_inv_freq
-    from posenc.rope.config import load_rope_config
+    from posenc.rope.layers import global_rope_config
     from posenc.rope.scaling import rope_parameters
 
-    rc = load_rope_config(result.config)
+    rc = global_rope_config(result.config)
     inv, _ = rope_parameters(rc, seq_len)
     return (default_inv_freq(rc.rotary_dim, rc.theta).double() / inv.double()).numpy().astype(np.float32)
 
@@ -275,11 +272,11 @@ def self_extend_flags(path: str | os.PathLike, target_length: int) -> tuple[list
     from posenc.attention.registry import attention_rule
     from posenc.extensions import ExtensionSpec
     from posenc.gguf import read_gguf
-    from posenc.rope.config import load_rope_config
+    from posenc.rope.layers import global_rope_config
     from posenc.rope.contexts import trained_length
 
     model = read_gguf(path)
-    original = trained_length(load_rope_config(model.config))
+    original = trained_length(global_rope_config(model.config))
     if original is None or target_length <= original:
         raise ConfigError(f"--target-length {target_length}: must be longer than the trained context ({original})")
     spec = ExtensionSpec(original=original, factor=target_length / original, rotary_dim=None, target=target_length)

@@ -250,18 +250,17 @@ def _family_rope_types(rec: Recommendation, config: dict, L: int, T: int, theta:
 def _per_layer_type(rec: Recommendation, config: dict) -> None:
     """A config with RoPE parameters per layer type (Gemma 3: local and global layers): the snippet rescales the
     full-attention entry only and keeps the others, in the nested form transformers reads (a flat rope_parameters
-    would be taken for neither, and the full-attention layers would stay plain RoPE)."""
-    from posenc.rope.config import layer_type_parameters, rope_section
+    would be taken for neither, and the full-attention layers would stay plain RoPE) -- posenc.rope.layers' rule,
+    the one ``posenc extend`` writes by."""
+    from posenc.rope.layers import GLOBAL_LAYER_TYPE, global_rope_entry, with_global_rope
 
-    entries = layer_type_parameters(rope_section(config))
-    if entries is None:
+    if global_rope_entry(config) is None:
         return
     flat = rec.config_snippet["rope_parameters"]
-    rec.config_snippet["rope_parameters"] = {**{k: v for k, v in entries.items()}, "full_attention": flat}
-    rec.notes = [n for n in rec.notes if "`posenc extend CONFIG" not in n]
-    rec.notes.append("this config has RoPE parameters per layer type: the snippet rescales the full_attention "
-                     "(global) entry and keeps the others as they are; merge it by hand (`posenc extend` refuses "
-                     "per-layer-type configs)")
+    rec.config_snippet["rope_parameters"] = with_global_rope(config, {"rope_parameters": flat})["rope_parameters"]
+    rec.notes.append(f"this config has RoPE parameters per layer type: the snippet rescales the {GLOBAL_LAYER_TYPE} "
+                     "(global) entry and keeps the others as they are (their layers attend within a window inside "
+                     "the trained range); `posenc extend` writes the same")
 
 
 def format_recommendation(rec: Recommendation) -> str:

@@ -193,13 +193,29 @@ def test_the_checkpoint_never_replaces_a_model_file_or_the_written_config(tmp_pa
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
-def test_per_layer_type_rope_is_refused_by_name(tmp_path):
-    """Gemma 3 (local and global RoPE bases per layer type): the search rescales one set of frequencies."""
+def test_per_layer_type_rope_searches_the_global_layers_only(tmp_path, text_file):
+    """Gemma 3 (local and global RoPE per layer type): the searched factors go into the full_attention entry only
+    (posenc.rope.layers' rule, as posenc extend writes it); the sliding layers keep their plain RoPE."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
     config = transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=256)
-    config.save_pretrained(str(tmp_path))
-    with pytest.raises(ConfigError, match="its RoPE parameters differ per layer type .*does not support this model"):
-        search_model(tmp_path, 4 * config.max_position_embeddings, progress=False)
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=256,
+                                           max_position_embeddings=L0, sliding_window=8,
+                                           layer_types=["sliding_attention", "full_attention"],
+                                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    transformers.Gemma3ForCausalLM(config).eval().save_pretrained(str(tmp_path))
+    save_byte_tokenizer(tmp_path)
+    res = search_model(tmp_path, TARGET, settings=LongRopeSettings(population=4, parents=2, generations=0,
+                                                                   heldout_top=1),
+                       data=text_file, windows=1, heldout_windows=1, progress=False)
+    written = transformers.AutoConfig.from_pretrained(res.config_path)
+    rope = written.rope_parameters
+    assert rope["full_attention"]["rope_type"] == "longrope" and res.original_context == L0
+    assert rope["full_attention"]["long_factor"] == pytest.approx(res.result.factors)
+    assert rope["sliding_attention"] == config.rope_parameters["sliding_attention"]
+    assert torch.equal(Gemma3RotaryEmbedding(written).sliding_attention_inv_freq,
+                       Gemma3RotaryEmbedding(config).sliding_attention_inv_freq)
 
 
 @pytest.mark.parametrize("population", [4, 5, 8, 16, 64])

@@ -54,12 +54,12 @@ CORPUS = {
                    {"kinds": {"sliding_attention": 21, "full_attention": 21}}),
     "gemma-3-1b-it": ("rope", {"full_attention": ("default", 1e6, 256, 256),
                                "sliding_attention": ("default", 1e4, 256, 256)}, 32768, 32768,
-                      {"kinds": {"sliding_attention": 22, "full_attention": 4}, "extend": "per layer type"}),
+                      {"kinds": {"sliding_attention": 22, "full_attention": 4}}),
     "gemma-3-4b-it": ("rope", {"full_attention": ("linear", 1e6, 256, 256),
                                "sliding_attention": ("default", 1e4, 256, 256)}, 16384, 131072,
                       # the file has no original length: posenc assumes Lmax / factor and says so (Gemma 3's
                       # report: pretrained at 32k, then x8)
-                      {"kinds": {"sliding_attention": 29, "full_attention": 5}, "extend": "per layer type",
+                      {"kinds": {"sliding_attention": 29, "full_attention": 5}, "extend": "already uses rope_type 'linear'",
                        "warnings": ["linear scaling has no original length"]}),
     "glm-4-9b-0414": ("rope", {None: ("default", 1e4, 64, 128)}, 32768, 32768, {"layout": "interleaved"}),
     "glm-4-9b-chat-hf": ("rope", {None: ("default", 5e6, 64, 128)}, 131072, 131072, {"layout": "interleaved"}),
@@ -101,12 +101,12 @@ CORPUS = {
     "mixtral-8x7b-v0.1": ("rope", {None: ("default", 1e6, 128, 128)}, 32768, 32768, {}),
     "modernbert-base": ("rope", {"full_attention": ("default", 160000.0, 64, 64),
                                  "sliding_attention": ("default", 1e4, 64, 64)}, 8192, 8192,
-                        {"kinds": {"full_attention": 8, "sliding_attention": 14}, "extend": "per layer type"}),
+                        {"kinds": {"full_attention": 8, "sliding_attention": 14}}),
     "mpt-7b": ("alibi", None, None, None, {}),
     # OLMo 3: yarn x8 (attention_factor 1.208) on the 8 full-attention layers only; sliding layers plain RoPE
     "olmo-3-1025-7b": ("rope", {"full_attention": ("yarn", 5e5, 128, 128),
                                 "sliding_attention": ("default", 5e5, 128, 128)}, 8192, 65536,
-                       {"kinds": {"sliding_attention": 24, "full_attention": 8}, "extend": "per layer type"}),
+                       {"kinds": {"sliding_attention": 24, "full_attention": 8}, "extend": "already uses"}),
     "olmo-2-1124-7b": ("rope", {None: ("default", 5e5, 128, 128)}, 4096, 4096, {}),
     "phi-2": ("rope", {None: ("default", 1e4, 32, 80)}, 2048, 2048, {}),
     "phi-3.5-mini-instruct": ("rope", {None: ("longrope", 1e4, 96, 96)}, 4096, 131072, {"extend": "already uses"}),
@@ -277,12 +277,20 @@ def test_extend_extends_or_refuses_with_the_reason(name):
         new = result.config
         text = rope_section(new)
         params = text["rope_parameters"]
+        if "full_attention" in entries:     # RoPE per layer type: the global entry only, the others as they were
+            params = params["full_attention"]
+            again = {e["layer_type"]: e for e in inspect_config(new)["rope"]}
+            assert again["full_attention"]["rope_type"] == method
+            assert {k: e["rope_type"] for k, e in again.items() if k != "full_attention"} == \
+                {k: e[0] for k, e in entries.items() if k != "full_attention"}
         assert params["rope_type"] == method and params["factor"] == pytest.approx(target / original)
         assert params["original_max_position_embeddings"] == original
         assert (params.get("mrope_section") and sum(params["mrope_section"])) == (extra.get("axes") and
                                                                                     sum(extra["axes"]))
         again = inspect_config(new)
-        assert [e["rope_type"] for e in again["rope"]] == [method] and again["rope"][0]["claimed_context"] == target
+        if "full_attention" not in entries:
+            assert [e["rope_type"] for e in again["rope"]] == [method]
+        assert again["rope"][0]["claimed_context"] == target
         if "vision" in extra:                                   # the vision tower is left as it was
             assert new["vision_config"] == load(name)["vision_config"]
 

@@ -64,12 +64,17 @@ def _extend(tmp_path: Path, arch: str, method: str, *extra) -> tuple[Path, Path,
 
 
 def _oracle(tmp_path: Path, src: Path, arch: str, method: str) -> dict:
-    """The config.json ``posenc extend`` writes for the same file and method (transformers 5.x form). extend
-    refuses Gemma 3's config.json (RoPE per layer type); llama.cpp scales only its full-attention layers, whose RoPE
-    is that of the llama file written from the same metadata."""
+    """The config.json ``posenc extend`` writes for the same file and method (transformers 5.x form). Gemma 3 keeps
+    RoPE per layer type and llama.cpp scales only its full-attention layers: its oracle is the RoPE of the llama
+    file written from the same metadata, and extend's own Gemma 3 config rescales exactly that, in its
+    full_attention entry only."""
+    config = extend_config(src, TARGET, method).config
     if arch == "gemma3":
-        src = tiny_llama_gguf(tmp_path / "oracle-llama.gguf")
-    return extend_config(src, TARGET, method).config
+        llama = extend_config(tiny_llama_gguf(tmp_path / "oracle-llama.gguf"), TARGET, method).config
+        assert config["rope_parameters"]["full_attention"] == llama["rope_parameters"]
+        assert config["rope_parameters"]["sliding_attention"]["rope_type"] == "default"
+        return llama
+    return config
 
 
 @pytest.mark.parametrize("arch, method", CASES)

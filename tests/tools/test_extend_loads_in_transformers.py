@@ -81,18 +81,30 @@ def test_extended_configs_load_and_mean_the_same_in_transformers(name, tmp_path)
                     text = transformers.AutoConfig.from_pretrained(str(folder)).get_text_config()
                     rotary = _rotary(text)
                 assert not log.getvalue().strip() and not caught, (method, form, log.getvalue(), caught)
-                if rotary is None or not hasattr(rotary, "inv_freq") or rotary.inv_freq.is_complex():
+                # RoPE per layer type (Gemma 3, ModernBERT): the full-attention layers' buffers, rescaled, and the
+                # sliding ones, as posenc reads each entry of the written config
+                layered = hasattr(rotary, "full_attention_inv_freq")
+                kinds = ["full_attention", "sliding_attention"] if layered else [None]
+                if rotary is None or (not layered and (not hasattr(rotary, "inv_freq")
+                                                       or rotary.inv_freq.is_complex())):
                     continue                                       # (GPT-J: no rotary class to compare)
-                inv, attention = rope_parameters(result.config)
-                torch.testing.assert_close(rotary.inv_freq.float(), inv, rtol=2e-6, atol=0, msg=(method, form))
-                assert math.isclose(rotary.attention_scaling, attention, rel_tol=1e-6), (method, form)
+                for kind in kinds:
+                    prefix, where = (f"{kind}_" if kind else ""), {"layer_type": kind} if kind else {}
+                    inv, attention = rope_parameters(result.config, **where)
+                    torch.testing.assert_close(getattr(rotary, prefix + "inv_freq").float(), inv, rtol=2e-6, atol=0,
+                                               msg=(method, form, kind))
+                    assert math.isclose(getattr(rotary, prefix + "attention_scaling"), attention, rel_tol=1e-6)
                 if REGISTRY[method].keeps_original_length or method == "longrope":   # length-dependent
                     position = torch.tensor([[target - 1]])
                     x = torch.zeros(1, 1, 8)
-                    rotary(x, position.expand(3, 1, 1) if text.model_type.startswith(MULTI_AXIS) else position)
-                    inv, _ = rope_parameters(result.config, target)
-                    torch.testing.assert_close(rotary.inv_freq.float(), inv, rtol=5e-6, atol=0, msg=(method, form))
-                    assert math.isclose(rotary.attention_scaling, result.check["attention_scaling"], rel_tol=1e-6)
+                    prefix, where = ("full_attention_", {"layer_type": "full_attention"}) if layered else ("", {})
+                    rotary(x, position.expand(3, 1, 1) if text.model_type.startswith(MULTI_AXIS) else position,
+                           **where)
+                    inv, _ = rope_parameters(result.config, target, **where)
+                    torch.testing.assert_close(getattr(rotary, prefix + "inv_freq").float(), inv, rtol=5e-6, atol=0,
+                                               msg=(method, form))
+                    assert math.isclose(getattr(rotary, prefix + "attention_scaling"),
+                                        result.check["attention_scaling"], rel_tol=1e-6)
                 checked += 1
     finally:
         logging.getLogger("transformers").removeHandler(handler)

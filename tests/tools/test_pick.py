@@ -252,7 +252,8 @@ def test_per_layer_type_config_gets_a_nested_snippet_transformers_applies(tmp_pa
     rec = pick(131072, budget="finetune", config=path)
     rp = rec.config_snippet["rope_parameters"]
     assert rp["full_attention"]["rope_type"] == "yarn" and rp["sliding_attention"]["rope_type"] == "default"
-    assert not any("posenc extend CONFIG" in n for n in rec.notes)
+    assert any("`posenc extend` writes the same" in n for n in rec.notes)   # one rule: posenc.rope.layers'
+    assert any("posenc extend CONFIG" in n for n in rec.notes)             # so pick points at it again
     merged = {**json.loads(path.read_text()), **rec.config_snippet}
     (tmp_path / "config.json").write_text(json.dumps(merged))
     config = transformers.AutoConfig.from_pretrained(str(tmp_path))

@@ -6,8 +6,9 @@ config's original (unscaled) RoPE parameters at factor L / original context, as 
 Why this is tune's behaviour and not a flag: a factor L / original applied on top of an existing scaling would
 scale twice, and an attention method on top of it would extend twice, so without replacing there is nothing else
 coherent to race; and tune writes nothing into the model, while the model as configured stays a candidate that
-wins when it is the best. A config whose scaling cannot be removed by extend (RoPE per layer type, a query
-temperature tied to the scaling) is raced as before: its frequency methods are left out with extend's reason.
+wins when it is the best. A config whose scaling cannot be removed by extend (a query temperature tied to the
+scaling) is raced as before: its frequency methods are left out with extend's reason. RoPE per layer type (Gemma
+3) is no such case: extend removes and replaces the global (full-attention) entry's scaling only.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ class Configured:
 def configured(config: dict, model_dir) -> Configured | None:
     """The config's own scaling when it has one tune can replace (``unscaled_config`` takes it off), else None:
     a config of plain RoPE, or one extend cannot rewrite (then tune races it as an unscaled config would be)."""
-    from posenc.rope.config import load_rope_config
+    from posenc.rope.layers import global_rope_config
     from posenc.tools.extend import unscaled_config
 
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")          # reading the scaling's type only
-            rope_type = load_rope_config(config).rope_type
+            warnings.simplefilter("ignore")          # reading the scaling's type only (Gemma 3: the global layers')
+            rope_type = global_rope_config(config).rope_type
         if rope_type == "default":
             return None
         unscaled_config(config)
@@ -63,13 +64,14 @@ def same_frequencies(a: dict, b: dict, length: int) -> bool:
     trained length): a re-extension that rebuilds the configured scaling is that candidate again."""
     import torch
 
-    from posenc.rope.config import load_rope_config
     from posenc.rope.contexts import trained_length
+    from posenc.rope.layers import global_rope_config
     from posenc.rope.scaling import rope_parameters
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        (inv_a, att_a), (inv_b, att_b) = (rope_parameters(load_rope_config(c), length) for c in (a, b))
-        same_length = trained_length(a) == trained_length(b)
+        warnings.simplefilter("ignore")      # RoPE per layer type: the global layers', the only ones extend rescales
+        (rc_a, rc_b) = (global_rope_config(c) for c in (a, b))
+        (inv_a, att_a), (inv_b, att_b) = (rope_parameters(rc, length) for rc in (rc_a, rc_b))
+        same_length = trained_length(rc_a) == trained_length(rc_b)
     return same_length and inv_a.shape == inv_b.shape and bool(torch.allclose(inv_a, inv_b, rtol=1e-6)) \
         and abs(float(att_a) - float(att_b)) <= 1e-6 * max(1.0, abs(float(att_a)))
