@@ -59,6 +59,19 @@ def load_average() -> float | None:
         return None
 
 
+def status_kib(key: str) -> int | None:
+    """A kB field of /proc/self/status (VmRSS, VmHWM): the process's resident memory now and its high-water mark
+    (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def environment(device: str | torch.device = "cpu") -> dict:
     """What the numbers were measured on: machine, library versions, thread count, load average at the start."""
     env = {

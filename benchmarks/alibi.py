@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import RESULTS_DIR, environment, print_table, save_json  # noqa: E402
+from _common import RESULTS_DIR, environment, print_table, save_json, status_kib  # noqa: E402
 
 import posenc  # noqa: E402
 from posenc.alibi import MAX_BIAS_ELEMENTS, alibi_bias, alibi_slopes  # noqa: E402
@@ -186,11 +186,10 @@ def _own_cpu_s() -> float:
 # ------------------------------------------------------------------------------------------- memory (subprocess)
 
 def _proc_status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
+    value = status_kib(key)
+    if value is None:
+        raise RuntimeError(f"{key} not in /proc/self/status")
+    return value
 
 
 def memory_worker(args) -> dict:

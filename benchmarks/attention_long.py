@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import RESULTS_DIR, environment, load_average, print_table, save_json  # noqa: E402
+from _common import RESULTS_DIR, environment, load_average, print_table, save_json, status_kib  # noqa: E402
 
 from posenc.attention import as_rule, attention_method_names  # noqa: E402
 from posenc.attention.kernel import BandRule, band_attention, rotate, rule_attention  # noqa: E402
@@ -46,17 +46,6 @@ from posenc.hf.throughput import matmul_peak, reset_peak_memory  # noqa: E402
 from posenc.rope.apply import default_inv_freq  # noqa: E402
 
 COLUMNS = ["T", "D", "dtype", "row", "ms", "min_ms", "GFLOP/s", "x_peak", "x_sdpa", "peak_MiB", "load_1m"]
-
-
-def _status_kib(key: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 def band_pairs(T: int, window: int) -> int:
@@ -110,12 +99,12 @@ def time_rows(rows: dict, repeats: int) -> dict:
     with torch.no_grad():
         for _ in range(repeats):
             for name, (fn, _pairs) in rows.items():
-                before = _status_kib("VmRSS")
+                before = status_kib("VmRSS")
                 reset_peak_memory()
                 t0 = time.perf_counter()
                 out = fn()
                 times[name].append(time.perf_counter() - t0)
-                high = _status_kib("VmHWM")
+                high = status_kib("VmHWM")
                 if name not in peaks:
                     peaks[name] = None if before is None or high is None else max(0, high - before) / 1024
                 del out

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import RESULTS_DIR, environment, load_average, print_table, save_json  # noqa: E402
+from _common import RESULTS_DIR, environment, load_average, print_table, save_json, status_kib  # noqa: E402
 
 from posenc.attention.kernel import rotate, rule_attention  # noqa: E402
 from posenc.attention.methods import DualChunk, LeakyReRoPE, ReRoPE, SelfExtend, Sinks  # noqa: E402
@@ -40,23 +40,12 @@ def rules(train_len: int) -> dict:
             "sinks": Sinks(n_sink=4, window=train_len - 4)}
 
 
-def _status_kib(key: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def measure(fn, repeats: int) -> tuple[float, float | None]:
     """(fastest wall seconds over ``repeats`` calls, peak extra resident MiB of one call or None)."""
     best = math.inf
     peak = None
     for r in range(repeats):
-        before = _status_kib("VmRSS")
+        before = status_kib("VmRSS")
         reset = False
         try:
             with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
@@ -68,7 +57,7 @@ def measure(fn, repeats: int) -> tuple[float, float | None]:
         out = fn()
         best = min(best, time.perf_counter() - t0)
         if r == 0 and reset and before is not None:
-            peak = max(0, _status_kib("VmHWM") - before) / 1024
+            peak = max(0, status_kib("VmHWM") - before) / 1024
         del out
     return best, peak
 
