@@ -36,6 +36,9 @@ def _rows(mod, run: str, baseline: bool = False) -> tuple[list[dict], dict]:
                                   f"parts/{part}",
                        "complete": not meta.get("incomplete"), "wall_s": meta.get("wall_s"),
                        "started": meta.get("started"), "matmul_peak_flops": meta.get("matmul_peak_flops"),
+                       # seconds the part's process was stopped (SIGSTOP) while other work had the machine,
+                       # recorded by hand in its meta: inside wall_s, not computing
+                       "paused_s": meta.get("paused_s"),
                        "threads": meta.get("threads"),
                        "passkey_trials": settings.get("passkey_trials") if "passkey" in settings.get("tasks", [])
                        else None}
@@ -307,7 +310,9 @@ def collect(mod) -> int:
 
 def report(study: dict, tables: dict, mod) -> str:
     """report.md: what ran (commands, settings, machine, wall time), the tables, the targets, the plot."""
-    parts = "\n".join(f"- `{name}`: {p['wall_s'] or 0:.0f} s, started {p['started']}"
+    parts = "\n".join(f"- `{name}`: {p['wall_s'] or 0:.0f} s"
+                      + (f" (of which {p['paused_s']:.0f} s stopped while the machine ran other work)"
+                         if p.get("paused_s") else "") + f", started {p['started']}"
                       + ("" if p["complete"] else " (incomplete)") for name, p in study["parts"].items())
     runs = "\n".join(f"- `{run}`: `{r['command']}`; started {r['finetune']['started']}, wall "
                      f"{r['finetune']['wall_s'] / 60:.1f} min (training {r['finetune']['train_s'] / 60:.1f} min, "

@@ -128,6 +128,17 @@ def test_the_pi_run_has_only_the_memory_target(study):
     assert [t["target"] for t in goals] == ["training memory under 8 GB at 2k-token chunks"]
 
 
+def test_a_part_stopped_for_a_while_says_so_beside_its_wall_time(study):
+    _write_run(study, "yarn-pose-32k", {"passkey-32k-t2": _passkey(32768, [1.0, 1.0, 1.0])})
+    path = study.OUT / "yarn-pose-32k" / "parts" / "passkey-32k-t2" / "results.json"
+    doc = json.loads(path.read_text())
+    doc["meta"].update(wall_s=1500.0, paused_s=270)
+    path.write_text(json.dumps(doc))
+    assert study.main(["collect"]) == 0
+    assert "- `yarn-pose-32k/passkey-32k-t2`: 1500 s (of which 270 s stopped while the machine ran other work)" \
+        in (study.OUT / "report.md").read_text()
+
+
 def test_a_missed_text_target_says_why_from_the_8k_shift(study):
     _write_run(study, "yarn-pose-32k", {"prose-8k": [_lm(8192, 6.0, 16384)],
                                         "prose-32k-w1": [_lm(32768, 9.0, 32768)]})
