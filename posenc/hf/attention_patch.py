@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.attention.registry import attention_method_names
+from posenc.hf.attention_interface import is_band_mask, register
 from posenc._internal.errors import PosencError
 
 IMPLEMENTATION = "posenc_rule"
@@ -139,9 +140,9 @@ def _local_attention(query, key, value, mask, positions, inv_freq, att_scaling, 
     Otherwise (under torch.compile, a padded or unknown mask): SDPA over the whole square with the mask."""
     t_q, t_k = query.shape[-2], key.shape[-2]
     if mask is not None and mask.dim() == 4 and mask.shape[-1] != t_k:
-        mask = mask[:, :, :, -t_k:]          # (only then: the same tensor object lets _is_band_mask keep its answer)
+        mask = mask[:, :, :, -t_k:]          # (only then: the same tensor object lets is_band_mask keep its answer)
     if (window is not None and not torch.compiler.is_compiling() and query.device.type == "cpu"
-            and _is_band_mask(mask, t_q, t_k, int(window))
+            and is_band_mask(mask, t_q, t_k, int(window))
             and _contiguous_offset_or_none(positions, t_q) is not None):
         from posenc.attention.kernel import band_attention
 
@@ -160,45 +161,6 @@ def _contiguous_offset_or_none(positions: torch.Tensor | None, t_q: int) -> int 
     first = rows[:, :1]
     ok = bool((rows == first + torch.arange(t_q, device=rows.device)).all()) and bool((first == first[0]).all())
     return int(first[0, 0]) if ok else None
-
-
-def _is_band_mask(mask: torch.Tensor | None, t_q: int, t_k: int, window: int, rows: int = 1024) -> bool:
-    """True when ``mask`` ([B, 1 or H, Tq, Tk], bool or additive; None counts as causal) keeps exactly the keys
-    i - window < j <= i for query i = Tk - Tq + n: transformers' sliding mask of an unpadded batch.
-
-    transformers hands every sliding layer of a forward the same mask tensor, so the answer is kept for that tensor
-    (while it lives and is not written to): one check per forward, not one per layer. A block of rows at a time,
-    the columns outside its band only need to be all masked (a fast reduction), the band's own columns are compared."""
-    if mask is None:
-        return t_k <= window     # no mask: plain causal, a band only while every key is inside the window
-    if mask.dim() != 4 or mask.shape[-2] != t_q or mask.shape[-1] != t_k:
-        return False
-    key = (t_q, t_k, window, mask._version)
-    ref, known, answer = _BAND_CHECK
-    if ref is not None and ref() is mask and known == key:
-        return answer
-    answer = _band_rows_match(mask, t_q, t_k, window, rows)
-    _BAND_CHECK[:] = [weakref.ref(mask), key, answer]
-    return answer
-
-
-_BAND_CHECK: list = [None, None, None]    # [weak reference to the last mask checked, its key, the answer]
-
-
-def _band_rows_match(mask: torch.Tensor, t_q: int, t_k: int, window: int, rows: int) -> bool:
-    for a in range(0, t_q, rows):
-        b = min(t_q, a + rows)
-        first, last = t_k - t_q + a, t_k - t_q + b            # the block's queries, as key indices [first, last)
-        lo, hi = max(0, first - window + 1), last             # the only columns any of them may keep
-        block = mask[:, :, a:b]
-        kept = block if block.dtype == torch.bool else block == 0
-        if bool(kept[..., :lo].any()) or bool(kept[..., hi:].any()):
-            return False
-        i = torch.arange(first, last, device=mask.device)[:, None]
-        j = torch.arange(lo, hi, device=mask.device)[None, :]
-        if not bool((kept[..., lo:hi] == ((j <= i) & (j > i - window))).all()):
-            return False
-    return True
 
 
 def _masked_local_attention(query, key, value, mask, positions, inv_freq, att_scaling, scaling) -> torch.Tensor:
@@ -258,17 +220,6 @@ def _(query, key, value, positions, mask, rule_key, inv_freq, attention_scaling,
     return query.new_empty(query.shape[0], query.shape[1], query.shape[2], value.shape[3])
 
 
-def register_implementation(name: str = IMPLEMENTATION, forward=rule_attention_forward) -> None:
-    """Register ``forward`` as transformers' attention implementation ``name`` (AttentionInterface), with sdpa's
-    mask function under the same name, so that a model whose ``config._attn_implementation`` is ``name`` gets the
-    very masks transformers makes for sdpa (a forward that falls back to sdpa hands them on unchanged)."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    ALL_ATTENTION_FUNCTIONS.register(name, forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
-
-
 def _attention_layers(model: nn.Module):
     return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "is_causal")
             and any(hasattr(m, p) for p in ("q_proj", "qkv_proj"))]
@@ -310,7 +261,7 @@ def patch_attention(model: nn.Module, method, *, target: int | None = None, **op
     target = 4 * original if target is None else target
     spec = ExtensionSpec(original=original, factor=max(1.0, target / original), rotary_dim=None, target=int(target))
     rule = attention_rule(rule, spec)
-    register_implementation()
+    register(IMPLEMENTATION, rule_attention_forward)
     parent, attr, rotary = find_rotary(model)
     wrapper = RuleRotaryEmbedding(rotary, rule, rule.name)
     layers = _attention_layers(model)

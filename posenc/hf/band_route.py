@@ -3,7 +3,7 @@ layers cost their band, the full-attention layers run transformers' sdpa unchang
 
 transformers' sdpa gives a sliding layer the whole [T, T] square with a mask (at 64k tokens and a 512 window, 128x
 the work inside the window). ``use_band_route(model)`` registers ``posenc_band`` with transformers' AttentionInterface
-(``posenc.hf.attention_patch.register_implementation``: sdpa's mask function under the same name, so the masks are
+(``posenc.hf.attention_interface.register``: sdpa's mask function under the same name, so the masks are
 the ones sdpa gets) and points the model's ``config._attn_implementation`` at it. Its forward,
 ``band_sdpa_forward``, hands every call to transformers' own ``sdpa_attention_forward`` with the same arguments,
 except a sliding layer's call that ``band_applies`` accepts, which runs ``posenc.attention.kernel.band_attention``
@@ -14,7 +14,7 @@ cache holds rotated keys, as for sdpa), and the band kernel is called with ``inv
 runs only when the result is the masked square's (within rounding): inference (no autograd, no dropout, no
 softcap), eager (not under torch.compile), CPU tensors of float32/bf16/fp16 (``band_in_one_call``: elsewhere the
 kernel's exact fallback is no faster than sdpa), more keys than the window (else sdpa is already the band), and
-transformers' mask the plain sliding one (``_is_band_mask``: a padded batch falls back to sdpa with that mask).
+transformers' mask the plain sliding one (``posenc.hf.attention_interface.is_band_mask``: a padded batch falls back to sdpa with that mask).
 A model without sliding layers is left as it is: sdpa, bit for bit.
 """
 
@@ -42,7 +42,7 @@ def band_applies(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     """The window when this attention call (query [B, Hq, Tq, D], key/value [B, Hk, Tk, D], transformers' mask
     [B, 1, Tq, Tk] or None) is one the band kernel computes exactly as sdpa would; None to leave it to sdpa."""
     from posenc.attention.kernel import band_in_one_call
-    from posenc.hf.attention_patch import _is_band_mask
+    from posenc.hf.attention_interface import is_band_mask
 
     window = kwargs.get("sliding_window")
     if window is None or key.shape[-2] <= int(window) or not isinstance(attention_mask, torch.Tensor):
@@ -54,7 +54,7 @@ def band_applies(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
                                                                                                      value):
         return None
     t_q, t_k = query.shape[-2], key.shape[-2]
-    return int(window) if _is_band_mask(attention_mask, t_q, t_k, int(window)) else None
+    return int(window) if is_band_mask(attention_mask, t_q, t_k, int(window)) else None
 
 
 def band_sdpa_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -86,8 +86,8 @@ def use_band_route(model: nn.Module, enabled: bool = True) -> bool:
     if not all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
                for p in model.parameters() if p.is_floating_point()):
         return False
-    from posenc.hf.attention_patch import register_implementation
+    from posenc.hf.attention_interface import register
 
-    register_implementation(IMPLEMENTATION, band_sdpa_forward)
+    register(IMPLEMENTATION, band_sdpa_forward)
     config._attn_implementation = IMPLEMENTATION
     return True

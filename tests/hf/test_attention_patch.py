@@ -203,17 +203,17 @@ def test_gemma3_local_layers_run_the_band_and_equal_transformers_masked_result(m
     model = posenc.patch(copy.deepcopy(reference), method="rerope", window=T)
     close(logits(model, T), logits(reference, T))
     assert calls == [(T, T, 8)]     # the one sliding layer, the batch of 2 in one call
-    from posenc.hf.attention_patch import _is_band_mask
+    from posenc.hf.attention_interface import is_band_mask
 
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     band_mask = ((j <= i) & (j > i - 8))[None, None]
-    assert _is_band_mask(band_mask, T, T, 8) and _is_band_mask(torch.where(band_mask, 0.0, float("-inf")), T, T, 8)
+    assert is_band_mask(band_mask, T, T, 8) and is_band_mask(torch.where(band_mask, 0.0, float("-inf")), T, T, 8)
     padded = band_mask.clone()
     padded[..., :3] = False
-    assert not _is_band_mask(padded, T, T, 8) and not _is_band_mask(None, T, T, 8) and _is_band_mask(None, 8, 8, 8)
-    assert _is_band_mask(band_mask, T, T, 8, rows=7)          # several row blocks; the answer is kept ...
+    assert not is_band_mask(padded, T, T, 8) and not is_band_mask(None, T, T, 8) and is_band_mask(None, 8, 8, 8)
+    assert is_band_mask(band_mask, T, T, 8, rows=7)          # several row blocks; the answer is kept ...
     band_mask[0, 0, 30, 2] = True
-    assert not _is_band_mask(band_mask, T, T, 8, rows=7)      # ... only while the mask is not written to
+    assert not is_band_mask(band_mask, T, T, 8, rows=7)      # ... only while the mask is not written to
 
 
 def test_attention_path_names_the_code_that_runs():
@@ -254,11 +254,11 @@ def test_gemma3_decode_through_the_sliding_cache_equals_the_full_forward(monkeyp
 
 def test_the_sliding_mask_is_checked_once_per_forward(monkeypatch):
     """transformers hands every sliding layer the same mask: posenc checks it is the plain band once, not per layer."""
-    from posenc.hf import attention_patch
+    from posenc.hf import attention_interface
 
     checks = []
-    original = attention_patch._band_rows_match
-    monkeypatch.setattr(attention_patch, "_band_rows_match", lambda *a: checks.append(1) or original(*a))
+    original = attention_interface._band_rows_match
+    monkeypatch.setattr(attention_interface, "_band_rows_match", lambda *a: checks.append(1) or original(*a))
     kinds = ["sliding_attention", "sliding_attention", "full_attention"]
     reference = build("gemma3_text", num_hidden_layers=3, layer_types=kinds)
     model = posenc.patch(copy.deepcopy(reference), method="rerope", window=T)
