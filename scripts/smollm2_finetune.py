@@ -115,8 +115,20 @@ def read_part(run: str, part: str) -> dict | None:
         STUDY.OUT = saved
 
 
+def run_part(run: str, part: str, model, flags: list[str], threads: int) -> int:
+    """``posenc eval MODEL FLAGS`` into OUT/RUN/parts/PART (bf16, as the zero-shot study): skipped when finished,
+    continued with --resume when a partial results.json exists. Returns the command's exit code."""
+    doc = read_part(run, part)
+    if doc is not None and not doc["meta"].get("incomplete"):
+        print(f"{run} {part}: finished, skipped")
+        return 0
+    resume = ["--resume"] if doc is not None else []
+    return STUDY.posenc("eval", str(model), *flags, *STUDY.COMMON, "--threads", str(threads),
+                        "--out", str(OUT / run / "parts" / part), *resume, threads=threads)
+
+
 def evaluate(args) -> int:
-    """Each part of each run: ``posenc eval RUN/model`` (bf16, as the zero-shot study), resumable."""
+    """Each part of each run: ``posenc eval RUN/model``, resumable."""
     for run in args.runs:
         model = RUNS_DIR / run / "model"
         if not (model / "config.json").is_file():
@@ -124,13 +136,7 @@ def evaluate(args) -> int:
             raise DataError(f"run {run}: no fine-tuned model in {model}; run `python scripts/smollm2_finetune.py "
                             f"train --runs {run}` first")
         for part in args.parts:
-            doc = read_part(run, part)
-            if doc is not None and not doc["meta"].get("incomplete"):
-                print(f"{run} {part}: finished, skipped")
-                continue
-            resume = ["--resume"] if doc is not None else []
-            code = STUDY.posenc("eval", str(model), *PARTS[part], *STUDY.COMMON, "--threads", str(args.threads),
-                                "--out", str(OUT / run / "parts" / part), *resume, threads=args.threads)
+            code = run_part(run, part, model, PARTS[part], args.threads)
             if code:
                 return code
     return 0
@@ -139,14 +145,7 @@ def evaluate(args) -> int:
 def baseline(args) -> int:
     """Each baseline part: ``posenc eval`` of the original bf16 model with linear and YaRN at factor 4, resumable."""
     for part in args.parts:
-        doc = read_part(BASELINE_RUN, part)
-        if doc is not None and not doc["meta"].get("incomplete"):
-            print(f"{BASELINE_RUN} {part}: finished, skipped")
-            continue
-        resume = ["--resume"] if doc is not None else []
-        code = STUDY.posenc("eval", str(STUDY.MODEL_DIR), *BASELINE_PARTS[part], *STUDY.COMMON, "--threads",
-                            str(args.threads), "--out", str(OUT / BASELINE_RUN / "parts" / part), *resume,
-                            threads=args.threads)
+        code = run_part(BASELINE_RUN, part, STUDY.MODEL_DIR, BASELINE_PARTS[part], args.threads)
         if code:
             return code
     return 0
